@@ -1,0 +1,268 @@
+"""Building blocks of the Transformer: positional encodings, masks, attention, feed-forward.
+
+Everything here is pure Flax linen: parameters in, activations out. Attention keeps its decode cache
+in the `cache` collection (self-attention keys/values grow one step at a time; cross-attention
+keys/values are projected from the encoder output once, at the first step, and reused).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Dtype = Any
+
+# A finite "minus infinity": fully masked rows (padding queries) then get a uniform softmax instead
+# of NaNs, and their outputs are ignored downstream by the loss mask.
+_MASK_VALUE = -1e9
+
+
+# ----------------------------------------------------------------------------------------------
+# Positional encodings.
+
+
+def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
+  """The paper's fixed encoding (Sec. 3.5), evaluated at integer `positions`.
+
+  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+  Sines and cosines interleave over the feature axis exactly as the formula indexes them.
+
+  Args:
+    positions: [..., length] integer positions (per segment when sequences are packed).
+    d_model: feature size (even).
+
+  Returns:
+    [..., length, d_model] float32.
+  """
+  i = np.arange(d_model // 2, dtype=np.float32)  # [d_model / 2]
+  inv_freq = jnp.asarray(1.0 / (10000.0 ** (2.0 * i / d_model)))  # [d_model / 2]
+  angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., length, d_model / 2]
+  pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., length, d_model / 2, 2]
+  return pe.reshape(*positions.shape, d_model)
+
+
+class PositionalEncoding(nn.Module):
+  """Adds sinusoidal (the paper) or learned (Table 3, row E) position encodings.
+
+  In decode mode the position is the number of tokens fed so far, kept in the cache, so the
+  incremental decoder sees the same encodings as the full forward pass.
+  """
+
+  d_model: int
+  max_len: int
+  kind: str = "sinusoidal"  # "sinusoidal" | "learned"
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array | None = None, decode: bool = False) -> Array:
+    # x: [batch, length, d_model]
+    length = x.shape[1]
+    if decode:
+      index = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+      positions = jnp.broadcast_to(index.value, x.shape[:2])  # [batch, 1]
+      if not self.is_initializing():
+        index.value = index.value + length
+    elif positions is None:
+      positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])  # [batch, length]
+    if self.kind == "sinusoidal":
+      pe = sinusoidal_encoding(positions, self.d_model)
+    elif self.kind == "learned":
+      table = self.param(
+          "pos_embedding", nn.initializers.normal(stddev=0.02), (self.max_len, self.d_model)
+      )
+      pe = jnp.take(table, positions, axis=0)
+    else:
+      raise ValueError(f"model.positional must be 'sinusoidal' or 'learned', got {self.kind!r}.")
+    return x + pe.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks. Shapes are [batch, 1, queries, keys] (broadcast over heads); True = may attend.
+
+
+def padding_mask(query_tokens: Array, key_tokens: Array) -> Array:
+  """Attention allowed only between non-padding (id != 0) positions."""
+  # query_tokens: [batch, q], key_tokens: [batch, k] -> [batch, 1, q, k]
+  return (query_tokens > 0)[:, None, :, None] & (key_tokens > 0)[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+  """Position i may attend to positions <= i. [1, 1, length, length]."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segments: Array, key_segments: Array) -> Array:
+  """Packed rows: a token attends only within its own sentence pair. [batch, 1, q, k]."""
+  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention.
+
+
+def dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+) -> Array:
+  """softmax(Q K^T / sqrt(d_k)) V, per head (Eq. 1 of the paper).
+
+  Args:
+    query: [batch, q, heads, d_k]
+    key: [batch, k, heads, d_k]
+    value: [batch, k, heads, d_v]
+    mask: boolean, broadcastable to [batch, heads, q, k]; True = may attend.
+
+  Returns:
+    [batch, q, heads, d_v]
+  """
+  d_k = query.shape[-1]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(d_k).astype(query.dtype)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.asarray(_MASK_VALUE, logits.dtype))
+  # Softmax in float32: bfloat16 loses the small probabilities that long inputs rely on.
+  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(value.dtype)
+  if not deterministic and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(value.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
+
+  Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O).
+
+  Decode mode:
+    - self-attention (`cross=False`): keys/values of each new token are written into a
+      [batch, max_len, heads, d_k] cache at `cache_index`; queries see positions <= index.
+    - cross-attention (`cross=True`): keys/values of the encoder output are projected at the
+      first step and kept in the cache; later steps reuse them instead of recomputing.
+  """
+
+  num_heads: int
+  d_model: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
+
+  def _kernel(self, name: str, shape: tuple[int, ...]) -> Array:
+    # Xavier over (fan_in, fan_out) of the unsplit d_model x d_model matrix.
+    flat = self.param(name, self.kernel_init, (shape[0], int(np.prod(shape[1:]))))
+    return flat.reshape(shape).astype(self.dtype)
+
+  @nn.compact
+  def __call__(
+      self,
+      inputs_q: Array,
+      inputs_kv: Array,
+      mask: Array | None,
+      *,
+      deterministic: bool = True,
+      decode: bool = False,
+      cross: bool = False,
+  ) -> Array:
+    # inputs_q: [batch, q, d_model]; inputs_kv: [batch, k, d_model]
+    if self.d_model % self.num_heads:
+      raise ValueError(
+          f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}."
+      )
+    d_head = self.d_model // self.num_heads
+    w_q = self._kernel("query", (self.d_model, self.num_heads, d_head))
+    w_k = self._kernel("key", (self.d_model, self.num_heads, d_head))
+    w_v = self._kernel("value", (self.d_model, self.num_heads, d_head))
+    w_o = self.param("out", self.kernel_init, (self.d_model, self.d_model)).astype(self.dtype)
+
+    query = jnp.einsum("bqd,dhe->bqhe", inputs_q, w_q)  # [batch, q, heads, d_head]
+
+    def project_kv(kv: Array) -> tuple[Array, Array]:
+      # kv: [batch, k, d_model] -> keys, values: [batch, k, heads, d_head]
+      return jnp.einsum("bsd,dhe->bshe", kv, w_k), jnp.einsum("bsd,dhe->bshe", kv, w_v)
+
+    if decode and cross:
+      key, value = self._cached_cross_kv(inputs_kv, project_kv)
+    elif decode:
+      key, value = project_kv(inputs_kv)  # [batch, 1, heads, d_head]
+      key, value, mask = self._update_self_cache(key, value, mask)
+    else:
+      key, value = project_kv(inputs_kv)  # [batch, k, heads, d_head]
+
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    out = dot_product_attention(
+        query, key, value, mask,
+        dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic,
+    )  # [batch, q, heads, d_head]
+    out = out.reshape(*out.shape[:2], self.d_model)  # concat heads: [batch, q, d_model]
+    return out @ w_o
+
+  def _update_self_cache(
+      self, key: Array, value: Array, mask: Array | None
+  ) -> tuple[Array, Array, Array]:
+    """Writes this step's key/value at the cache index; returns the full cache and its mask."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      # `init` is called with the full target length: only the cache's shape is made here.
+      return key, value, mask
+    batch, max_len, heads, d_head = cached_key.value.shape
+    if key.shape != (batch, 1, heads, d_head):
+      raise ValueError(f"decode expects one token per step, got keys of shape {key.shape}.")
+    i = index.value
+    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
+    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
+    cached_key.value, cached_value.value, index.value = key, value, i + 1
+    # The new query (at position i) sees cache positions 0..i: causal masking, incrementally.
+    step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
+    mask = step_mask if mask is None else mask & step_mask
+    return key, value, mask
+
+  def _cached_cross_kv(
+      self, inputs_kv: Array, project_kv: Callable[[Array], tuple[Array, Array]]
+  ) -> tuple[Array, Array]:
+    """Encoder keys/values, projected at the first decode step only."""
+    batch, src_len, _ = inputs_kv.shape
+    d_head = self.d_model // self.num_heads
+    shape = (batch, src_len, self.num_heads, d_head)
+    ready = self.variable("cache", "cross_ready", lambda: jnp.array(False))
+    cached_key = self.variable("cache", "cross_key", jnp.zeros, shape, self.dtype)
+    cached_value = self.variable("cache", "cross_value", jnp.zeros, shape, self.dtype)
+    if self.is_initializing():
+      return project_kv(inputs_kv)
+    # lax.cond runs one branch: after step 0 the projection is skipped, not masked out.
+    old_key, old_value = cached_key.value, cached_value.value
+    key, value = jax.lax.cond(
+        ready.value, lambda kv: (old_key, old_value), project_kv, inputs_kv
+    )
+    cached_key.value, cached_value.value, ready.value = key, value, jnp.array(True)
+    return key, value
+
+
+class FeedForward(nn.Module):
+  """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2)."""
+
+  d_model: int
+  d_ff: int
+  relu_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
+    # x: [batch, length, d_model]
+    init = nn.initializers.xavier_uniform()
+    h = nn.Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
+    h = nn.relu(h)  # [batch, length, d_ff]
+    h = nn.Dropout(self.relu_dropout_rate)(h, deterministic=deterministic)
+    return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)

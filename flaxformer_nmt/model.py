@@ -1,0 +1,321 @@
+"""The Transformer encoder-decoder of Vaswani et al. (2017), in Flax linen.
+
+Reads top to bottom: config, encoder layer, decoder layer, the two stacks, the model. Residual
+blocks are post-LN as in the paper, `LayerNorm(x + Dropout(Sublayer(x)))`; `pre_ln=True` gives
+`x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm per stack, which trains more stably
+at depth. One embedding matrix serves the source, the target and the pre-softmax projection.
+
+Batches may be packed (several sentence pairs per row); `*_segmentation` ids keep attention inside
+each pair and `*_position` restarts positions per pair. Without them a row is one sentence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from flaxformer_nmt import layers
+
+Array = jax.Array
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Static hyper-parameters of the model (hashable, so jit can treat it as a constant)."""
+
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  relu_dropout_rate: float = 0.0
+  pre_ln: bool = False
+  positional: str = "sinusoidal"
+  share_embeddings: bool = True
+  max_len: int = 256
+  dtype: Any = jnp.float32
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "TransformerConfig":
+    """Builds the model's config from `config.model`, validating what a user could mistype."""
+    if model.dtype not in _DTYPES:
+      raise ValueError(f"config.model.dtype must be one of {sorted(_DTYPES)}, got {model.dtype!r}.")
+    if model.positional not in ("sinusoidal", "learned"):
+      raise ValueError(
+          f"config.model.positional must be 'sinusoidal' or 'learned', got {model.positional!r}."
+      )
+    if model.d_model % model.num_heads:
+      raise ValueError(
+          f"config.model.d_model={model.d_model} is not divisible by "
+          f"config.model.num_heads={model.num_heads}."
+      )
+    for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+      if not 0.0 <= model[name] < 1.0:
+        raise ValueError(f"config.model.{name} must be in [0, 1), got {model[name]}.")
+    return cls(
+        vocab_size=vocab_size,
+        num_layers=model.num_layers,
+        d_model=model.d_model,
+        d_ff=model.d_ff,
+        num_heads=model.num_heads,
+        dropout_rate=model.dropout_rate,
+        attention_dropout_rate=model.attention_dropout_rate,
+        relu_dropout_rate=model.relu_dropout_rate,
+        pre_ln=model.pre_ln,
+        positional=model.positional,
+        share_embeddings=model.share_embeddings,
+        max_len=model.max_len,
+        dtype=_DTYPES[model.dtype],
+    )
+
+
+def _layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=1e-6, dtype=cfg.dtype, name=name)
+
+
+class Residual(nn.Module):
+  """One residual block around a sub-layer, post-LN (the paper) or pre-LN."""
+
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: Array, sublayer, *, deterministic: bool) -> Array:
+    # x: [batch, length, d_model]; sublayer: [batch, length, d_model] -> same
+    dropout = nn.Dropout(self.cfg.dropout_rate)
+    if self.cfg.pre_ln:
+      return x + dropout(sublayer(_layer_norm(self.cfg, "ln")(x)), deterministic=deterministic)
+    return _layer_norm(self.cfg, "ln")(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+class EncoderLayer(nn.Module):
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+    # x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len]
+    cfg = self.cfg
+    attn = layers.MultiHeadAttention(
+        cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
+    )
+    ffn = layers.FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, name="ffn")
+    x = Residual(cfg, name="attention_block")(
+        x, lambda h: attn(h, h, mask, deterministic=deterministic), deterministic=deterministic
+    )
+    return Residual(cfg, name="ffn_block")(
+        x, lambda h: ffn(h, deterministic=deterministic), deterministic=deterministic
+    )
+
+
+class DecoderLayer(nn.Module):
+  cfg: TransformerConfig
+
+  @nn.compact
+  def __call__(
+      self,
+      y: Array,
+      encoded: Array,
+      self_mask: Array | None,
+      cross_mask: Array,
+      *,
+      deterministic: bool,
+      decode: bool,
+  ) -> Array:
+    # y: [batch, tgt_len, d_model]; encoded: [batch, src_len, d_model]
+    cfg = self.cfg
+    self_attn = layers.MultiHeadAttention(
+        cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
+    )
+    cross_attn = layers.MultiHeadAttention(
+        cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="cross_attention"
+    )
+    ffn = layers.FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, name="ffn")
+    y = Residual(cfg, name="self_attention_block")(
+        y,
+        lambda h: self_attn(h, h, self_mask, deterministic=deterministic, decode=decode),
+        deterministic=deterministic,
+    )
+    y = Residual(cfg, name="cross_attention_block")(
+        y,
+        lambda h: cross_attn(
+            h, encoded, cross_mask, deterministic=deterministic, decode=decode, cross=True
+        ),
+        deterministic=deterministic,
+    )
+    return Residual(cfg, name="ffn_block")(
+        y, lambda h: ffn(h, deterministic=deterministic), deterministic=deterministic
+    )
+
+
+def _embed_init(d_model: int):
+  # N(0, d_model^-0.5): after the sqrt(d_model) scaling the embeddings have unit variance.
+  return nn.initializers.normal(stddev=d_model**-0.5)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer. `encode` and `decode` are separate so search calls the decoder."""
+
+  cfg: TransformerConfig
+
+  def setup(self) -> None:
+    cfg = self.cfg
+    self.embedding = nn.Embed(
+        cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model), name="embedding"
+    )
+    if not cfg.share_embeddings:
+      self.target_embedding = nn.Embed(
+          cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model)
+      )
+      self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype)
+    self.encoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
+    self.decoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
+    self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)]
+    self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)]
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+    if cfg.pre_ln:
+      self.encoder_norm = _layer_norm(cfg, "encoder_norm")
+      self.decoder_norm = _layer_norm(cfg, "decoder_norm")
+
+  def _embed(self, table: nn.Embed, tokens: Array) -> Array:
+    # tokens: [batch, length] -> [batch, length, d_model], scaled by sqrt(d_model) (Sec. 3.4).
+    x = table(tokens).astype(self.cfg.dtype)
+    return x * jnp.sqrt(self.cfg.d_model).astype(self.cfg.dtype)
+
+  def encode(
+      self,
+      inputs: Array,
+      inputs_position: Array | None = None,
+      inputs_segmentation: Array | None = None,
+      *,
+      train: bool = False,
+  ) -> Array:
+    """inputs: [batch, src_len] ids (0 = padding) -> [batch, src_len, d_model]."""
+    deterministic = not train
+    mask = layers.padding_mask(inputs, inputs)
+    if inputs_segmentation is not None:
+      mask = mask & layers.segment_mask(inputs_segmentation, inputs_segmentation)
+    x = self.encoder_positions(self._embed(self.embedding, inputs), inputs_position)
+    x = self.dropout(x, deterministic=deterministic)
+    for layer in self.encoder_layers:
+      x = layer(x, mask, deterministic=deterministic)
+    return self.encoder_norm(x) if self.cfg.pre_ln else x
+
+  def decode(
+      self,
+      encoded: Array,
+      inputs: Array,
+      targets: Array,
+      targets_position: Array | None = None,
+      inputs_segmentation: Array | None = None,
+      targets_segmentation: Array | None = None,
+      *,
+      train: bool = False,
+      decode: bool = False,
+  ) -> Array:
+    """Logits for each target position.
+
+    Training / scoring (`decode=False`): `targets` [batch, tgt_len] are the reference ids; the
+    decoder input is `targets` shifted right by one with 0 in front (per packed segment), so
+    position t predicts targets[t] from targets[:t].
+
+    Incremental decoding (`decode=True`, mutable `cache`): `targets` [batch, 1] is the previous
+    token (0 at the first step); returns the logits for the next one.
+
+    Returns:
+      [batch, tgt_len, vocab] float32 logits.
+    """
+    cfg = self.cfg
+    deterministic = not train
+    if decode:
+      decoder_input = targets
+      self_mask = None  # the cache builds the causal mask step by step
+      cross_mask = (inputs > 0)[:, None, None, :]  # [batch, 1, 1, src_len]
+    else:
+      decoder_input = shift_right(targets, targets_segmentation)
+      self_mask = layers.padding_mask(targets, targets) & layers.causal_mask(targets.shape[1])
+      cross_mask = layers.padding_mask(targets, inputs)
+      if targets_segmentation is not None:
+        self_mask &= layers.segment_mask(targets_segmentation, targets_segmentation)
+        cross_mask &= layers.segment_mask(targets_segmentation, inputs_segmentation)
+    table = self.embedding if cfg.share_embeddings else self.target_embedding
+    y = self.decoder_positions(self._embed(table, decoder_input), targets_position, decode=decode)
+    y = self.dropout(y, deterministic=deterministic)
+    for layer in self.decoder_layers:
+      y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+    if cfg.pre_ln:
+      y = self.decoder_norm(y)
+    if cfg.share_embeddings:
+      logits = self.embedding.attend(y.astype(jnp.float32))  # y @ E^T
+    else:
+      logits = self.logits_dense(y)
+    return logits.astype(jnp.float32)
+
+  def __call__(
+      self,
+      inputs: Array,
+      targets: Array,
+      inputs_position: Array | None = None,
+      targets_position: Array | None = None,
+      inputs_segmentation: Array | None = None,
+      targets_segmentation: Array | None = None,
+      *,
+      train: bool = False,
+  ) -> Array:
+    """Teacher-forced forward pass: [batch, src_len], [batch, tgt_len] -> [batch, tgt_len, vocab]."""
+    encoded = self.encode(inputs, inputs_position, inputs_segmentation, train=train)
+    return self.decode(
+        encoded, inputs, targets, targets_position, inputs_segmentation, targets_segmentation,
+        train=train,
+    )
+
+
+def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
+  """Decoder inputs: targets shifted right by one, 0 (the start symbol) at each segment start."""
+  # targets: [batch, length]
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is not None:
+    # In a packed row, the first token of each pair must not see the previous pair's last token.
+    shifted_seg = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segmentation == shifted_seg, shifted, 0)
+  return shifted
+
+
+def init_params(cfg: TransformerConfig, rng: Array, src_len: int = 8, tgt_len: int = 8) -> Any:
+  """Fresh parameters (the lengths only shape the dummy input; parameters don't depend on them)."""
+  model = Transformer(cfg)
+  dummy_src = jnp.ones((1, src_len), jnp.int32)
+  dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
+  return model.init(rng, dummy_src, dummy_tgt)["params"]
+
+
+def init_decode_cache(
+    model: Transformer, batch_size: int, max_decode_len: int, src_len: int
+) -> Any:
+  """An all-zero decode cache for `batch_size` rows and up to `max_decode_len` steps.
+
+  Leaves have the batch as their leading axis, except the scalar step counters (`cache_index`,
+  `position`, `cross_ready`), which are shared by all rows.
+  """
+  dummy_src = jnp.ones((batch_size, src_len), jnp.int32)
+  dummy_tgt = jnp.ones((batch_size, max_decode_len), jnp.int32)
+
+  def make(src, tgt):
+    encoded = jnp.zeros((batch_size, src_len, model.cfg.d_model), model.cfg.dtype)
+    return model.init(
+        jax.random.PRNGKey(0), encoded, src, tgt, decode=True, method=Transformer.decode
+    )["cache"]
+
+  shapes = jax.eval_shape(make, dummy_src, dummy_tgt)
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def count_params(params: Any) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))

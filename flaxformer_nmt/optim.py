@@ -1,0 +1,32 @@
+"""The paper's optimiser (Sec. 5.3): Adam(0.9, 0.98, 1e-9) with warmup and inverse-sqrt decay."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+
+def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+  """lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), steps counted from 1.
+
+  optax passes the number of updates already applied (0 for the first), hence `count + 1`.
+  """
+  if warmup_steps < 1:
+    raise ValueError(f"config.optim.warmup_steps must be >= 1, got {warmup_steps}.")
+
+  def schedule(count: jax.Array) -> jax.Array:
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+  return schedule
+
+
+def make_optimizer(
+    optim: ml_collections.ConfigDict, d_model: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Adam with the paper's hyper-parameters and schedule; returns (optimizer, schedule)."""
+  schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)
+  tx = optax.adam(learning_rate=schedule, b1=optim.beta1, b2=optim.beta2, eps=optim.eps)
+  return tx, schedule

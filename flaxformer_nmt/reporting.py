@@ -1,0 +1,64 @@
+"""Console progress and TensorBoard scalars for long-running work.
+
+Only process 0 writes TensorBoard files, so a multi-host run produces one set of curves.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+from absl import logging
+
+
+class MetricWriter:
+  """TensorBoard scalars via tensorboardX (no TensorFlow needed); a no-op off process 0."""
+
+  def __init__(self, logdir: str) -> None:
+    self._writer = None
+    if jax.process_index() == 0:
+      from tensorboardX import SummaryWriter  # imported lazily: heavy, and process 0 only
+
+      self._writer = SummaryWriter(logdir=logdir)
+
+  def scalars(self, step: int, values: dict[str, float], prefix: str = "") -> None:
+    if self._writer is None:
+      return
+    for name, value in values.items():
+      self._writer.add_scalar(f"{prefix}{name}", float(value), step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+
+class Progress:
+  """Rate and ETA over the steps run in this process (resumed runs don't inflate the rate)."""
+
+  def __init__(self, first_step: int, total_steps: int) -> None:
+    self.first_step = first_step
+    self.total_steps = total_steps
+    self.start = time.monotonic()
+
+  def eta(self, step: int) -> str:
+    done = step - self.first_step
+    if done <= 0:
+      return "?"
+    seconds = (time.monotonic() - self.start) / done * (self.total_steps - step)
+    return format_seconds(seconds)
+
+
+def format_seconds(seconds: float) -> str:
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
+  logging.info(
+      "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s  ETA %s",
+      step, total, metrics["loss"], metrics["nll"], metrics["learning_rate"],
+      metrics["grad_norm"], metrics["target_tokens_per_s"], eta,
+  )

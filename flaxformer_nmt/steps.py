@@ -1,0 +1,134 @@
+"""Per-device pure training and evaluation steps.
+
+These functions see one device's shard of the batch and talk to the other devices only through
+collectives on `parallel.AXIS`; `parallel.py` turns them into pmapped programs. Metrics are returned
+as psum'd (sum, count) pairs so the host divides once and the result does not depend on how the
+global batch was split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from flaxformer_nmt import losses
+from flaxformer_nmt.model import Transformer
+
+Array = jax.Array
+Batch = dict[str, Array]  # inputs, targets, *_position, *_segmentation: [rows, length] int32
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything that determines the rest of a training run (saved in each checkpoint)."""
+
+  step: Array  # int32 scalar: updates applied so far
+  params: Any
+  opt_state: Any
+  rng: Array  # base dropout key; step t on device d uses fold_in(fold_in(rng, t), d)
+
+
+def create_train_state(params: Any, tx: optax.GradientTransformation, rng: Array) -> TrainState:
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+
+
+def _forward(model: Transformer, params: Any, batch: Batch, train: bool, rngs=None) -> Array:
+  return model.apply(
+      {"params": params},
+      batch["inputs"],
+      batch["targets"],
+      batch.get("inputs_position"),
+      batch.get("targets_position"),
+      batch.get("inputs_segmentation"),
+      batch.get("targets_segmentation"),
+      train=train,
+      rngs=rngs,
+  )  # [rows, tgt_len, vocab]
+
+
+def _global_norm(tree: Any) -> Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    label_smoothing: float,
+    axis_name: str,
+    skip_nonfinite: bool = False,
+    inject_nan_at_step: int = -1,
+) -> tuple[TrainState, dict[str, Array]]:
+  """One update on the global batch, of which this device holds a shard.
+
+  The gradient is that of the global per-token mean loss: each device differentiates its loss
+  *sum* divided by the global token count, and the gradients are summed across devices. This equals
+  a pmean of per-device means only when every shard has the same number of real tokens; packing
+  gives shards slightly different counts, and the sum form keeps 1 and 8 devices identical.
+  """
+  weights = (batch["targets"] > 0).astype(jnp.float32)  # [rows, tgt_len]
+  global_tokens = jax.lax.psum(jnp.sum(weights), axis_name)
+  dropout_rng = jax.random.fold_in(
+      jax.random.fold_in(state.rng, state.step), jax.lax.axis_index(axis_name)
+  )
+
+  def loss_fn(params):
+    logits = _forward(model, params, batch, train=True, rngs={"dropout": dropout_rng})
+    loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
+        logits, batch["targets"], weights, label_smoothing
+    )
+    # A debugging hook the resume tests use to check the non-finite guard end to end.
+    loss_sum = jnp.where(state.step + 1 == inject_nan_at_step, jnp.nan, loss_sum)
+    return loss_sum / jnp.maximum(global_tokens, 1.0), (loss_sum, nll_sum)
+
+  grads, (loss_sum, nll_sum) = jax.grad(loss_fn, has_aux=True)(state.params)
+  grads = jax.lax.psum(grads, axis_name)
+  grad_norm = _global_norm(grads)
+  updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+  new_params = optax.apply_updates(state.params, updates)
+
+  finite = jnp.isfinite(jax.lax.psum(loss_sum, axis_name)) & jnp.isfinite(grad_norm)
+  if skip_nonfinite:
+    # Keep the old parameters and moments; the step counter still advances so the data and the
+    # dropout keys move on past the bad batch.
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_params = keep(new_params, state.params)
+    new_opt_state = keep(new_opt_state, state.opt_state)
+  new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt_state)
+
+  metrics = {
+      "loss_sum": loss_sum,
+      "nll_sum": nll_sum,
+      "tokens": jnp.sum(weights),
+      "source_tokens": jnp.sum((batch["inputs"] > 0).astype(jnp.float32)),
+  }
+  metrics = jax.lax.psum(metrics, axis_name)
+  metrics.update(
+      grad_norm=grad_norm,
+      param_norm=_global_norm(new_params),
+      learning_rate=schedule(state.step),
+      nonfinite=1.0 - finite.astype(jnp.float32),
+  )
+  return new_state, metrics
+
+
+def eval_step(
+    params: Any, batch: Batch, *, model: Transformer, label_smoothing: float, axis_name: str
+) -> dict[str, Array]:
+  """Summed dev metrics for this shard, psum'd across devices."""
+  weights = (batch["targets"] > 0).astype(jnp.float32)
+  logits = _forward(model, params, batch, train=False)
+  loss_sum, nll_sum, tokens = losses.label_smoothed_cross_entropy(
+      logits, batch["targets"], weights, label_smoothing
+  )
+  correct = jnp.sum((jnp.argmax(logits, -1) == batch["targets"]) * weights)
+  return jax.lax.psum(
+      {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "correct": correct}, axis_name
+  )

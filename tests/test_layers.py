@@ -1,0 +1,74 @@
+"""Attention, masks and positional encodings against direct numpy transcriptions of the paper."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flaxformer_nmt import layers
+
+
+def naive_attention(q, k, v, mask):
+  """Eq. 1 of the paper, one batch row and head at a time, in float64 numpy."""
+  b, nq, h, d = q.shape
+  out = np.zeros((b, nq, h, v.shape[-1]))
+  for bi in range(b):
+    for hi in range(h):
+      scores = q[bi, :, hi] @ k[bi, :, hi].T / math.sqrt(d)  # [q, k]
+      scores = np.where(mask[bi, 0], scores, -1e9)
+      w = np.exp(scores - scores.max(-1, keepdims=True))
+      w /= w.sum(-1, keepdims=True)
+      out[bi, :, hi] = w @ v[bi, :, hi]
+  return out
+
+
+def test_attention_matches_naive_reference_with_padding_and_causal_masks():
+  rs = np.random.RandomState(0)
+  q, k, v = (rs.randn(2, 5, 3, 4).astype(np.float32) for _ in range(3))
+  tokens = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+  mask = np.asarray(layers.padding_mask(tokens, tokens) & layers.causal_mask(5))
+  got = layers.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
+  want = naive_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask)
+  valid = tokens > 0
+  np.testing.assert_allclose(np.asarray(got)[valid], want[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_masks_value_by_value():
+  tokens = np.array([[3, 4, 0]])
+  pad = np.asarray(layers.padding_mask(tokens, tokens))[0, 0]
+  np.testing.assert_array_equal(pad, [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
+  causal = np.asarray(layers.causal_mask(3))[0, 0]
+  np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+  seg = np.asarray(layers.segment_mask(np.array([[1, 1, 2]]), np.array([[1, 2, 2]])))[0, 0]
+  np.testing.assert_array_equal(seg, [[1, 0, 0], [1, 0, 0], [0, 1, 1]])
+
+
+def test_sinusoidal_encoding_equals_paper_formula():
+  d_model = 512
+  positions = np.array([0, 1, 7, 50, 255])
+  pe = np.asarray(layers.sinusoidal_encoding(jnp.asarray(positions), d_model))
+  assert pe.shape == (5, d_model)
+  for p_idx, pos in enumerate(positions):
+    for i in (0, 1, 10, 100, 255):  # dimension pairs (2i, 2i + 1)
+      angle = pos / 10000 ** (2 * i / d_model)
+      np.testing.assert_allclose(pe[p_idx, 2 * i], math.sin(angle), atol=2e-5)
+      np.testing.assert_allclose(pe[p_idx, 2 * i + 1], math.cos(angle), atol=2e-5)
+
+
+def test_self_attention_cache_after_one_step():
+  """The decode cache holds the first token's keys at index 0 and advances its index."""
+  mha = layers.MultiHeadAttention(num_heads=2, d_model=8)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
+  variables = mha.init(jax.random.PRNGKey(1), x, x, None, decode=True)
+  cache = jax.tree.map(jnp.zeros_like, variables["cache"])
+  params = variables["params"]
+  step_input = x[:, :1]
+  _, mutated = mha.apply({"params": params, "cache": cache}, step_input, step_input, None,
+                         decode=True, mutable=["cache"])
+  new = mutated["cache"]
+  assert int(new["cache_index"]) == 1
+  want_key = np.einsum("bsd,dhe->bshe", np.asarray(step_input),
+                       np.asarray(params["key"]).reshape(8, 2, 4))
+  np.testing.assert_allclose(np.asarray(new["cached_key"])[:, :1], want_key, rtol=1e-5, atol=1e-6)
+  assert not np.asarray(new["cached_key"])[:, 1:].any()

@@ -1,0 +1,111 @@
+"""The Transformer's structure: causality, padding invariance, packing, parameter counts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flaxformer_nmt import config_lib
+from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
+
+VOCAB = 50
+
+
+def tiny(**overrides) -> TransformerConfig:
+  c = config_lib.base_config("tiny").model
+  for k, v in overrides.items():
+    c[k] = v
+  return TransformerConfig.from_config(c, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  cfg = tiny()
+  return Transformer(cfg), init_params(cfg, jax.random.PRNGKey(0))
+
+
+def _ids(seed, shape):
+  return jnp.asarray(np.random.RandomState(seed).randint(3, VOCAB, shape), jnp.int32)
+
+
+def test_future_target_token_cannot_change_earlier_outputs(setup):
+  model, params = setup
+  src, tgt = _ids(0, (2, 6)), _ids(1, (2, 7))
+  changed = tgt.at[:, 4].set((tgt[:, 4] + 1) % VOCAB + 3)
+  a = model.apply({"params": params}, src, tgt)
+  b = model.apply({"params": params}, src, changed)
+  # Position t predicts targets[t] from targets[:t]: changing targets[4] affects positions >= 5.
+  np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-5)
+  assert not np.allclose(a[:, 5:], b[:, 5:], atol=1e-3)
+
+
+def test_padding_cannot_change_outputs_at_real_positions(setup):
+  model, params = setup
+  src, tgt = _ids(2, (1, 5)), _ids(3, (1, 4))
+  base = model.apply({"params": params}, src, tgt)
+  padded_src = jnp.pad(src, ((0, 0), (0, 3)))
+  padded_tgt = jnp.pad(tgt, ((0, 0), (0, 2)))
+  padded = model.apply({"params": params}, padded_src, padded_tgt)
+  np.testing.assert_allclose(base, padded[:, :4], atol=1e-5)
+  # The padding id matters: a real token in those slots does change the outputs.
+  other = model.apply({"params": params}, padded_src.at[0, 6].set(7), padded_tgt)
+  assert not np.allclose(base, other[:, :4], atol=1e-4)
+
+
+def test_packed_row_equals_separate_rows(setup):
+  """Segment masks and per-segment positions make a packed row equal to unpacked sentences."""
+  model, params = setup
+  s1, s2, t1, t2 = _ids(4, (3,)), _ids(5, (2,)), _ids(6, (4,)), _ids(7, (3,))
+  sep1 = model.apply({"params": params}, s1[None], t1[None])
+  sep2 = model.apply({"params": params}, s2[None], t2[None])
+  packed = model.apply(
+      {"params": params},
+      jnp.concatenate([s1, s2])[None], jnp.concatenate([t1, t2])[None],
+      jnp.array([[0, 1, 2, 0, 1]]), jnp.array([[0, 1, 2, 3, 0, 1, 2]]),
+      jnp.array([[1, 1, 1, 2, 2]]), jnp.array([[1, 1, 1, 1, 2, 2, 2]]),
+  )
+  np.testing.assert_allclose(packed[0, :4], sep1[0], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 4:], sep2[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [dict(pre_ln=True), dict(positional="learned"),
+                                       dict(share_embeddings=False)])
+def test_variants_build_and_stay_causal(overrides):
+  cfg = tiny(**overrides)
+  model, params = Transformer(cfg), init_params(cfg, jax.random.PRNGKey(0))
+  src, tgt = _ids(8, (2, 5)), _ids(9, (2, 6))
+  a = model.apply({"params": params}, src, tgt)
+  b = model.apply({"params": params}, src, tgt.at[:, 3].set(4))
+  assert a.shape == (2, 6, VOCAB)
+  np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-5)
+
+
+def test_dropout_is_active_only_in_training():
+  cfg = tiny(dropout_rate=0.5)
+  model, params = Transformer(cfg), init_params(cfg, jax.random.PRNGKey(0))
+  src, tgt = _ids(10, (2, 5)), _ids(11, (2, 5))
+  eval_a = model.apply({"params": params}, src, tgt)
+  eval_b = model.apply({"params": params}, src, tgt)
+  np.testing.assert_array_equal(eval_a, eval_b)
+  train_a = model.apply({"params": params}, src, tgt, train=True,
+                        rngs={"dropout": jax.random.PRNGKey(1)})
+  assert not np.allclose(train_a, eval_a, atol=1e-3)
+
+
+@pytest.mark.parametrize("size,paper", [("base", 65e6), ("big", 213e6)])
+def test_parameter_counts_match_table_3(size, paper):
+  cfg = TransformerConfig.from_config(config_lib.base_config(size).model, 37_000)
+  shapes = jax.eval_shape(lambda rng: init_params(cfg, rng), jax.random.PRNGKey(0))  # no memory
+  n = count_params(shapes)
+  print(f"{size}: {n:,} parameters (paper: {paper / 1e6:.0f}M)")
+  assert abs(n - paper) / paper <= 0.04, n
+  # One matrix is shared by source, target and pre-softmax: counted once.
+  assert shapes["embedding"]["embedding"].shape == (37_000, cfg.d_model)
+  assert "target_embedding" not in shapes
+
+
+def test_bad_model_config_is_one_clear_error():
+  c = config_lib.base_config("tiny").model
+  c.num_heads = 3
+  with pytest.raises(ValueError, match="d_model=128 is not divisible by config.model.num_heads=3"):
+    TransformerConfig.from_config(c, VOCAB)

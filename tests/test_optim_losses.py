@@ -1,0 +1,66 @@
+"""The paper's learning-rate schedule and label-smoothed loss, against hand computation."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from flaxformer_nmt import config_lib, losses, optim
+
+
+def test_schedule_matches_formula_at_paper_steps():
+  schedule = optim.paper_schedule(d_model=512, warmup_steps=4000)
+  for step in (1, 4000, 100_000):
+    want = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    # optax counts updates from 0, so the step-th update sees count = step - 1.
+    np.testing.assert_allclose(float(schedule(step - 1)), want, rtol=1e-6)
+  # The peak is at the warmup step: 512^-0.5 * 4000^-0.5 = 7.0e-4.
+  np.testing.assert_allclose(float(schedule(3999)), 6.987712429686844e-4, rtol=1e-6)
+
+
+def test_optimizer_is_adam_with_paper_betas():
+  c = config_lib.base_config("base")
+  tx, _ = optim.make_optimizer(c.optim, 512)
+  params = {"w": jnp.ones(3)}
+  grads = {"w": jnp.array([1.0, -2.0, 0.5])}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  # First Adam step: m/(sqrt(v)+eps) with bias correction is sign(g) (eps = 1e-9 is negligible).
+  lr = 512**-0.5 * 4000**-1.5
+  np.testing.assert_allclose(updates["w"], -lr * np.sign([1.0, -2.0, 0.5]), rtol=1e-5)
+  ref = optax.adam(lr, b1=0.9, b2=0.98, eps=1e-9)
+  ref_updates, _ = ref.update(grads, ref.init(params), params)
+  np.testing.assert_allclose(updates["w"], ref_updates["w"], rtol=1e-6)
+
+
+def test_label_smoothed_loss_equals_hand_computation():
+  # One sentence of two real tokens and one padding position; vocabulary of 4.
+  logits = jnp.array([[[2.0, 0.5, -1.0, 0.0], [0.0, 1.0, 3.0, -2.0], [9.0, 9.0, 9.0, 9.0]]])
+  targets = jnp.array([[0, 2, 0]])
+  weights = jnp.array([[1.0, 1.0, 0.0]])
+  eps = 0.1
+  loss_sum, nll_sum, count = losses.label_smoothed_cross_entropy(logits, targets, weights, eps)
+
+  def log_softmax(row):
+    row = np.asarray(row, np.float64)
+    return row - math.log(np.exp(row).sum())
+
+  total, nll = 0.0, 0.0
+  q_off = eps / 3  # mass spread over the 3 wrong classes
+  entropy = -((1 - eps) * math.log(1 - eps) + 3 * q_off * math.log(q_off))
+  for pos, y in ((0, 0), (1, 2)):
+    lp = log_softmax(logits[0, pos])
+    q = np.full(4, q_off)
+    q[y] = 1 - eps
+    total += -(q * lp).sum() - entropy
+    nll += -lp[y]
+  np.testing.assert_allclose(float(loss_sum), total, rtol=1e-5)
+  np.testing.assert_allclose(float(nll_sum), nll, rtol=1e-5)
+  assert float(count) == 2.0
+
+
+def test_without_smoothing_loss_is_nll():
+  logits = jnp.array([[[1.0, 2.0, 0.0]]])
+  targets = jnp.array([[1]])
+  loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(logits, targets, jnp.ones((1, 1)), 0.0)
+  np.testing.assert_allclose(float(loss_sum), float(nll_sum), rtol=1e-6)
