@@ -1,0 +1,17 @@
+"""The input side: sources -> tokenized arrays -> packed batches with a restorable position.
+
+Most callers need only `make_data` (see pipeline.py) and `load_pairs` (raw text for BLEU).
+"""
+
+from flaxformer_nmt.data.pipeline import Data, TrainIterator, eval_batches, make_data
+from flaxformer_nmt.data.sources import DataError, load_pairs, make_source
+
+__all__ = [
+    "Data",
+    "DataError",
+    "TrainIterator",
+    "eval_batches",
+    "load_pairs",
+    "make_data",
+    "make_source",
+]

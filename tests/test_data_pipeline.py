@@ -1,0 +1,199 @@
+"""make_data end to end: files and demo sources, cache, determinism, process shards, errors."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import ml_collections
+import numpy as np
+import pytest
+
+from flaxformer_nmt import config_lib
+from flaxformer_nmt.data import pipeline
+from flaxformer_nmt.data import sources
+from flaxformer_nmt.data import tokenized
+
+_MULTI30K = "/work/shared/data/multi30k"
+_ANIMALS = ["dog", "cat", "horse", "bird", "cow", "fox", "duck", "goat"]
+_TIERE = ["Hund", "Katze", "Pferd", "Vogel", "Kuh", "Fuchs", "Ente", "Ziege"]
+
+
+def _corpus(n: int, offset: int = 0) -> tuple[list[str], list[str]]:
+  """n distinct, varied-length sentence pairs (the number makes each one unique)."""
+  en, de = [], []
+  for i in range(offset, offset + n):
+    k = 1 + i % 5
+    en.append(f"{i} " + " and ".join(f"the {_ANIMALS[(i + j) % 8]}" for j in range(k)) + ".")
+    de.append(f"{i} " + " und ".join(f"der {_TIERE[(i + j) % 8]}" for j in range(k)) + ".")
+  return en, de
+
+
+def _write_corpus(d: pathlib.Path, train: int = 300) -> None:
+  for prefix, n, offset in (("train", train, 0), ("val", 23, 10_000), ("test", 31, 20_000)):
+    en, de = _corpus(n, offset)
+    (d / f"{prefix}.en").write_text("\n".join(en) + "\n")
+    (d / f"{prefix}.de").write_text("\n".join(de) + "\n")
+
+
+def _config(data_dir: pathlib.Path, **data) -> ml_collections.ConfigDict:
+  c = config_lib.base_config("tiny")
+  c.data.update(
+      dict(source="files", dir=str(data_dir), vocab_size=120, tokens_per_batch=512, max_len=32)
+  )
+  c.data.update(data)
+  return c
+
+
+def _texts(data: pipeline.Data, batch: dict[str, np.ndarray], side: str = "targets") -> list[str]:
+  """Decoded segments of a batch."""
+  out = []
+  for r in range(batch[side].shape[0]):
+    seg = batch[f"{side}_segmentation"][r]
+    for k in range(1, seg.max() + 1):
+      out.append(data.tokenizer.decode(batch[side][r][seg == k]))
+  return out
+
+
+@pytest.fixture
+def corpus(tmp_path: pathlib.Path) -> pathlib.Path:
+  d = tmp_path / "corpus"
+  d.mkdir()
+  _write_corpus(d)
+  return d
+
+
+def test_files_end_to_end(corpus: pathlib.Path, tmp_path: pathlib.Path) -> None:
+  data = pipeline.make_data(_config(corpus), str(tmp_path / "run"), num_devices=8, process_index=0,
+                            process_count=1)
+  assert data.global_rows == 16  # 512 // 32
+  batch = next(data.train)
+  assert all(v.shape == (16, 32) for v in batch.values())
+  en, de = _corpus(300)
+  assert set(_texts(data, batch)) <= set(de)
+  assert set(_texts(data, batch, "inputs")) <= set(en)
+  assert data.pairs("test") == sources.load_pairs(_config(corpus).data, "test")
+  dev = [t for b in data.eval_batches("dev") for t in _texts(data, b)]
+  assert sorted(dev) == sorted(_corpus(23, 10_000)[1])
+  assert os.path.isfile(tmp_path / "run" / "spm.model")
+
+
+def test_restart_reuses_vocab_and_cache(corpus, tmp_path, monkeypatch) -> None:
+  workdir = str(tmp_path / "run")
+  first = pipeline.make_data(_config(corpus), workdir, 8, 0, 1)
+  batches = [next(first.train) for _ in range(3)]
+  caches = os.listdir(os.path.join(workdir, "data_cache"))
+  assert len(caches) == 1 and caches[0].startswith("train-")
+  encoded = []
+  real = tokenized.tokenize_pairs
+  monkeypatch.setattr(tokenized, "tokenize_pairs", lambda p, t, name="", **k: encoded.append(name)
+                      or real(p, t, name=name, **k))
+  second = pipeline.make_data(_config(corpus), workdir, 8, 0, 1)
+  assert "train" not in encoded  # the cached ids were loaded
+  assert second.tokenizer.fingerprint == first.tokenizer.fingerprint
+  for want in batches:  # the same config and seed give the same batches
+    got = next(second.train)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_two_workdirs_identical_and_restorable(corpus, tmp_path) -> None:
+  a = pipeline.make_data(_config(corpus), str(tmp_path / "a"), 8, 0, 1)
+  b = pipeline.make_data(_config(corpus), str(tmp_path / "b"), 8, 0, 1)
+  for _ in range(7):
+    next(a.train)
+  b.train.set_state(a.train.get_state())
+  for _ in range(3):
+    x, y = next(a.train), next(b.train)
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_process_shards_are_disjoint_and_cover(corpus, tmp_path) -> None:
+  workdir = str(tmp_path / "run")
+  pipeline.make_data(_config(corpus), workdir, 8, 0, 1)  # trains the shared vocabulary
+  seen = []
+  for p in range(2):
+    data = pipeline.make_data(_config(corpus), workdir, 8, process_index=p, process_count=2)
+    assert data.train.examples_per_epoch == 150
+    texts = []
+    while data.train.get_state()["epoch"] == 0:
+      batch = next(data.train)
+      assert batch["targets"].shape == (8, 32)  # half of the 16 global rows
+      texts += _texts(data, batch)
+    seen.append(set(texts))
+  assert not seen[0] & seen[1]
+  assert seen[0] | seen[1] == set(_corpus(300)[1])
+
+
+def test_demo_end_to_end(tmp_path) -> None:
+  c = config_lib.base_config("tiny")
+  c.data.update(dict(vocab_size=300, tokens_per_batch=1024, max_len=32, demo_train_size=2000,
+                     demo_dev_size=50, demo_test_size=60))
+  data = pipeline.make_data(c, str(tmp_path), 8, 0, 1)
+  assert len(data.pairs("test")) == 60
+  test = [t for b in data.eval_batches("test") for t in _texts(data, b)]
+  assert sorted(test) == sorted(t for _, t in data.pairs("test"))
+  assert data.train.examples_per_epoch == 2000  # no demo sentence exceeds 31 tokens
+
+
+def test_data_errors_come_before_vocabulary_training(corpus, tmp_path) -> None:
+  (corpus / "test.de").write_text("nur eine Zeile\n")
+  workdir = tmp_path / "run"
+  with pytest.raises(sources.DataError, match=r"test.en has 31 lines but .*test.de has 1"):
+    pipeline.make_data(_config(corpus), str(workdir), 8, 0, 1)
+  assert not (workdir / "spm.model").exists()
+
+
+def test_over_long_and_empty_train_pairs_are_dropped(corpus, tmp_path, caplog) -> None:
+  en, de = _corpus(300)
+  en[5] = " ".join(["the cat"] * 40)  # far beyond max_len=32
+  de[7] = ""
+  (corpus / "train.en").write_text("\n".join(en) + "\n")
+  (corpus / "train.de").write_text("\n".join(de) + "\n")
+  caplog.set_level("INFO")
+  data = pipeline.make_data(_config(corpus), str(tmp_path / "run"), 8, 0, 1)
+  assert data.train.examples_per_epoch == 298
+  assert "dropped 1 with a side longer than data.max_len=32" in caplog.text
+  assert "and 1 with an empty side" in caplog.text
+
+
+@pytest.mark.skipif(not os.path.isdir(_MULTI30K), reason=f"no Multi30k at {_MULTI30K}")
+def test_multi30k_non_padding_share(tmp_path) -> None:
+  c = config_lib.base_config("tiny")
+  c.data.update(dict(source="files", dir=_MULTI30K, test_prefix="test_2016_flickr",
+                     vocab_size=8000, vocab_sample_size=10_000, tokens_per_batch=4096, max_len=64))
+  data = pipeline.make_data(c, str(tmp_path), 8, 0, 1)
+  assert data.train.examples_per_epoch > 28_900
+  batches = [next(data.train) for _ in range(30)]
+  for side in ("inputs", "targets"):
+    share = np.mean([np.mean(b[side] > 0) for b in batches])
+    assert share >= 0.9, (side, share)
+  assert len(data.pairs("test")) == 1000 and len(data.pairs("dev")) == 1014
+
+
+def test_need_train_false_skips_train_split(corpus, tmp_path) -> None:
+  workdir = tmp_path / "run"
+  pipeline.make_data(_config(corpus), str(workdir), 8, 0, 1)
+  (corpus / "train.en").unlink()  # evaluation must not need the train text once a vocabulary exists
+  data = pipeline.make_data(_config(corpus), str(workdir), 8, 0, 1, need_train=False)
+  assert data.train is None
+  test = [t for b in data.eval_batches("test") for t in _texts(data, b)]
+  assert sorted(test) == sorted(_corpus(31, 20_000)[1])
+
+
+def test_tfds_end_to_end_offline(tmp_path) -> None:
+  tfds = pytest.importorskip("tensorflow_datasets")
+  corpora = {"train": _corpus(200), "validation": _corpus(20, 10_000), "test": _corpus(25, 20_000)}
+
+  def as_data_source(self, split, **kwargs):
+    del self, kwargs
+    en, de = corpora[split]
+    return [{"de": d.encode(), "en": e.encode()} for e, d in zip(en, de)]
+
+  c = _config(tmp_path, source="tfds", dir="")
+  with tfds.testing.mock_data(as_data_source_fn=as_data_source):
+    data = pipeline.make_data(c, str(tmp_path / "run"), 8, 0, 1)
+  assert data.pairs("dev") == list(zip(*corpora["validation"]))  # EN -> DE, in order
+  assert data.train.examples_per_epoch == 200
+  assert set(_texts(data, next(data.train))) <= set(corpora["train"][1])
