@@ -1,0 +1,267 @@
+"""Translating a list of lines: one output line per input line, in the input's order.
+
+Sentences are sorted by length and decoded in batches of `decode.batch_size`, each padded to one
+of a few fixed lengths (buckets) and to the full batch size, so jit compiles at most one program
+per bucket however many lines come in; sorting keeps the padding (wasted work) small. Empty lines
+are not sent to the model and come back empty. A line longer than the model accepts is cut (and
+counted, with a warning) rather than dropped, which would shift every later line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+from absl import logging
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from flaxformer_nmt import decode
+from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+
+# [batch, src_len] int32 source ids -> [batch, out_len] int32 output ids (EOS, then PAD).
+BatchDecodeFn = Callable[[np.ndarray], np.ndarray]
+
+# Padded source lengths. Roughly geometric, so padding wastes at most ~1/3 of a batch while a
+# full run compiles about ten programs.
+BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+# How many truncated line numbers the warning names.
+_NAMED_TRUNCATIONS = 5
+
+
+class TextTokenizer(Protocol):
+  """What translation needs of `tokenizer.Tokenizer` (tests pass a stub)."""
+
+  def encode(self, text: str) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclasses.dataclass
+class TranslationStats:
+  num_lines: int = 0
+  num_empty: int = 0
+  num_truncated: int = 0
+  num_batches: int = 0
+  seconds: float = 0.0
+
+  @property
+  def sentences_per_s(self) -> float:
+    translated = self.num_lines - self.num_empty
+    return translated / self.seconds if self.seconds > 0 else 0.0
+
+  def as_dict(self) -> dict[str, float | int]:
+    return {**dataclasses.asdict(self), "sentences_per_s": self.sentences_per_s}
+
+
+def bucket_lengths(max_src_len: int) -> list[int]:
+  """The padded lengths a batch may take: the fixed buckets below `max_src_len`, then it."""
+  return [b for b in BUCKETS if b < max_src_len] + [max_src_len]
+
+
+def _bucket(length: int, buckets: Sequence[int]) -> int:
+  return next(b for b in buckets if b >= length)
+
+
+def _format_eta(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Translator:
+  """Lines in, lines out, around a batch decode function (the model, or a stub in tests)."""
+
+  def __init__(
+      self,
+      tokenizer: TextTokenizer,
+      decode_fn: BatchDecodeFn,
+      *,
+      batch_size: int,
+      max_src_len: int,
+      log_every_secs: float = 10.0,
+  ) -> None:
+    if batch_size < 1:
+      raise ValueError(f"decode.batch_size must be >= 1, got {batch_size}.")
+    if max_src_len < 2:
+      raise ValueError(f"The maximum source length must be >= 2 (a token and EOS): {max_src_len}.")
+    self.tokenizer = tokenizer
+    self.decode_fn = decode_fn
+    self.batch_size = batch_size
+    self.max_src_len = max_src_len
+    self.buckets = bucket_lengths(max_src_len)
+    self.log_every_secs = log_every_secs
+    self.stats = TranslationStats()
+
+  def _encode(self, lines: Sequence[str]) -> list[list[int]]:
+    """Source ids ending in EOS (as the training batches have it), cut to `max_src_len`."""
+    encode_batch = getattr(self.tokenizer, "encode_batch", None)
+    ids = encode_batch(list(lines)) if encode_batch else [self.tokenizer.encode(s) for s in lines]
+    return [list(x) + [EOS_ID] for x in ids]
+
+  def translate(self, lines: Sequence[str]) -> list[str]:
+    """One translation per line, in order; blank lines stay blank."""
+    start = time.time()
+    self.stats = TranslationStats(num_lines=len(lines))
+    outputs = [""] * len(lines)
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    self.stats.num_empty = len(lines) - len(todo)
+    sources = dict(zip(todo, self._encode([lines[i] for i in todo])))
+
+    truncated = [i for i in todo if len(sources[i]) > self.max_src_len]
+    for i in truncated:
+      sources[i] = sources[i][: self.max_src_len - 1] + [EOS_ID]
+    self.stats.num_truncated = len(truncated)
+    if truncated:
+      named = ", ".join(str(i + 1) for i in truncated[:_NAMED_TRUNCATIONS])
+      more = "" if len(truncated) <= _NAMED_TRUNCATIONS else ", ..."
+      logging.warning(
+          "%d of %d lines are longer than %d tokens (EOS included) and were truncated: line %s%s.",
+          len(truncated), len(lines), self.max_src_len, named, more,
+      )
+
+    # Longest first: a batch that does not fit in memory fails at once, and the ETA errs long.
+    order = sorted(todo, key=lambda i: len(sources[i]), reverse=True)
+    done = 0
+    last_log = start
+    for first in range(0, len(order), self.batch_size):
+      batch = order[first : first + self.batch_size]
+      length = _bucket(max(len(sources[i]) for i in batch), self.buckets)
+      # Filler rows are all padding; the search skips them (see decode.max_output_lengths).
+      inputs = np.full((self.batch_size, length), PAD_ID, np.int32)  # [batch, bucket]
+      for row, i in enumerate(batch):
+        inputs[row, : len(sources[i])] = sources[i]
+      tokens = np.asarray(self.decode_fn(inputs))  # [batch, out_len]
+      for row, i in enumerate(batch):
+        text = self.tokenizer.decode(tokens[row].tolist())
+        # A line break inside a translation would shift every later line.
+        outputs[i] = text.replace("\r", " ").replace("\n", " ")
+      self.stats.num_batches += 1
+      done += len(batch)
+      now = time.time()
+      if now - last_log >= self.log_every_secs or done == len(order):
+        rate = done / max(now - start, 1e-9)
+        logging.info(
+            "Translated %d/%d sentences (%.1f sentences/s, ETA %s).",
+            done, len(order), rate, _format_eta((len(order) - done) / rate),
+        )
+        last_log = now
+    self.stats.seconds = time.time() - start
+    return outputs
+
+
+def make_decode_fn(model: Any, params: Any, search: decode.SearchConfig) -> BatchDecodeFn:
+  """The model's batch decode (jitted once per bucket) as a numpy-in, numpy-out function."""
+
+  def decode_fn(inputs: np.ndarray) -> np.ndarray:
+    result = decode.decode_batch(model, params, jnp.asarray(inputs), search)
+    return np.asarray(result.tokens)
+
+  return decode_fn
+
+
+def make_translator(
+    tokenizer: TextTokenizer,
+    model: Any,
+    params: Any,
+    decode_config: ml_collections.ConfigDict,
+    max_src_len: int,
+) -> Translator:
+  """A Translator for `model` with the beam, alpha, length rule and batch size of config.decode."""
+  search = decode.SearchConfig.from_config(decode_config)
+  return Translator(
+      tokenizer,
+      make_decode_fn(model, params, search),
+      batch_size=int(decode_config.batch_size),
+      max_src_len=max_src_len,
+  )
+
+
+def translate_lines(
+    lines: Sequence[str],
+    tokenizer: TextTokenizer,
+    model: Any,
+    params: Any,
+    decode_config: ml_collections.ConfigDict,
+    max_src_len: int,
+) -> list[str]:
+  """Translates `lines` with config.decode's settings; see the module docstring.
+
+  `max_src_len` is the longest source the model takes, EOS included: for a trained model
+  min(config.model.max_len, config.data.max_len).
+  """
+  return make_translator(tokenizer, model, params, decode_config, max_src_len).translate(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Files and standard streams.
+
+
+def read_lines(path: str) -> list[str]:
+  """Lines of a UTF-8 file, or of stdin for "-", without their line ends.
+
+  Splits on "\\n" only: str.splitlines would also split on U+2028, U+0085 and others that occur
+  inside real sentences, changing the number of lines. A bad byte is reported as path:line.
+  """
+  if path == "-":
+    data = sys.stdin.buffer.read()
+    name = "<stdin>"
+  else:
+    with open(path, "rb") as f:
+      data = f.read()
+    name = path
+  raw = data.split(b"\n")
+  if raw and raw[-1] == b"":
+    raw.pop()  # the final line end
+  lines = []
+  for number, line in enumerate(raw, start=1):
+    try:
+      text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason} at byte {e.start}).") from e
+    if number == 1:
+      text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
+    lines.append(text.removesuffix("\r"))
+  return lines
+
+
+def write_lines(path: str, lines: Sequence[str]) -> None:
+  """Writes lines as UTF-8 to a file (via a temporary name, so no half file remains) or stdout."""
+  data = "".join(line + "\n" for line in lines).encode("utf-8")
+  if path == "-":
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def translate_file(
+    input_path: str,
+    output_path: str,
+    tokenizer: TextTokenizer,
+    model: Any,
+    params: Any,
+    decode_config: ml_collections.ConfigDict,
+    max_src_len: int,
+) -> dict[str, float | int]:
+  """`--mode=translate`: reads --input (file or -), writes --output (file or -); returns stats.
+
+  The stats (lines, empty, truncated, sentences/s) are what main.py prints as its JSON line.
+  """
+  lines = read_lines(input_path)
+  logging.info("Translating %d lines from %s.", len(lines), input_path)
+  translator = make_translator(tokenizer, model, params, decode_config, max_src_len)
+  write_lines(output_path, translator.translate(lines))
+  stats = translator.stats.as_dict()
+  logging.info("Wrote %d lines to %s (%s).", len(lines), output_path, stats)
+  return stats

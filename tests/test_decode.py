@@ -1,0 +1,348 @@
+"""Cached decoding, greedy and beam search: against the full forward pass, brute force and greedy.
+
+Hand-made step functions (Markov chains over a 6-token vocabulary) give distributions whose best
+sequence is known, which tests the search sharper than a model can; the real Transformer checks
+the cache and the jitted entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from flaxformer_nmt import config_lib, decode
+from flaxformer_nmt.model import Transformer, TransformerConfig, init_decode_cache, init_params
+from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+
+# Toy vocabulary: 0 PAD, 1 EOS, then four content tokens.
+A, B, C, D = 2, 3, 4, 5
+V = 6
+
+
+# ------------------------------------------------------------------------------------------------
+# Toy step functions.
+
+
+def _bigram_step(log_table: np.ndarray) -> decode.StepFn:
+  """logits = log_table[previous token]: a first-order Markov chain; the cache counts steps."""
+  table = jnp.asarray(log_table, jnp.float32)
+
+  def step(cache, ids):
+    return table[ids[:, 0]], {"index": cache["index"] + 1}
+
+  return step
+
+
+def _trigram_step(log_table: np.ndarray) -> decode.StepFn:
+  """logits = log_table[token two back, previous token] + a per-row bias.
+
+  The token two back lives only in the cache, and the bias is a [rows, vocab] cache leaf, so
+  beam search gets the right answer only if it reorders every per-row cache leaf with its beams.
+  """
+  table = jnp.asarray(log_table, jnp.float32)
+
+  def step(cache, ids):
+    logits = table[cache["prev"], ids[:, 0]] + cache["bias"]
+    return logits, {"prev": ids[:, 0], "bias": cache["bias"], "index": cache["index"] + 1}
+
+  return step
+
+
+def _trigram_cache(bias: np.ndarray, beam: int) -> dict:
+  rows = np.repeat(bias, beam, axis=0)  # sentence-major: row b * beam + j
+  return {
+      "prev": jnp.zeros((rows.shape[0],), jnp.int32),
+      "bias": jnp.asarray(rows, jnp.float32),
+      "index": jnp.array(0, jnp.int32),
+  }
+
+
+def _masked_log_softmax(logits: np.ndarray) -> np.ndarray:
+  """What the search scores with: log-softmax over the vocabulary, PAD impossible."""
+  logits = logits - logits.max(-1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  logp[..., PAD_ID] = -np.inf
+  return logp
+
+
+def _brute_force(log_table, bias_row, max_len, alpha):
+  """Best (normalised score, tokens, model score) over every sequence of <= max_len tokens."""
+  best = (-np.inf, None, None)
+  for n in range(1, max_len + 1):
+    for body in itertools.product((EOS_ID, A, B, C, D), repeat=n):
+      if EOS_ID in body[:-1]:
+        continue  # nothing follows EOS
+      if body[-1] != EOS_ID and n < max_len:
+        continue  # without EOS only the hypotheses cut at the maximum length
+      prev2, prev1, score = PAD_ID, PAD_ID, 0.0
+      for tok in body:
+        score += _masked_log_softmax(log_table[prev2, prev1] + bias_row)[tok]
+        prev2, prev1 = prev1, tok
+      normalized = score / ((5 + n) / 6) ** alpha
+      if normalized > best[0]:
+        best = (normalized, list(body), score)
+  return best
+
+
+def _known_bigram() -> np.ndarray:
+  """A chain where greedy is wrong: A (0.55) then C (0.4) then EOS: 0.22 in all; B EOS: 0.4275."""
+  probs = np.full((V, V), 1e-6)
+  probs[PAD_ID, [A, B]] = 0.55, 0.45  # the first token
+  probs[A, [C, D, EOS_ID]] = 0.4, 0.3, 0.3
+  probs[B, EOS_ID] = 0.95
+  probs[B, [C, D]] = 0.025
+  probs[C, EOS_ID] = 1.0
+  probs[D, EOS_ID] = 1.0
+  return np.log(probs / probs.sum(-1, keepdims=True))
+
+
+# ------------------------------------------------------------------------------------------------
+# The rules.
+
+
+def test_length_penalty_is_gnmt_formula():
+  assert float(decode.length_penalty(1, 0.6)) == pytest.approx(1.0)
+  assert float(decode.length_penalty(10, 0.6)) == pytest.approx((15 / 6) ** 0.6)
+  assert float(decode.length_penalty(74, 0.6)) == pytest.approx((79 / 6) ** 0.6)
+  np.testing.assert_allclose(decode.length_penalty(jnp.arange(1, 50), 0.0), 1.0)
+
+
+def test_max_length_is_source_length_plus_offset_capped():
+  inputs = jnp.array([[7, 8, 1, 0, 0], [7, 8, 9, 10, 1], [0, 0, 0, 0, 0]], jnp.int32)
+  np.testing.assert_array_equal(decode.source_lengths(inputs), [3, 5, 0])
+  bound = decode.decode_length_bound(src_len=5, max_len_offset=50, model_max_len=None)
+  assert bound == 55
+  np.testing.assert_array_equal(decode.max_output_lengths(inputs, 50, bound), [53, 55, 0])
+  bound = decode.decode_length_bound(src_len=5, max_len_offset=50, model_max_len=54)
+  assert bound == 54  # never past the model's positional range
+  np.testing.assert_array_equal(decode.max_output_lengths(inputs, 50, bound), [53, 54, 0])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_outputs_stop_at_each_sentences_max_length(beam):
+  """Without EOS every hypothesis runs to its own cap; past it the output is padding."""
+  step = _bigram_step(np.zeros((V, V)))  # uniform: nothing ever prefers to stop
+  max_lengths = jnp.array([2, 5, 0, 3], jnp.int32)
+  for allow_eos in (False, True):
+    if beam == 1:
+      result = decode.greedy_search(
+          step, {"index": jnp.array(0)}, max_lengths, max_decode_len=6, alpha=0.6,
+          allow_eos=allow_eos,
+      )
+    else:
+      result = decode.beam_search(
+          step, {"index": jnp.array(0)}, max_lengths, beam_size=beam, alpha=0.6,
+          max_decode_len=6, allow_eos=allow_eos,
+      )
+    tokens = np.asarray(result.tokens)
+    lengths = np.asarray(result.lengths)
+    assert int(result.num_steps) <= 5  # the loop stops at the longest cap, not the buffer (6)
+    assert np.all(lengths <= np.asarray(max_lengths))
+    assert np.all(tokens[:, 5:] == PAD_ID)
+    for row, n in zip(tokens, lengths):
+      assert np.all(row[:n] != PAD_ID) and np.all(row[n:] == PAD_ID)
+    if not allow_eos:
+      np.testing.assert_array_equal(lengths, max_lengths)
+      assert not np.any(tokens == EOS_ID)
+      assert int(result.num_steps) == 5
+
+
+def test_early_stopping_when_no_live_hypothesis_can_win():
+  """EOS at 0.9 every step: after one step the finished [EOS] beats any live one at any length."""
+  probs = np.full((V, V), 0.1 / 4)
+  probs[:, EOS_ID] = 0.9
+  probs[:, PAD_ID] = 0.0
+  step = _bigram_step(np.log(probs + 1e-30))
+  max_lengths = jnp.array([40, 50], jnp.int32)
+  result = decode.beam_search(
+      step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=50
+  )
+  assert int(result.num_steps) == 1
+  np.testing.assert_array_equal(result.tokens[:, :2], [[EOS_ID, PAD_ID]] * 2)
+  np.testing.assert_allclose(result.scores, math.log(0.9), rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Search on known distributions.
+
+
+def test_beam_finds_what_greedy_misses():
+  step = _bigram_step(_known_bigram())
+  max_lengths = jnp.array([10], jnp.int32)
+  greedy = decode.greedy_search(
+      step, {"index": jnp.array(0)}, max_lengths, max_decode_len=10, alpha=0.6
+  )
+  beam = decode.beam_search(
+      step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=10
+  )
+  np.testing.assert_array_equal(greedy.tokens[0, :4], [A, C, EOS_ID, PAD_ID])
+  np.testing.assert_array_equal(beam.tokens[0, :3], [B, EOS_ID, PAD_ID])
+  np.testing.assert_allclose(greedy.scores, math.log(0.55 * 0.4), rtol=1e-4)
+  np.testing.assert_allclose(beam.scores, math.log(0.45 * 0.95), rtol=1e-4)
+  np.testing.assert_array_equal(greedy.lengths, [3])
+  np.testing.assert_array_equal(beam.lengths, [2])
+  np.testing.assert_allclose(
+      beam.normalized_scores, math.log(0.45 * 0.95) / (7 / 6) ** 0.6, rtol=1e-4
+  )
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_wide_beam_equals_brute_force(alpha):
+  """With more slots than prefixes nothing is pruned: the search (early stopping included) must
+  return the best normalised sequence of all, per sentence, each with its own maximum length."""
+  rng = np.random.default_rng(0)
+  log_table = rng.normal(scale=2.0, size=(V, V, V))
+  log_table[:, :, EOS_ID] += 1.0  # make EOS competitive so lengths vary
+  bias = rng.normal(scale=1.0, size=(3, V))
+  max_lengths = np.array([3, 4, 2])
+  beam = 4**3  # prefixes of content tokens alive after 3 steps
+  result = decode.beam_search(
+      _trigram_step(log_table), _trigram_cache(bias, beam), jnp.asarray(max_lengths),
+      beam_size=beam, alpha=alpha, max_decode_len=4,
+  )
+  for b in range(3):
+    normalized, tokens, score = _brute_force(log_table, bias[b], int(max_lengths[b]), alpha)
+    n = len(tokens)
+    np.testing.assert_array_equal(result.tokens[b, :n], tokens)
+    assert np.all(np.asarray(result.tokens[b, n:]) == PAD_ID)
+    assert int(result.lengths[b]) == n
+    np.testing.assert_allclose(result.scores[b], score, rtol=1e-4)
+    np.testing.assert_allclose(result.normalized_scores[b], normalized, rtol=1e-4)
+
+
+def test_beam_one_is_greedy_on_a_trigram_chain():
+  rng = np.random.default_rng(1)
+  log_table = rng.normal(scale=1.5, size=(V, V, V))
+  bias = rng.normal(size=(5, V))
+  max_lengths = jnp.array([6, 8, 3, 8, 1], jnp.int32)
+  greedy = decode.greedy_search(
+      _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, max_decode_len=8, alpha=0.6
+  )
+  beam = decode.beam_search(
+      _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, beam_size=1, alpha=0.6,
+      max_decode_len=8,
+  )
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+  np.testing.assert_array_equal(beam.lengths, greedy.lengths)
+  np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
+  np.testing.assert_allclose(beam.normalized_scores, greedy.normalized_scores, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# The Transformer (tiny size). One model, trained once, serves every test below: compiling is
+# what costs time on CPU, so the tests share programs where they can.
+
+_VOCAB = 16
+
+
+def _reversal_batch(rng: np.random.Generator, batch: int, vocab: int, max_len: int):
+  """Sources of random length ending in EOS; targets are the reversed tokens, then EOS."""
+  inputs = np.zeros((batch, max_len + 1), np.int32)
+  targets = np.zeros((batch, max_len + 1), np.int32)
+  for i in range(batch):
+    n = rng.integers(2, max_len + 1)
+    tokens = rng.integers(3, vocab, size=n)
+    inputs[i, : n + 1] = [*tokens, EOS_ID]
+    targets[i, : n + 1] = [*tokens[::-1], EOS_ID]
+  return inputs, targets
+
+
+@pytest.fixture(scope="module")
+def trained_tiny():
+  """A tiny Transformer trained for a few seconds on reversing token strings.
+
+  Half-trained on purpose: its distributions are neither uniform nor one-hot, so beam search has
+  real choices to make and EOS comes at varying steps.
+  """
+  c = config_lib.base_config("tiny")
+  model = Transformer(TransformerConfig.from_config(c.model, vocab_size=_VOCAB))
+  params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(0))
+  tx = optax.adam(1e-3)
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def train_step(params, opt_state, inputs, targets):
+    def loss_fn(p):
+      logits = model.apply({"params": p}, inputs, targets)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+      mask = targets != PAD_ID
+      return jnp.sum(ce * mask) / jnp.sum(mask)
+
+    grads = jax.grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state)
+    return optax.apply_updates(params, updates), opt_state
+
+  rng = np.random.default_rng(0)
+  for _ in range(70):
+    inputs, targets = _reversal_batch(rng, 32, _VOCAB, 6)
+    params, opt_state = train_step(params, opt_state, inputs, targets)
+  inputs, _ = _reversal_batch(np.random.default_rng(1), 16, _VOCAB, 6)
+  return model, params, jnp.asarray(inputs)
+
+
+def test_cached_decoding_matches_full_forward_pass(trained_tiny):
+  model, params, _ = trained_tiny
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(3, _VOCAB, size=(3, 7)).astype(np.int32)
+  inputs[0, 4:] = PAD_ID  # sources of different lengths
+  inputs[1, 6:] = PAD_ID
+  targets = rng.integers(3, _VOCAB, size=(3, 6)).astype(np.int32)
+  targets[:, -1] = EOS_ID
+  targets[2, 3:] = [EOS_ID, PAD_ID, PAD_ID]
+  full = jax.jit(model.apply)({"params": params}, inputs, targets)  # [batch, tgt_len, vocab]
+
+  encoded = jax.jit(functools.partial(model.apply, method=Transformer.encode))(
+      {"params": params}, inputs
+  )
+  step = jax.jit(decode.model_step_fn(model, params, encoded, jnp.asarray(inputs)))
+  cache = init_decode_cache(model, batch_size=3, max_decode_len=6, src_len=7)
+  decoder_input = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # shifted right, PAD first
+  for t in range(6):
+    logits, cache = step(cache, jnp.asarray(decoder_input[:, t : t + 1]))
+    real = targets[:, t] != PAD_ID  # positions after a target's end are padding in the full pass
+    np.testing.assert_allclose(logits[real], full[real, t], atol=1e-4, rtol=1e-4)
+
+
+def test_beam_one_equals_greedy_on_the_transformer(trained_tiny):
+  model, params, inputs = trained_tiny
+  search = decode.SearchConfig(beam_size=1, alpha=0.6, max_len_offset=3)
+  greedy = decode.decode_batch(model, params, inputs, search, greedy=True)
+  beam = decode.decode_batch(model, params, inputs, search)
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+  np.testing.assert_array_equal(beam.lengths, greedy.lengths)
+  np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-5)
+  np.testing.assert_allclose(beam.normalized_scores, greedy.normalized_scores, rtol=1e-5)
+  # The length rule on the real model: at most source length (EOS included) + 3 tokens.
+  src_len = np.asarray(decode.source_lengths(inputs))
+  assert np.all(np.asarray(greedy.lengths) <= src_len + 3)
+  assert np.any(np.asarray(greedy.tokens) == EOS_ID)  # the trained model does stop
+
+
+def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny):
+  model, params, inputs = trained_tiny
+  search = decode.SearchConfig(beam_size=4, alpha=0.6, max_len_offset=3)
+  greedy = decode.decode_batch(model, params, inputs, search, greedy=True)
+  beam = decode.decode_batch(model, params, inputs, search)
+  # Beam search maximises the normalised score; it must do at least as well as greedy on it.
+  assert np.all(np.asarray(beam.normalized_scores) >= np.asarray(greedy.normalized_scores) - 1e-5)
+  assert np.any(np.asarray(beam.normalized_scores) > np.asarray(greedy.normalized_scores) + 1e-3)
+  assert np.all(np.asarray(beam.lengths) >= 2)  # real outputs, not a bare EOS everywhere
+  # With alpha = 0 the objective is the model score itself (greedy's tokens do not depend on alpha).
+  plain = decode.decode_batch(model, params, inputs, dataclasses.replace(search, alpha=0.0))
+  assert np.all(np.asarray(plain.scores) >= np.asarray(greedy.scores) - 1e-5)
+  np.testing.assert_allclose(plain.normalized_scores, plain.scores)
+  # Returned scores are the model's: rescore the beam output with the teacher-forced pass.
+  logits = jax.jit(model.apply)({"params": params}, inputs, beam.tokens)
+  logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  tokens = np.asarray(beam.tokens)
+  picked = np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+  rescored = np.where(tokens != PAD_ID, picked, 0.0).sum(-1)
+  np.testing.assert_allclose(beam.scores, rescored, rtol=1e-4, atol=1e-4)

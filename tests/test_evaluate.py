@@ -1,0 +1,103 @@
+"""Both BLEU flavours against sacrebleu and sacremoses called directly, and the ##AT## split by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sacrebleu
+from sacremoses import MosesTokenizer
+
+from flaxformer_nmt import evaluate
+
+# German hypotheses and references with compounds, punctuation, quotes and umlauts.
+HYPS = [
+    "Die E-Mail-Adresse ist gültig.",
+    "Der Preis ist 5,50 € für \"Wein-Proben\".",
+    "Sie wurde 1999 in Köln geboren.",
+    "Das ist ein Test-Fall.",
+]
+REFS = [
+    "Die E-Mail-Adresse ist nicht gültig.",
+    "Der Preis beträgt 5,50 € für \"Wein-Proben\".",
+    "Sie wurde 1999 in Köln geboren.",
+    "Das ist ein Prüf-Fall.",
+]
+
+
+def test_sacrebleu_score_is_cased_13a_sacrebleu():
+  score, signature = evaluate.sacrebleu_score(HYPS, REFS)
+  expected = sacrebleu.corpus_bleu(HYPS, [REFS])  # defaults: 13a, cased
+  assert score == pytest.approx(expected.score, abs=1e-9)
+  assert 0 < score < 100
+  assert "tok:13a" in signature and "case:mixed" in signature and "nrefs:1" in signature
+  # Cased: lowercasing a hypothesis must cost points.
+  lowered, _ = evaluate.sacrebleu_score([h.lower() for h in HYPS], REFS)
+  assert lowered < score
+
+
+def test_compound_split_matches_t2t_perl_by_hand():
+  # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' on Moses output, written out by hand. Matches do
+  # not overlap ("a-b-c" splits once); a hyphen next to a space is left alone.
+  assert (
+      evaluate.tokenize_for_paper_bleu("Die E-Mail-Adresse ist gültig.", "de")
+      == "Die E ##AT##-##AT## Mail ##AT##-##AT## Adresse ist gültig ."
+  )
+  assert evaluate.tokenize_for_paper_bleu("a-b-c x -y z- w", "de") == (
+      "a ##AT##-##AT## b-c x -y z- w"
+  )
+  assert evaluate.tokenize_for_paper_bleu("über-all 3-4", "de") == (
+      "über ##AT##-##AT## all 3 ##AT##-##AT## 4"
+  )
+  # Moses escaping (tokenizer.perl's default) and language-aware rules.
+  assert evaluate.tokenize_for_paper_bleu('"Wein-Proben" & Käse', "de") == (
+      "&quot; Wein ##AT##-##AT## Proben &quot; &amp; Käse"
+  )
+  assert evaluate.tokenize_for_paper_bleu("It's well-known.", "en") == (
+      "It &apos;s well ##AT##-##AT## known ."
+  )
+
+
+def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
+  moses = MosesTokenizer(lang="de")
+
+  def paper_tok(s: str) -> str:
+    tok = moses.tokenize(s, return_str=True, escape=True)
+    return evaluate._COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tok)
+
+  expected = sacrebleu.corpus_bleu(
+      [paper_tok(h) for h in HYPS], [[paper_tok(r) for r in REFS]],
+      tokenize="none", smooth_method="none", force=True,
+  ).score
+  assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") == pytest.approx(expected, abs=1e-9)
+  # The split is applied to both sides: "Test-Fall" vs "Prüf-Fall" share "##AT##-##AT##" and
+  # "Fall" only once split, so the paper's flavour scores higher than without the split.
+  unsplit = sacrebleu.corpus_bleu(
+      [moses.tokenize(h, return_str=True, escape=True) for h in HYPS],
+      [[moses.tokenize(r, return_str=True, escape=True) for r in REFS]],
+      tokenize="none", smooth_method="none", force=True,
+  ).score
+  assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") > unsplit
+
+
+def test_identical_and_disjoint_corpora():
+  assert evaluate.tokenized_bleu(REFS, REFS) == pytest.approx(100.0)
+  assert evaluate.sacrebleu_score(REFS, REFS)[0] == pytest.approx(100.0)
+  assert evaluate.tokenized_bleu(["x y z w"] * 4, REFS) == 0.0  # no smoothing, as multi-bleu
+
+
+def test_mismatched_lengths_fail_loudly():
+  with pytest.raises(ValueError, match="one hypothesis per reference"):
+    evaluate.sacrebleu_score(HYPS, REFS[:2])
+
+
+def test_score_and_write(tmp_path):
+  hyps = HYPS[:-1] + ["Zwei\nZeilen"]  # a stray line break must not add a line
+  scores = evaluate.score_and_write(hyps, REFS, str(tmp_path / "out"), "test", tgt_lang="de")
+  assert set(scores) == {"sacrebleu", "sacrebleu_signature", "tokenized_bleu", "num_sentences"}
+  assert scores["num_sentences"] == 4
+  assert scores["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [REFS]).score)
+  lines = (tmp_path / "out" / "test.hyp.txt").read_text(encoding="utf-8").split("\n")
+  assert lines[:3] == HYPS[:3] and lines[3] == "Zwei Zeilen" and lines[4] == ""
+  on_disk = json.loads((tmp_path / "out" / "test.scores.json").read_text(encoding="utf-8"))
+  assert on_disk == scores
