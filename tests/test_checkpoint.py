@@ -1,0 +1,363 @@
+"""Checkpoint save / resume / fallback / averaging on tiny train states (fast, CPU)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import shutil
+import signal
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from flaxformer_nmt import checkpoint
+from flaxformer_nmt import parallel
+from flaxformer_nmt import preemption
+from flaxformer_nmt.steps import TrainState
+
+
+def make_state(seed: int, step: int = 3, width: int = 8) -> TrainState:
+  """A TrainState with Adam moments that are not all zero, all leaves host numpy."""
+  rng = np.random.default_rng(seed)
+  params = {
+      "embed": {"embedding": rng.standard_normal((11, width)).astype(np.float32)},
+      "dense": {"kernel": rng.standard_normal((width, 4)).astype(np.float32),
+                "bias": rng.standard_normal((4,)).astype(np.float32)},
+  }
+  tx = optax.adam(1e-3)
+  opt_state = tx.init(params)
+  grads = jax.tree.map(lambda p: rng.standard_normal(p.shape).astype(np.float32), params)
+  _, opt_state = tx.update(grads, opt_state, params)
+  state = TrainState(step=np.int32(step), params=params, opt_state=opt_state,
+                     rng=np.asarray(jax.random.PRNGKey(seed)))
+  return jax.device_get(state)
+
+
+def abstract(state: TrainState) -> TrainState:
+  return jax.eval_shape(lambda s: s, state)
+
+
+def assert_bitwise_equal(a, b) -> None:
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape
+    assert x.tobytes() == y.tobytes()
+
+
+def new_ckpt(path: pathlib.Path, keep: int = 3, every_steps: int = 0, every_secs: float = 0.0):
+  return checkpoint.Checkpointer(str(path), keep=keep, every_steps=every_steps,
+                                 every_secs=every_secs)
+
+
+def save_steps(ckpt: checkpoint.Checkpointer, steps, width: int = 8) -> dict[int, TrainState]:
+  states = {}
+  for s in steps:
+    states[s] = make_state(seed=s, step=s, width=width)
+    assert ckpt.save(s, states[s], {"epoch": 0, "index": 100 * s}, force=True)
+  ckpt.wait_until_finished()
+  return states
+
+
+def test_round_trip_is_bitwise_with_data_position_and_rng(tmp_path):
+  state = make_state(seed=7, step=3)
+  with new_ckpt(tmp_path) as ckpt:
+    assert ckpt.restore(abstract(state)) is None  # nothing saved yet
+    assert ckpt.save(3, state, {"epoch": 1, "index": 12345}, force=True)
+  with new_ckpt(tmp_path) as ckpt:  # a fresh process's view
+    assert ckpt.latest_step() == 3
+    for template in (abstract(state), make_state(seed=99, step=0)):
+      restored, data, step = ckpt.restore(template)
+      assert step == 3 and data == {"epoch": 1, "index": 12345}
+      assert isinstance(restored, TrainState)
+      assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(restored))
+      assert_bitwise_equal(restored, state)
+
+
+def test_keeps_last_k_and_does_not_save_a_step_twice(tmp_path):
+  with new_ckpt(tmp_path, keep=2) as ckpt:
+    save_steps(ckpt, [1, 2, 3, 4])
+    assert ckpt.all_steps() == [3, 4]
+    assert not ckpt.save(4, make_state(0, step=4), {}, force=True)  # already saved: no-op
+    assert not ckpt.save(2, make_state(0, step=2), {}, force=True)  # older than the newest
+
+
+def test_should_save_every_n_steps_or_every_s_seconds(tmp_path, monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(checkpoint.time, "monotonic", lambda: clock[0])
+  with new_ckpt(tmp_path, every_steps=5, every_secs=600) as ckpt:
+    assert [s for s in range(0, 12) if ckpt.should_save(s)] == [5, 10]
+    clock[0] += 601
+    assert ckpt.should_save(7)
+    assert ckpt.save(7, make_state(0, step=7), {})
+    assert not ckpt.should_save(8)  # the clock restarted at the save
+    assert not ckpt.should_save(5)  # not behind the newest checkpoint
+    ckpt.wait_until_finished()
+
+
+# Orbax's asyncio loop reports, at garbage collection, the tensorstore error it already raised.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("damage", ["truncate_all", "delete_state", "delete_array_data", "empty"])
+def test_unreadable_latest_falls_back_with_a_warning_naming_it(tmp_path, caplog, damage):
+  with new_ckpt(tmp_path) as ckpt:
+    states = save_steps(ckpt, [1, 2])
+  bad = tmp_path / "2"
+  files = [p for p in bad.rglob("*") if p.is_file()]
+  if damage == "truncate_all":
+    for p in files:
+      os.truncate(p, p.stat().st_size // 2)
+  elif damage == "delete_state":
+    shutil.rmtree(bad / "state")
+  elif damage == "delete_array_data":
+    for p in files:
+      if p.parent.name == "d":  # ocdbt data and b-tree files
+        p.unlink()
+  else:
+    shutil.rmtree(bad)
+    bad.mkdir()
+
+  with new_ckpt(tmp_path) as ckpt, caplog.at_level(logging.WARNING):
+    restored, data, step = ckpt.restore(abstract(states[1]))
+    assert step == 1 and data == {"epoch": 0, "index": 100}
+    assert_bitwise_equal(restored, states[1])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(bad) in w and "unreadable" in w for w in warnings), warnings
+    # Moved aside, not deleted, and the resumed run can save step 2 again.
+    assert (tmp_path / "unreadable" / "2").is_dir() and not bad.exists()
+    assert ckpt.all_steps() == [1]
+    assert ckpt.save(2, make_state(5, step=2), {"epoch": 0, "index": 5}, force=True)
+  with new_ckpt(tmp_path) as ckpt:
+    assert ckpt.restore(abstract(states[1]))[2] == 2
+
+
+def test_no_readable_checkpoint_is_one_clear_error(tmp_path):
+  with new_ckpt(tmp_path) as ckpt:
+    states = save_steps(ckpt, [1])
+  shutil.rmtree(tmp_path / "1" / "state")
+  with new_ckpt(tmp_path) as ckpt:
+    with pytest.raises(checkpoint.CheckpointError, match="None of the 1 checkpoints"):
+      ckpt.restore(abstract(states[1]))
+
+
+def test_shape_mismatch_is_a_one_line_error_not_a_fallback(tmp_path):
+  with new_ckpt(tmp_path) as ckpt:
+    save_steps(ckpt, [1, 2], width=8)
+  with new_ckpt(tmp_path) as ckpt:
+    with pytest.raises(checkpoint.CheckpointMismatchError) as info:
+      ckpt.restore(abstract(make_state(0, width=16)))
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(tmp_path / "2") in message  # the newest: no fallback past a mismatch
+    assert "params/dense/kernel" in message and "(8, 4)" in message and "(16, 4)" in message
+    assert ckpt.all_steps() == [1, 2] and not (tmp_path / "unreadable").exists()
+
+    renamed = make_state(0)
+    renamed.params["dense"]["weight"] = renamed.params["dense"].pop("kernel")
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="params/dense"):
+      ckpt.restore(abstract(renamed))
+
+
+def test_save_rejects_a_replicated_state_or_a_step_mismatch(tmp_path):
+  state = make_state(0, step=3)
+  with new_ckpt(tmp_path) as ckpt:
+    with pytest.raises(ValueError, match="replicated state"):
+      ckpt.save(3, jax.tree.map(lambda x: np.stack([x, x]), state), {}, force=True)
+    with pytest.raises(ValueError, match="step is 3"):
+      ckpt.save(4, state, {}, force=True)
+    with pytest.raises(ValueError, match="JSON"):
+      ckpt.save(3, state, {"position": object()}, force=True)
+    assert ckpt.all_steps() == []
+  with pytest.raises(ValueError, match="keep_checkpoints"):
+    checkpoint.Checkpointer(str(tmp_path), keep=0, every_steps=1)
+
+
+def test_averaging_identical_and_different_checkpoints(tmp_path):
+  ckpt_dir = tmp_path / checkpoint.CHECKPOINTS
+  state = make_state(1, step=1)
+  with new_ckpt(ckpt_dir, keep=5) as ckpt:
+    for step in (1, 2, 3):
+      ckpt.save(step, state.replace(step=np.int32(step)), {}, force=True)
+  params, steps = checkpoint.average_checkpoints(str(tmp_path), 3, abstract(state))
+  assert steps == [1, 2, 3]
+  assert_bitwise_equal(params, state.params)
+
+  other = make_state(2, step=4)
+  with new_ckpt(ckpt_dir, keep=5) as ckpt:
+    ckpt.save(4, other, {}, force=True)
+  params, steps = checkpoint.average_checkpoints(str(ckpt_dir), 2, abstract(state).params)
+  assert steps == [3, 4]
+  expected = jax.tree.map(
+      lambda a, b: ((a.astype(np.float64) + b) / 2).astype(np.float32), state.params, other.params
+  )
+  assert_bitwise_equal(params, expected)
+  kernels = state.params["dense"]["kernel"], other.params["dense"]["kernel"]
+  np.testing.assert_allclose(params["dense"]["kernel"], (kernels[0] + kernels[1]) / 2, rtol=1e-6)
+
+  with pytest.raises(ValueError, match=r"--num_checkpoints=5 but .* holds 4 checkpoint\(s\)"):
+    checkpoint.average_checkpoints(str(tmp_path), 5, abstract(state))
+
+
+def test_inference_params_prefer_a_fresh_average(tmp_path, caplog):
+  template = abstract(make_state(0)).params
+  with pytest.raises(ValueError, match="No checkpoint in"):
+    checkpoint.load_inference_params(str(tmp_path), template)
+  with new_ckpt(tmp_path / checkpoint.CHECKPOINTS, keep=5) as ckpt:
+    states = save_steps(ckpt, [1, 2])
+  with pytest.raises(ValueError, match="--mode=average"):
+    checkpoint.load_inference_params(str(tmp_path), template, which="averaged")
+
+  params, description = checkpoint.load_inference_params(str(tmp_path), template)
+  assert description.startswith("step2 ")
+  assert_bitwise_equal(params, states[2].params)
+
+  mean, steps = checkpoint.average_checkpoints(str(tmp_path), 2, template)
+  path = checkpoint.save_averaged(str(tmp_path), mean, steps)
+  assert steps == [1, 2] and path.endswith(os.path.join(checkpoint.AVERAGED, "2"))
+  params, description = checkpoint.load_inference_params(str(tmp_path), template)
+  assert description.startswith("averaged") and "[1, 2]" in description
+  assert_bitwise_equal(params, mean)
+  params, _ = checkpoint.load_inference_params(str(tmp_path), template, which="latest")
+  assert_bitwise_equal(params, states[2].params)
+
+  # Training went on after the average: 'auto' takes the newer checkpoint and says why.
+  with new_ckpt(tmp_path / checkpoint.CHECKPOINTS, keep=5) as ckpt:
+    states.update(save_steps(ckpt, [3]))
+  with caplog.at_level(logging.WARNING):
+    params, description = checkpoint.load_inference_params(str(tmp_path), template)
+  assert description.startswith("step3 ") and "older than" in caplog.text
+  with pytest.raises(ValueError, match="which must be one of"):
+    checkpoint.load_inference_params(str(tmp_path), template, which="best")
+
+
+@pytest.mark.parametrize("save_devices,restore_devices", [(8, 1), (1, 8)])
+def test_restore_across_device_counts(tmp_path, save_devices, restore_devices):
+  assert jax.local_device_count() == 8, "tests/conftest.py should give 8 CPU devices"
+  state = make_state(3, step=5)
+  replicated = parallel.replicate(state, jax.local_devices()[:save_devices])
+  with new_ckpt(tmp_path) as ckpt:
+    ckpt.save(5, parallel.unreplicate(replicated), {"epoch": 0, "index": 9}, force=True)
+  with new_ckpt(tmp_path) as ckpt:
+    restored, _, _ = ckpt.restore(abstract(state))
+  on_devices = parallel.replicate(restored, jax.local_devices()[:restore_devices])
+  assert jax.tree.leaves(on_devices)[0].shape[0] == restore_devices
+  for replica in range(restore_devices):
+    assert_bitwise_equal(jax.device_get(jax.tree.map(lambda x: x[replica], on_devices)), state)
+
+
+def test_preemption_guard_sets_a_flag_and_restores_handlers():
+  before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  with preemption.PreemptionGuard() as guard:
+    assert not guard.should_stop(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert guard.requested and guard.should_stop(2) and guard.signal_name == "SIGTERM"
+    assert "SIGTERM" in guard.message(2)
+  assert {sig: signal.getsignal(sig) for sig in before} == before
+
+  with pytest.raises(KeyboardInterrupt):
+    with preemption.PreemptionGuard() as guard:
+      os.kill(os.getpid(), signal.SIGINT)
+      assert guard.requested
+      os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C exits now
+  assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+_WORKER = r'''
+import os, signal, sys, time
+import numpy as np
+import jax
+import orbax.checkpoint as ocp
+from flaxformer_nmt import checkpoint, preemption
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(
+    os.environ["JAX_COORDINATOR_ADDRESS"], 2, int(os.environ["JAX_PROCESS_ID"]))
+pid, directory = jax.process_index(), sys.argv[1]
+state = {"params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "step": np.int32(4)}
+with checkpoint.Checkpointer(directory, keep=3, every_steps=0, every_secs=0.5) as ckpt:
+  assert ckpt.restore(state) is None
+  time.sleep(0.6 if pid == 0 else 0.0)  # only process 0's clock says a save is due...
+  print("due", ckpt.should_save(1), flush=True)  # ...and process 1 must agree
+  ckpt.save(4, state, {"epoch": 0, "index": 4}, force=True)
+  ckpt.save(6, dict(state, step=np.int32(6)), {"epoch": 0, "index": 6}, force=True)
+  ckpt.wait_until_finished()
+ocp.multihost.sync_global_processes("saved")
+if pid == 0:  # damage the newest checkpoint; both processes must fall back in step
+  for root, _, files in os.walk(os.path.join(directory, "6")):
+    for name in files:
+      os.truncate(os.path.join(root, name), 0)
+ocp.multihost.sync_global_processes("damaged")
+with checkpoint.Checkpointer(directory, keep=3, every_steps=0) as ckpt:
+  restored, data, step = ckpt.restore(state)
+  print("restored", step, data["index"], restored["params"]["w"].sum(), flush=True)
+with preemption.PreemptionGuard() as guard:
+  for step in range(1, 500):
+    if pid == 1 and step == 3:
+      os.kill(os.getpid(), signal.SIGTERM)  # one host is preempted...
+    if guard.should_stop(step):
+      print("stop", step, flush=True)  # ...and both stop at the same step
+      break
+    time.sleep(0.01)
+jax.distributed.shutdown()
+'''
+
+
+def test_two_processes_agree_write_once_and_fall_back_together(tmp_path):
+  """jax.distributed on 2 CPU processes: the multi-host paths, which one process never takes."""
+  import socket
+  import subprocess
+  import sys
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  script = tmp_path / "worker.py"
+  script.write_text(_WORKER)
+  procs = []
+  for pid in range(2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_PROCESS_ID=str(pid))
+    procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt")], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outputs = []
+  for proc in procs:
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    outputs.append([line for line in out.splitlines() if line.split(" ")[0] in
+                    ("due", "restored", "stop")])
+  assert outputs[0] == outputs[1], outputs
+  due, restored, stop = outputs[0]
+  assert due == "due True" and restored == "restored 4 4 15.0" and stop.startswith("stop")
+  assert (tmp_path / "ckpt" / "unreadable" / "6").is_dir()
+  # Arrays and JSON were written once, by process 0.
+  assert [p.name for p in (tmp_path / "ckpt" / "4" / "state").glob("ocdbt.process_*")] == [
+      "ocdbt.process_0"]
+
+
+def test_a_save_in_flight_lands_when_the_program_exits_by_an_exception(tmp_path):
+  """The loop may die (non-finite loss, failing eval) right after starting an asynchronous save."""
+  import subprocess
+  import sys
+
+  script = (
+      "import sys, numpy as np\n"
+      "from flaxformer_nmt import checkpoint\n"
+      "ckpt = checkpoint.Checkpointer(sys.argv[1], keep=1, every_steps=0)\n"
+      "state = {'params': {'w': np.ones((2048, 2048), np.float32)}, 'step': np.int32(1)}\n"
+      "ckpt.save(1, state, {'index': 1}, force=True)\n"
+      "raise SystemExit(3)  # no close(): the exit hook must finish the save\n"
+  )
+  proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                        text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 3, proc.stderr[-3000:]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1"], proc.stderr[-3000:]
+  with new_ckpt(tmp_path) as ckpt:
+    state = {"params": {"w": jax.ShapeDtypeStruct((2048, 2048), np.float32)},
+             "step": jax.ShapeDtypeStruct((), np.int32)}
+    restored, data, step = ckpt.restore(state)
+  assert step == 1 and data == {"index": 1} and restored["params"]["w"].min() == 1.0
