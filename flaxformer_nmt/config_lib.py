@@ -71,6 +71,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c.checkpoint_every_secs = 0  # >0 also saves every this many seconds (the paper: 600)
   c.keep_checkpoints = 20  # enough to average the last 20, as the paper's big model
   c.skip_nonfinite = False  # True: skip a step whose loss or gradients are not finite
+  c.debug_inject_nan_at_step = -1  # tests: make step N's loss NaN to exercise the guard
   c.label_smoothing = 0.1  # eps_ls
 
   c.model = model_config(size)
@@ -113,6 +114,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
           demo_train_size=200_000,
           demo_dev_size=500,
           demo_test_size=1_000,
+          demo_seed=0,  # the demo corpus's own seed, so runs that differ in `seed` share data
       )
   )
 

@@ -25,7 +25,8 @@ def maybe_initialize_distributed() -> None:
   JAX_PROCESS_ID (e.g. several CPU processes on 127.0.0.1).
   """
   if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+    # Must not touch a backend before initialize(); gloo only matters to CPU collectives.
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],

@@ -32,6 +32,12 @@ class MetricWriter:
     if self._writer is not None:
       self._writer.close()
 
+  def __enter__(self) -> "MetricWriter":
+    return self
+
+  def __exit__(self, *exc_info: object) -> None:
+    self.close()
+
 
 class Progress:
   """Rate and ETA over the steps run in this process (resumed runs don't inflate the rate)."""

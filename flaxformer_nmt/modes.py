@@ -1,0 +1,62 @@
+"""What each `--mode` of main.py does, in terms of the library's pieces."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import ml_collections
+from absl import logging
+
+from flaxformer_nmt import checkpoint
+from flaxformer_nmt import train as train_lib
+
+# Exceptions a user can cause and fix (bad file, bad config value, wrong checkpoint): main.py
+# prints these as one line instead of a traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, FileNotFoundError, train_lib.NonFiniteLossError, checkpoint.CheckpointError,
+)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> None:
+  result = train_lib.train_and_evaluate(config, workdir)
+  train_lib.write_json_line(result)
+
+
+def _inference_run(config, workdir: str, which: str) -> tuple[train_lib.Run, object, str]:
+  run = train_lib.Run(config, workdir, need_train=False)
+  params, description = checkpoint.load_inference_params(workdir, run.abstract_params(), which)
+  logging.info("Using %s.", description)
+  return run, params, description
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> None:
+  """BLEU of the test set (greedy and the configured beam), both flavours; last line JSON."""
+  run, params, description = _inference_run(config, workdir, which)
+  tag = description.split()[0]  # e.g. "averaged" or "step1000"
+  result = {"mode": "eval", "checkpoint": description}
+  result.update(train_lib.test_scores(run, params, tag=tag))
+  train_lib.write_json_line(result)
+
+
+def translate(config, workdir: str, which: str, input_path: str, output_path: str) -> None:
+  """One translation per input line, in order; progress on stderr."""
+  from flaxformer_nmt import translate as translate_lib
+
+  lines = translate_lib.read_lines(input_path)  # fails on a bad file before the model loads
+  run, params, _ = _inference_run(config, workdir, which)
+  start = time.monotonic()
+  hyps = translate_lib.translate_lines(lines, run.tokenizer, run.model, params, config.decode,
+                                       max_src_len=config.data.max_len)
+  translate_lib.write_lines(output_path, hyps)
+  logging.info("Translated %d lines in %.1fs.", len(lines), time.monotonic() - start)
+
+
+def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:
+  """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
+  run = train_lib.Run(config, workdir, need_train=False)
+  params, steps = checkpoint.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
+  path = checkpoint.save_averaged(workdir, params, steps)
+  train_lib.write_json_line({"mode": "average", "steps": steps, "path": path,
+                             "num_checkpoints": len(steps)})

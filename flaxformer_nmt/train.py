@@ -1,0 +1,294 @@
+"""The training loop: orchestration only (the maths is in steps.py, devices in parallel.py).
+
+A run is fully determined by its config and seed: the batches come from a seeded, resumable
+pipeline, dropout keys derive from (seed, step, device), and each checkpoint stores the state and
+the pipeline position, so rerunning the command after a preemption continues the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from flaxformer_nmt import checkpoint, optim, parallel, reporting, steps
+from flaxformer_nmt.preemption import PreemptionGuard
+from flaxformer_nmt import data as data_lib
+from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+
+
+class NonFiniteLossError(RuntimeError):
+  """Training produced a NaN/Inf loss or gradient."""
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Catches impossible values up front, before any data is read or program compiled."""
+  positive = ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+              "keep_checkpoints")
+  for name in positive:
+    if config[name] < 1:
+      raise ValueError(f"config.{name} must be >= 1, got {config[name]}.")
+  if not 0.0 <= config.label_smoothing < 1.0:
+    raise ValueError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}.")
+  if config.data.tokens_per_batch < config.data.max_len:
+    raise ValueError(
+        f"config.data.tokens_per_batch={config.data.tokens_per_batch} is smaller than "
+        f"config.data.max_len={config.data.max_len}: not even one row fits."
+    )
+  if config.data.max_len > config.model.max_len and config.model.positional == "learned":
+    raise ValueError(
+        f"config.data.max_len={config.data.max_len} exceeds config.model.max_len="
+        f"{config.model.max_len}, the size of the learned position table."
+    )
+
+
+class Run:
+  """The pieces every mode needs: data, tokenizer, model, optimizer, checkpoints."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, need_train: bool) -> None:
+    validate_config(config)
+    self.config = config
+    self.workdir = workdir
+    os.makedirs(workdir, exist_ok=True)
+    self.data = data_lib.make_data(
+        config, workdir, num_devices=jax.device_count(),
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        need_train=need_train,
+    )
+    self.tokenizer = self.data.tokenizer
+    self.model_cfg = TransformerConfig.from_config(config.model, self.tokenizer.vocab_size)
+    self.model = Transformer(self.model_cfg)
+    self.tx, self.schedule = optim.make_optimizer(config.optim, self.model_cfg.d_model)
+    # Only training opens the checkpoint manager: opening it cleans up unfinished saves, which
+    # must never happen to a training job running beside an eval in the same workdir.
+    self.checkpoints = None
+    if need_train:
+      self.checkpoints = checkpoint.Checkpointer(
+          checkpoint.checkpoint_dir(workdir),
+          keep=config.keep_checkpoints,
+          every_steps=config.checkpoint_every_steps,
+          every_secs=config.checkpoint_every_secs,
+      )
+
+  def initial_state(self) -> steps.TrainState:
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(self.config.seed))
+    params = jax.jit(init_params, static_argnums=0)(self.model_cfg, init_rng)
+    return jax.device_get(steps.create_train_state(params, self.tx, dropout_rng))
+
+  def abstract_params(self) -> Any:
+    return jax.eval_shape(lambda rng: init_params(self.model_cfg, rng), jax.random.PRNGKey(0))
+
+
+def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
+  return [jax.tree.map(float, parallel.unreplicate(m)) for m in device_metrics]
+
+
+def _summarize(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
+  tokens = sum(m["tokens"] for m in history)
+  return {
+      "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
+      "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
+      "learning_rate": history[-1]["learning_rate"],
+      "grad_norm": history[-1]["grad_norm"],
+      "param_norm": history[-1]["param_norm"],
+      "target_tokens_per_s": tokens / max(seconds, 1e-9),
+      "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),
+      "skipped_steps": sum(m["nonfinite"] for m in history),
+  }
+
+
+def _global_data_state(train_iter: data_lib.TrainIterator) -> dict[str, Any]:
+  """Every process's input position (each reads its own shard), gathered for the checkpoint.
+
+  Only process 0 writes the checkpoint's JSON, so positions are collected there as a list indexed
+  by process; a single-process run stores a list of one.
+  """
+  local = train_iter.get_state()
+  keys = sorted(local)
+  if jax.process_count() == 1:
+    return {"processes": [local]}
+  from jax.experimental import multihost_utils
+
+  gathered = multihost_utils.process_allgather(np.array([local[k] for k in keys], np.int64))
+  return {"processes": [dict(zip(keys, map(int, row))) for row in np.asarray(gathered)]}
+
+
+def _local_data_state(saved: dict[str, Any]) -> dict[str, Any]:
+  positions = saved["processes"]
+  if len(positions) != jax.process_count():
+    raise ValueError(
+        f"The checkpoint was written by {len(positions)} processes, this run has "
+        f"{jax.process_count()}: each process's input position belongs to its own data shard, so "
+        "resume with the same number of processes."
+    )
+  return positions[jax.process_index()]
+
+
+def evaluate_dev_loss(run: Run, p_eval_step, replicated_params) -> dict[str, float]:
+  """Per-token dev loss, perplexity and accuracy over the whole dev set, in order."""
+  totals: dict[str, float] = {}
+  for batch in run.data.eval_batches("dev"):
+    out = jax.tree.map(float, parallel.unreplicate(p_eval_step(replicated_params,
+                                                               parallel.shard(batch))))
+    for k, v in out.items():
+      totals[k] = totals.get(k, 0.0) + v
+  tokens = max(totals.get("tokens", 0.0), 1.0)
+  nll = totals.get("nll_sum", 0.0) / tokens
+  return {
+      "dev_loss": totals.get("loss_sum", 0.0) / tokens,
+      "dev_nll": nll,
+      "dev_perplexity": float(np.exp(min(nll, 50.0))),
+      "dev_accuracy": totals.get("correct", 0.0) / tokens,
+  }
+
+
+def dev_bleu(run: Run, params: Any) -> dict[str, float]:
+  """BLEU of greedy (by default) decoding on the first dev sentences: a cheap learning signal."""
+  from flaxformer_nmt import evaluate, translate  # decoding is only needed at eval time
+
+  n = run.config.eval.dev_bleu_sentences
+  pairs = run.data.pairs("dev")[:n]
+  if not pairs:
+    return {}
+  decode_cfg = ml_collections.ConfigDict(run.config.decode.to_dict())
+  decode_cfg.beam_size = run.config.eval.dev_bleu_beam_size
+  hyps = translate.translate_lines(
+      [s for s, _ in pairs], run.tokenizer, run.model, params, decode_cfg,
+      max_src_len=run.config.data.max_len,
+  )
+  score, _ = evaluate.sacrebleu_score(hyps, [r for _, r in pairs])
+  return {"dev_bleu": score}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (resuming from the workdir's latest checkpoint) and returns the final figures."""
+  run = Run(config, workdir, need_train=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+
+  state = run.initial_state()
+  restored = run.checkpoints.restore(state)
+  if restored is not None:
+    state, data_state, step = restored
+    run.data.train.set_state(_local_data_state(data_state))
+    logging.info("Resumed from step %d in %s.", step, run.checkpoints.directory)
+  start_step = int(state.step)
+  total = config.num_train_steps
+  if start_step >= total:
+    logging.info("Already trained to step %d (num_train_steps=%d).", start_step, total)
+
+  p_train_step = parallel.pmap_train_step(
+      steps.train_step, model=run.model, tx=run.tx, schedule=run.schedule,
+      label_smoothing=config.label_smoothing, skip_nonfinite=config.skip_nonfinite,
+      inject_nan_at_step=config.debug_inject_nan_at_step,
+  )
+  p_eval_step = parallel.pmap_eval_step(
+      steps.eval_step, model=run.model, label_smoothing=config.label_smoothing
+  )
+  p_state = parallel.replicate(state)
+  del state
+  writer = reporting.MetricWriter(workdir)
+  progress = reporting.Progress(start_step, total)
+  pending: list[dict[str, Any]] = []  # device metrics not yet fetched (keeps dispatch async)
+  interval_start = time.monotonic()
+  last_dev: dict[str, float] = {}
+  step = start_step
+
+  def flush(step: int) -> list[dict[str, float]]:
+    """Fetches pending metrics; stops the run on a non-finite loss before anything is saved."""
+    history = _host_metrics(pending)
+    pending.clear()
+    for i, m in enumerate(history):
+      bad_step = step - len(history) + i + 1
+      if m["nonfinite"] and not config.skip_nonfinite:
+        raise NonFiniteLossError(
+            f"Non-finite loss or gradient at step {bad_step}; not saved. The last good "
+            f"checkpoint is step {run.checkpoints.latest_step()} in {run.checkpoints.directory}. "
+            "Lower config.optim.lr_scale, or set config.skip_nonfinite=True to skip such steps."
+        )
+      if m["nonfinite"]:
+        logging.warning("Skipped step %d: non-finite loss or gradient.", bad_step)
+    return history
+
+  def save(step: int, force: bool = False) -> None:
+    flush(step)
+    run.checkpoints.save(
+        step, parallel.unreplicate(p_state), _global_data_state(run.data.train), force=force
+    )
+
+  with PreemptionGuard() as guard, writer, run.checkpoints:
+    while step < total:
+      batch = next(run.data.train)
+      p_state, metrics = p_train_step(p_state, parallel.shard(batch))
+      pending.append(metrics)
+      step += 1
+      stop = guard.should_stop(step)  # every step: multi-host runs agree on it collectively
+
+      if step % config.log_every_steps == 0 or step == total:
+        history = flush(step)
+        seconds = time.monotonic() - interval_start
+        summary = _summarize(history, seconds)
+        reporting.log_train(step, total, summary, progress.eta(step))
+        writer.scalars(step, summary, prefix="train/")
+        interval_start = time.monotonic()
+
+      if step == total or stop or run.checkpoints.should_save(step):
+        save(step, force=step == total or stop)
+      if stop:
+        # No evaluation on the way out: the grace period before a hard kill is for saving.
+        run.checkpoints.wait_until_finished()
+        logging.warning("%s", guard.message(step))
+        return {"mode": "train", "step": step, "preempted": True}
+
+      if step % config.eval_every_steps == 0 or step == total:
+        flush(step)
+        eval_start = time.monotonic()
+        last_dev = evaluate_dev_loss(run, p_eval_step, p_state.params)
+        last_dev.update(dev_bleu(run, parallel.unreplicate(p_state.params)))
+        logging.info("step %d  %s  (%.1fs)", step,
+                     "  ".join(f"{k} {v:.4g}" for k, v in last_dev.items()),
+                     time.monotonic() - eval_start)
+        writer.scalars(step, last_dev, prefix="dev/")
+        interval_start += time.monotonic() - eval_start  # evals don't count against tokens/s
+
+  result: dict[str, Any] = {"mode": "train", "step": step, **last_dev}
+  result.update(test_scores(run, parallel.unreplicate(p_state.params), tag=f"step{step}"))
+  return result
+
+
+def test_scores(run: Run, params: Any, tag: str) -> dict[str, Any]:
+  """Decodes the test set (greedy and with the configured beam) and scores it."""
+  from flaxformer_nmt import evaluate, translate
+
+  pairs = run.data.pairs("test")
+  sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+  out: dict[str, Any] = {}
+  beams = sorted({1, run.config.decode.beam_size})
+  for beam in beams:
+    decode_cfg = ml_collections.ConfigDict(run.config.decode.to_dict())
+    decode_cfg.beam_size = beam
+    start = time.monotonic()
+    hyps = translate.translate_lines(sources, run.tokenizer, run.model, params, decode_cfg,
+                                     max_src_len=run.config.data.max_len)
+    name = "greedy" if beam == 1 else f"beam{beam}"
+    scores = evaluate.score_and_write(
+        hyps, refs, os.path.join(run.workdir, "eval"), f"test_{tag}_{name}", run.config.data.tgt_lang
+    )
+    logging.info("test %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f, %d sentences in %.1fs",
+                 name, scores["sacrebleu"], scores["sacrebleu_signature"], scores["tokenized_bleu"],
+                 len(hyps), time.monotonic() - start)
+    out[f"test_sacrebleu_{name}"] = scores["sacrebleu"]
+    out[f"test_tokenized_bleu_{name}"] = scores["tokenized_bleu"]
+    out["sacrebleu_signature"] = scores["sacrebleu_signature"]
+  return out
+
+
+def write_json_line(result: dict[str, Any]) -> None:
+  """Every mode that reports figures ends with exactly one JSON line on stdout."""
+  print(json.dumps(result, sort_keys=True), flush=True)
