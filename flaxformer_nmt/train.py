@@ -197,6 +197,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   progress = reporting.Progress(start_step, total)
   pending: list[dict[str, Any]] = []  # device metrics not yet fetched (keeps dispatch async)
   interval_start = time.monotonic()
+  train_seconds = 0.0  # wall-clock time spent in training steps by this process (no evals)
+  budget_seconds = config.max_train_minutes * 60.0
   last_dev: dict[str, float] = {}
   step = start_step
 
@@ -229,6 +231,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       pending.append(metrics)
       step += 1
       stop = guard.should_stop(step)  # every step: multi-host runs agree on it collectively
+      if budget_seconds and step < total and (
+          train_seconds + time.monotonic() - interval_start >= budget_seconds):
+        logging.info("Reached config.max_train_minutes=%g at step %d.", config.max_train_minutes,
+                     step)
+        total = step  # finish as if this were the last step: log, save, evaluate, score
 
       if step % config.log_every_steps == 0 or step == total:
         history = flush(step)
@@ -236,6 +243,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         summary = _summarize(history, seconds)
         reporting.log_train(step, total, summary, progress.eta(step))
         writer.scalars(step, summary, prefix="train/")
+        train_seconds += seconds
         interval_start = time.monotonic()
 
       if step == total or stop or run.checkpoints.should_save(step):
@@ -249,7 +257,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if step % config.eval_every_steps == 0 or step == total:
         flush(step)
         eval_start = time.monotonic()
-        last_dev = evaluate_dev_loss(run, p_eval_step, p_state.params)
+        minutes = (train_seconds + eval_start - interval_start) / 60.0
+        last_dev = {"train_minutes": minutes}
+        last_dev.update(evaluate_dev_loss(run, p_eval_step, p_state.params))
         last_dev.update(dev_bleu(run, parallel.unreplicate(p_state.params)))
         logging.info("step %d  %s  (%.1fs)", step,
                      "  ".join(f"{k} {v:.4g}" for k, v in last_dev.items()),
