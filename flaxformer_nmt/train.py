@@ -265,6 +265,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                      "  ".join(f"{k} {v:.4g}" for k, v in last_dev.items()),
                      time.monotonic() - eval_start)
         writer.scalars(step, last_dev, prefix="dev/")
+        _append_jsonl(os.path.join(workdir, "dev_metrics.jsonl"), {"step": step, **last_dev})
         interval_start += time.monotonic() - eval_start  # evals don't count against tokens/s
 
   result: dict[str, Any] = {"mode": "train", "step": step, **last_dev}
@@ -297,6 +298,13 @@ def test_scores(run: Run, params: Any, tag: str) -> dict[str, Any]:
     out[f"test_tokenized_bleu_{name}"] = scores["tokenized_bleu"]
     out["sacrebleu_signature"] = scores["sacrebleu_signature"]
   return out
+
+
+def _append_jsonl(path: str, record: dict[str, Any]) -> None:
+  """Dev figures as JSON lines beside the TensorBoard files: plots and scripts read these."""
+  if jax.process_index() == 0:
+    with open(path, "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 def write_json_line(result: dict[str, Any]) -> None:

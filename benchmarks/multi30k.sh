@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Multi30k English->German end to end within a wall-clock training budget:
+#   benchmarks/multi30k.sh DATA_DIR [MINUTES=60] [WORKDIR=runs/multi30k_<MINUTES>m] [AVERAGE=5]
+# trains configs/multi30k.py for MINUTES minutes (evaluation time not counted), averages the last
+# AVERAGE checkpoints, decodes test_2016_flickr with beam 4, and prints sacreBLEU (cased,
+# detokenized, with signature) and the paper's compound-split tokenized BLEU. Last line: JSON.
+set -euo pipefail
+DATA_DIR=${1:?usage: benchmarks/multi30k.sh DATA_DIR [MINUTES] [WORKDIR] [AVERAGE]}
+MINUTES=${2:-60}
+WORKDIR=${3:-runs/multi30k_${MINUTES}m}
+AVERAGE=${4:-5}
+cd "$(dirname "$0")/.."
+common=(--config=configs/multi30k.py --workdir="$WORKDIR" --config.data.dir="$DATA_DIR")
+
+SECONDS=0
+python main.py "${common[@]}" --config.max_train_minutes="$MINUTES" \
+  --config.num_train_steps=10000000 | tail -1 > "$WORKDIR.train.json"
+train_s=$SECONDS
+python main.py "${common[@]}" --mode=average --num_checkpoints="$AVERAGE" | tail -1 \
+  > "$WORKDIR.average.json"
+python main.py "${common[@]}" --mode=eval --checkpoint=averaged --config.decode.beam_size=4 \
+  | tail -1 > "$WORKDIR.eval.json"
+python benchmarks/plot_curve.py --workdir="$WORKDIR" --title="Multi30k EN-DE, $MINUTES min" \
+  | tail -1 > "$WORKDIR.curve.json"
+
+python - "$WORKDIR" "$MINUTES" "$train_s" <<'PY'
+import json, sys
+workdir, minutes, train_s = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+load = lambda name: json.load(open(f"{workdir}.{name}.json"))
+train, avg, ev, curve = load("train"), load("average"), load("eval"), load("curve")
+print(json.dumps({
+    "benchmark": "multi30k", "budget_minutes": minutes, "train_wall_s": train_s,
+    "steps": train["step"], "averaged_steps": avg["steps"],
+    "test_sacrebleu_beam4_averaged": ev["test_sacrebleu_beam4"],
+    "test_tokenized_bleu_beam4_averaged": ev["test_tokenized_bleu_beam4"],
+    "test_sacrebleu_greedy_averaged": ev["test_sacrebleu_greedy"],
+    "test_sacrebleu_beam4_last": train.get("test_sacrebleu_beam4"),
+    "sacrebleu_signature": ev["sacrebleu_signature"],
+    "curve": curve["curve"], "plot": curve["plot"],
+}))
+PY

@@ -1,0 +1,25 @@
+r"""Plots dev BLEU against minutes of training for a workdir; last line JSON with the points.
+
+  python benchmarks/plot_curve.py --workdir=runs/m30k [--out=runs/m30k/learning_curve.png]
+"""
+
+import json
+
+from absl import app, flags
+
+from flaxformer_nmt import visualize
+
+flags.DEFINE_string("workdir", None, "Training workdir (reads dev_metrics.jsonl).", required=True)
+flags.DEFINE_string("out", "", "PNG path (default <workdir>/learning_curve.png).")
+flags.DEFINE_string("title", "", "Plot title.")
+
+
+def main(argv):
+  del argv
+  out = flags.FLAGS.out or f"{flags.FLAGS.workdir}/learning_curve.png"
+  points = visualize.plot_learning_curve(flags.FLAGS.workdir, out, flags.FLAGS.title)
+  print(json.dumps({"plot": out, "curve": points}))
+
+
+if __name__ == "__main__":
+  app.run(main)

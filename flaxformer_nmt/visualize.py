@@ -1,0 +1,39 @@
+"""Learning curves from a workdir's dev_metrics.jsonl (written at every evaluation)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_dev_metrics(workdir: str) -> list[dict[str, float]]:
+  path = os.path.join(workdir, "dev_metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: no evaluation has run in {workdir}.")
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[dict[str, float]]:
+  """Dev BLEU and dev loss against minutes of training; returns the points plotted."""
+  records = [r for r in read_dev_metrics(workdir) if "dev_bleu" in r]
+  minutes = [r["train_minutes"] for r in records]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot(minutes, [r["dev_bleu"] for r in records], "o-", color="tab:blue")
+  ax.set_xlabel("minutes of training")
+  ax.set_ylabel("dev sacreBLEU", color="tab:blue")
+  ax.grid(alpha=0.3)
+  loss_ax = ax.twinx()
+  loss_ax.plot(minutes, [r["dev_loss"] for r in records], "s--", color="tab:red", alpha=0.6)
+  loss_ax.set_ylabel("dev loss (label-smoothed)", color="tab:red")
+  ax.set_title(title or os.path.basename(os.path.normpath(workdir)))
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=120)
+  plt.close(fig)
+  return [{"minutes": round(r["train_minutes"], 2), "step": r["step"],
+           "dev_bleu": round(r["dev_bleu"], 2)} for r in records]
