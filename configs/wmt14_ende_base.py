@@ -6,19 +6,11 @@ r"""The paper's base model on WMT14 English->German (Table 2: 27.3 BLEU on newst
   python main.py --config=configs/wmt14_ende_base.py --workdir=runs/base --mode=eval
 
 100k steps of ~25k source + 25k target tokens; checkpoints every 10 minutes, as the paper, so the
-last 5 can be averaged. Data from tensorflow-datasets (`wmt14_translate/de-en`, reversed to EN->DE).
+last 5 can be averaged. Data from tensorflow-datasets (`wmt14_translate/de-en`, run EN->DE).
 """
 
 from flaxformer_nmt import config_lib
 
 
 def get_config():
-  c = config_lib.base_config("base")
-  c.data.source = "tfds"
-  c.data.tfds_name = "wmt14_translate/de-en"
-  c.data.src_lang, c.data.tgt_lang = "en", "de"
-  c.data.vocab_size = 37_000
-  c.num_train_steps = 100_000
-  c.checkpoint_every_secs = 600
-  c.checkpoint_every_steps = 5_000
-  return c
+  return config_lib.wmt14_config("base", "en-de")

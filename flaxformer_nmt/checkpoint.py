@@ -539,14 +539,9 @@ def save_averaged(workdir: str, params: PyTree, steps: Sequence[int]) -> str:
   return path
 
 
-def load_inference_params(
-    workdir: str, template_params: PyTree, which: str = "auto"
-) -> tuple[PyTree, str]:
-  """Params for translation and evaluation, and a line saying where they came from.
-
-  'auto' takes the averaged checkpoint unless training has saved a newer checkpoint since it was
-  made (then the newest training checkpoint, with a warning), 'averaged' and 'latest' force one.
-  An unreadable newest checkpoint falls back to the previous one with a warning; nothing is moved.
+def resolve_inference_source(workdir: str, which: str = "auto") -> str:
+  """'averaged' or 'latest': which checkpoint `load_inference_params` will read (cheap: lists
+  directories only, so eval and translate fail on a workdir without checkpoints before any work).
   """
   if which not in WHICH:
     raise ValueError(f"which must be one of {WHICH}, got {which!r}.")
@@ -572,6 +567,25 @@ def load_inference_params(
       )
       which = "latest"
 
+  return which
+
+
+def training_steps(workdir: str) -> list[int]:
+  """Steps of the training checkpoints in `workdir`, oldest first."""
+  return _existing_steps(epath.Path(checkpoint_dir(workdir)))
+
+
+def load_inference_params(
+    workdir: str, template_params: PyTree, which: str = "auto"
+) -> tuple[PyTree, str]:
+  """Params for translation and evaluation, and a line saying where they came from.
+
+  'auto' takes the averaged checkpoint unless training has saved a newer checkpoint since it was
+  made (then the newest training checkpoint, with a warning), 'averaged' and 'latest' force one.
+  An unreadable newest checkpoint falls back to the previous one with a warning; nothing is moved.
+  """
+  which = resolve_inference_source(workdir, which)
+  train_dir, avg_dir = epath.Path(checkpoint_dir(workdir)), epath.Path(averaged_dir(workdir))
   directory = avg_dir if which == "averaged" else train_dir
   params_template = _params_template(template_params)
   found = _newest_readable(

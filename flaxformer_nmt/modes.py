@@ -25,6 +25,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def _inference_run(config, workdir: str, which: str) -> tuple[train_lib.Run, object, str]:
+  which = checkpoint.resolve_inference_source(workdir, which)  # none: fail before any work
   run = train_lib.Run(config, workdir, need_train=False)
   params, description = checkpoint.load_inference_params(workdir, run.abstract_params(), which)
   logging.info("Using %s.", description)
@@ -55,6 +56,12 @@ def translate(config, workdir: str, which: str, input_path: str, output_path: st
 
 def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
+  available = checkpoint.training_steps(workdir)
+  if num_checkpoints < 1 or num_checkpoints > len(available):
+    raise ValueError(
+        f"--num_checkpoints={num_checkpoints}, but {checkpoint.checkpoint_dir(workdir)} holds "
+        f"{len(available)} checkpoints (steps {available}); raise keep_checkpoints to keep more."
+    )
   run = train_lib.Run(config, workdir, need_train=False)
   params, steps = checkpoint.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
   path = checkpoint.save_averaged(workdir, params, steps)

@@ -47,11 +47,14 @@ class Progress:
     self.total_steps = total_steps
     self.start = time.monotonic()
 
-  def eta(self, step: int) -> str:
+  def eta(self, step: int, budget_left: float | None = None) -> str:
+    """Time to the last step, or to the end of a wall-clock budget if that comes first."""
     done = step - self.first_step
     if done <= 0:
       return "?"
     seconds = (time.monotonic() - self.start) / done * (self.total_steps - step)
+    if budget_left is not None:
+      seconds = max(min(seconds, budget_left), 0.0)
     return format_seconds(seconds)
 
 

@@ -41,6 +41,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"config.data.tokens_per_batch={config.data.tokens_per_batch} is smaller than "
         f"config.data.max_len={config.data.max_len}: not even one row fits."
     )
+  TransformerConfig.from_config(config.model, vocab_size=2)  # model fields, before any data work
   if config.data.max_len > config.model.max_len and config.model.positional == "learned":
     raise ValueError(
         f"config.data.max_len={config.data.max_len} exceeds config.model.max_len="
@@ -241,7 +242,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         history = flush(step)
         seconds = time.monotonic() - interval_start
         summary = _summarize(history, seconds)
-        reporting.log_train(step, total, summary, progress.eta(step))
+        eta = progress.eta(step, budget_seconds - train_seconds - seconds if budget_seconds else None)
+        reporting.log_train(step, total, summary, eta)
         writer.scalars(step, summary, prefix="train/")
         train_seconds += seconds
         interval_start = time.monotonic()
