@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Multi30k English->German end to end within a wall-clock training budget:
-#   benchmarks/multi30k.sh DATA_DIR [MINUTES=60] [WORKDIR=runs/multi30k_<MINUTES>m] [AVERAGE=5]
+#   benchmarks/multi30k.sh DATA_DIR [MINUTES=60] [WORKDIR=runs/multi30k_<MINUTES>m] [AVERAGE=5] \
+#       [--config.x=y ...]
 # trains configs/multi30k.py for MINUTES minutes (evaluation time not counted), averages the last
 # AVERAGE checkpoints, decodes test_2016_flickr with beam 4, and prints sacreBLEU (cased,
 # detokenized, with signature) and the paper's compound-split tokenized BLEU. Last line: JSON.
@@ -9,8 +10,9 @@ DATA_DIR=${1:?usage: benchmarks/multi30k.sh DATA_DIR [MINUTES] [WORKDIR] [AVERAG
 MINUTES=${2:-60}
 WORKDIR=${3:-runs/multi30k_${MINUTES}m}
 AVERAGE=${4:-5}
+shift $(( $# < 4 ? $# : 4 ))  # the rest: config overrides for every command
 cd "$(dirname "$0")/.."
-common=(--config=configs/multi30k.py --workdir="$WORKDIR" --config.data.dir="$DATA_DIR")
+common=(--config=configs/multi30k.py --workdir="$WORKDIR" --config.data.dir="$DATA_DIR" "$@")
 
 SECONDS=0
 python main.py "${common[@]}" --config.max_train_minutes="$MINUTES" \

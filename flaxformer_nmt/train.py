@@ -230,6 +230,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       batch = next(run.data.train)
       p_state, metrics = p_train_step(p_state, parallel.shard(batch))
       pending.append(metrics)
+      if len(pending) > 1:
+        # At most one step in flight: the next batch is packed while this one computes, but the
+        # host never races ahead of the device, so time budgets, rates and ETAs are real.
+        jax.block_until_ready(pending[-2])
       step += 1
       stop = guard.should_stop(step)  # every step: multi-host runs agree on it collectively
       if budget_seconds and step < total and (
