@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import os
 import threading
 import time
 import weakref
@@ -172,6 +173,7 @@ def _manager(
     directory: epath.Path, *, keep: int | None = None, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """An orbax manager with our two items; read-only managers create and clean nothing."""
+  directory = epath.Path(os.path.abspath(directory))  # orbax rejects relative paths
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep,
       save_interval_steps=0 if read_only else 1,  # our own should_save decides; orbax is forced
@@ -281,7 +283,7 @@ class Checkpointer:
       raise ValueError(f"config.checkpoint_every_steps must be >= 0 (0: off), got {every_steps}.")
     if every_secs < 0:
       raise ValueError(f"config.checkpoint_every_secs must be >= 0 (0: off), got {every_secs}.")
-    self._directory = epath.Path(directory)
+    self._directory = epath.Path(os.path.abspath(directory))  # `--workdir=runs/x` is relative
     if self._directory.exists() and not self._directory.is_dir():
       raise ValueError(f"Checkpoint directory {directory} exists and is not a directory.")
     self._every_steps = every_steps

@@ -361,3 +361,17 @@ def test_a_save_in_flight_lands_when_the_program_exits_by_an_exception(tmp_path)
              "step": jax.ShapeDtypeStruct((), np.int32)}
     restored, data, step = ckpt.restore(state)
   assert step == 1 and data == {"index": 1} and restored["params"]["w"].min() == 1.0
+
+
+def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):
+  """`--workdir=runs/demo` (as in the README) is relative; orbax itself accepts only absolute."""
+  monkeypatch.chdir(tmp_path)
+  state = {"step": np.array(3, np.int32), "params": {"w": np.arange(4, dtype=np.float32)}}
+  ckpt = checkpoint.Checkpointer("runs/demo/checkpoints", keep=2, every_steps=1)
+  ckpt.save(3, state, {"epoch": 0, "index": 5}, force=True)
+  ckpt.wait_until_finished()
+  restored, data_state, step = checkpoint.Checkpointer(
+      "runs/demo/checkpoints", keep=2, every_steps=1).restore(state)
+  assert step == 3 and data_state == {"epoch": 0, "index": 5}
+  np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
+  assert (tmp_path / "runs/demo/checkpoints/3").is_dir()
