@@ -4,11 +4,9 @@ import json
 import os
 import re
 
-import numpy as np
 import pytest
 
-from flaxformer_nmt import checkpoint, config_lib, decode, train
-from flaxformer_nmt.tokenizer import EOS_ID
+from flaxformer_nmt import config_lib, train
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
 
@@ -48,18 +46,6 @@ def test_short_demo_run_lowers_loss_and_writes_checkpoints(tmp_path, caplog):
   assert os.path.exists(tmp_path / "eval" / "test_step60_beam2.hyp.txt")
   json.dumps(result)  # the JSON line main.py prints
 
-  # On this trained demo model, beam 4 finds a hypothesis at least as good as greedy's (by the
-  # length-normalised model score beam search maximises) for every test sentence.
-  run = train.Run(short_demo_config(), str(tmp_path), need_train=False)
-  params, _ = checkpoint.load_inference_params(str(tmp_path), run.abstract_params())
-  sources = [run.tokenizer.encode(s) + [EOS_ID] for s, _ in run.data.pairs("test")[:16]]
-  inputs = np.zeros((len(sources), max(map(len, sources))), np.int32)
-  for i, ids in enumerate(sources):
-    inputs[i, :len(ids)] = ids
-  search = decode.SearchConfig(beam_size=4, alpha=0.6, max_len_offset=50)
-  greedy = decode.decode_batch(run.model, params, inputs, search, greedy=True)
-  beam = decode.decode_batch(run.model, params, inputs, search)
-  assert np.all(np.asarray(beam.normalized_scores) >= np.asarray(greedy.normalized_scores) - 1e-5)
 
 
 def test_time_budget_stops_early_with_a_checkpoint(tmp_path):
