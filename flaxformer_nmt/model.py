@@ -61,21 +61,9 @@ class TransformerConfig:
     for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
       if not 0.0 <= model[name] < 1.0:
         raise ValueError(f"config.model.{name} must be in [0, 1), got {model[name]}.")
-    return cls(
-        vocab_size=vocab_size,
-        num_layers=model.num_layers,
-        d_model=model.d_model,
-        d_ff=model.d_ff,
-        num_heads=model.num_heads,
-        dropout_rate=model.dropout_rate,
-        attention_dropout_rate=model.attention_dropout_rate,
-        relu_dropout_rate=model.relu_dropout_rate,
-        pre_ln=model.pre_ln,
-        positional=model.positional,
-        share_embeddings=model.share_embeddings,
-        max_len=model.max_len,
-        dtype=_DTYPES[model.dtype],
-    )
+    # Every other field carries over by name, so a field added to both places needs no code here.
+    copied = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
+    return cls(vocab_size=vocab_size, dtype=_DTYPES[model.dtype], **{k: model[k] for k in copied})
 
 
 def _layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
