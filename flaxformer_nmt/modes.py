@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
-import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import checkpoint
+from flaxformer_nmt import averaging, checkpoint
 from flaxformer_nmt import train as train_lib
 
 # Exceptions a user can cause and fix (bad file, bad config value, wrong checkpoint): main.py
@@ -25,9 +23,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def _inference_run(config, workdir: str, which: str) -> tuple[train_lib.Run, object, str]:
-  which = checkpoint.resolve_inference_source(workdir, which)  # none: fail before any work
+  which = averaging.resolve_inference_source(workdir, which)  # none: fail before any work
   run = train_lib.Run(config, workdir, need_train=False)
-  params, description = checkpoint.load_inference_params(workdir, run.abstract_params(), which)
+  params, description = averaging.load_inference_params(workdir, run.abstract_params(), which)
   logging.info("Using %s.", description)
   return run, params, description
 
@@ -56,14 +54,14 @@ def translate(config, workdir: str, which: str, input_path: str, output_path: st
 
 def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
-  available = checkpoint.training_steps(workdir)
+  available = averaging.training_steps(workdir)
   if num_checkpoints < 1 or num_checkpoints > len(available):
     raise ValueError(
         f"--num_checkpoints={num_checkpoints}, but {checkpoint.checkpoint_dir(workdir)} holds "
         f"{len(available)} checkpoints (steps {available}); raise keep_checkpoints to keep more."
     )
   run = train_lib.Run(config, workdir, need_train=False)
-  params, steps = checkpoint.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
-  path = checkpoint.save_averaged(workdir, params, steps)
+  params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
+  path = averaging.save_averaged(workdir, params, steps)
   train_lib.write_json_line({"mode": "average", "steps": steps, "path": path,
                              "num_checkpoints": len(steps)})

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from flaxformer_nmt import averaging
 from flaxformer_nmt import checkpoint
 from flaxformer_nmt import parallel
 from flaxformer_nmt import preemption
@@ -182,14 +183,14 @@ def test_averaging_identical_and_different_checkpoints(tmp_path):
   with new_ckpt(ckpt_dir, keep=5) as ckpt:
     for step in (1, 2, 3):
       ckpt.save(step, state.replace(step=np.int32(step)), {}, force=True)
-  params, steps = checkpoint.average_checkpoints(str(tmp_path), 3, abstract(state))
+  params, steps = averaging.average_checkpoints(str(tmp_path), 3, abstract(state))
   assert steps == [1, 2, 3]
   assert_bitwise_equal(params, state.params)
 
   other = make_state(2, step=4)
   with new_ckpt(ckpt_dir, keep=5) as ckpt:
     ckpt.save(4, other, {}, force=True)
-  params, steps = checkpoint.average_checkpoints(str(ckpt_dir), 2, abstract(state).params)
+  params, steps = averaging.average_checkpoints(str(ckpt_dir), 2, abstract(state).params)
   assert steps == [3, 4]
   expected = jax.tree.map(
       lambda a, b: ((a.astype(np.float64) + b) / 2).astype(np.float32), state.params, other.params
@@ -199,39 +200,39 @@ def test_averaging_identical_and_different_checkpoints(tmp_path):
   np.testing.assert_allclose(params["dense"]["kernel"], (kernels[0] + kernels[1]) / 2, rtol=1e-6)
 
   with pytest.raises(ValueError, match=r"--num_checkpoints=5 but .* holds 4 checkpoint\(s\)"):
-    checkpoint.average_checkpoints(str(tmp_path), 5, abstract(state))
+    averaging.average_checkpoints(str(tmp_path), 5, abstract(state))
 
 
 def test_inference_params_prefer_a_fresh_average(tmp_path, caplog):
   template = abstract(make_state(0)).params
   with pytest.raises(ValueError, match="No checkpoint in"):
-    checkpoint.load_inference_params(str(tmp_path), template)
+    averaging.load_inference_params(str(tmp_path), template)
   with new_ckpt(tmp_path / checkpoint.CHECKPOINTS, keep=5) as ckpt:
     states = save_steps(ckpt, [1, 2])
   with pytest.raises(ValueError, match="--mode=average"):
-    checkpoint.load_inference_params(str(tmp_path), template, which="averaged")
+    averaging.load_inference_params(str(tmp_path), template, which="averaged")
 
-  params, description = checkpoint.load_inference_params(str(tmp_path), template)
+  params, description = averaging.load_inference_params(str(tmp_path), template)
   assert description.startswith("step2 ")
   assert_bitwise_equal(params, states[2].params)
 
-  mean, steps = checkpoint.average_checkpoints(str(tmp_path), 2, template)
-  path = checkpoint.save_averaged(str(tmp_path), mean, steps)
+  mean, steps = averaging.average_checkpoints(str(tmp_path), 2, template)
+  path = averaging.save_averaged(str(tmp_path), mean, steps)
   assert steps == [1, 2] and path.endswith(os.path.join(checkpoint.AVERAGED, "2"))
-  params, description = checkpoint.load_inference_params(str(tmp_path), template)
+  params, description = averaging.load_inference_params(str(tmp_path), template)
   assert description.startswith("averaged") and "[1, 2]" in description
   assert_bitwise_equal(params, mean)
-  params, _ = checkpoint.load_inference_params(str(tmp_path), template, which="latest")
+  params, _ = averaging.load_inference_params(str(tmp_path), template, which="latest")
   assert_bitwise_equal(params, states[2].params)
 
   # Training went on after the average: 'auto' takes the newer checkpoint and says why.
   with new_ckpt(tmp_path / checkpoint.CHECKPOINTS, keep=5) as ckpt:
     states.update(save_steps(ckpt, [3]))
   with caplog.at_level(logging.WARNING):
-    params, description = checkpoint.load_inference_params(str(tmp_path), template)
+    params, description = averaging.load_inference_params(str(tmp_path), template)
   assert description.startswith("step3 ") and "older than" in caplog.text
   with pytest.raises(ValueError, match="which must be one of"):
-    checkpoint.load_inference_params(str(tmp_path), template, which="best")
+    averaging.load_inference_params(str(tmp_path), template, which="best")
 
 
 @pytest.mark.parametrize("save_devices,restore_devices", [(8, 1), (1, 8)])
