@@ -109,21 +109,39 @@ def test_two_workdirs_identical_and_restorable(corpus, tmp_path) -> None:
       np.testing.assert_array_equal(x[k], y[k])
 
 
-def test_process_shards_are_disjoint_and_cover(corpus, tmp_path) -> None:
+def test_global_batches_do_not_depend_on_the_process_count(corpus, tmp_path) -> None:
+  """8 devices in 1 process or in 2 of 4: the same global batches, each device its own stream."""
   workdir = str(tmp_path / "run")
-  pipeline.make_data(_config(corpus), workdir, 8, 0, 1)  # trains the shared vocabulary
-  seen = []
-  for p in range(2):
-    data = pipeline.make_data(_config(corpus), workdir, 8, process_index=p, process_count=2)
-    assert data.train.examples_per_epoch == 150
-    texts = []
-    while data.train.get_state()["epoch"] == 0:
-      batch = next(data.train)
-      assert batch["targets"].shape == (8, 32)  # half of the 16 global rows
-      texts += _texts(data, batch)
-    seen.append(set(texts))
-  assert not seen[0] & seen[1]
-  assert seen[0] | seen[1] == set(_corpus(300)[1])
+  whole = pipeline.make_data(_config(corpus), workdir, 8, 0, 1)  # trains the shared vocabulary
+  parts = [pipeline.make_data(_config(corpus), workdir, 8, process_index=p, process_count=2)
+           for p in range(2)]
+  assert [p.train.num_streams for p in parts] == [4, 4]
+  assert sum(p.train.examples_per_epoch for p in parts) == whole.train.examples_per_epoch == 300
+  for _ in range(30):  # several epochs of every stream
+    want = next(whole.train)
+    got = [next(p.train) for p in parts]
+    assert got[0]["targets"].shape == (8, 32)  # half of the 16 global rows
+    for k in want:
+      np.testing.assert_array_equal(np.concatenate([got[0][k], got[1][k]]), want[k])
+    # Device d's 2 rows hold pairs i with i % 8 == d (each corpus sentence starts with its i).
+    for device in range(8):
+      rows = {k: v[2 * device : 2 * device + 2] for k, v in want.items()}
+      assert {int(t.split()[0]) % 8 for t in _texts(whole, rows)} <= {device}
+  positions = [p.train.get_state() for p in parts]
+  assert positions[0] + positions[1] == whole.train.get_state()
+
+
+def test_resume_positions_exact_or_approximate() -> None:
+  saved = {"streams": [{"epoch": 2, "index": 10 + d, "size": 40} for d in range(8)]}
+  positions, exact = pipeline.resume_positions(saved, 4, [40] * 4, 8)
+  assert exact and positions == [{"epoch": 2, "index": 14 + j} for j in range(4)]
+  # Another device count: every stream restarts at the earliest saved fraction of the epoch.
+  positions, exact = pipeline.resume_positions(saved, 0, [80, 81], 2)
+  assert not exact and positions == [{"epoch": 2, "index": 20}, {"epoch": 2, "index": 20}]
+  # A data item from before streams (one position per process, no sizes): epoch start.
+  positions, exact = pipeline.resume_positions(
+      {"processes": [{"epoch": 3, "index": 7}]}, 0, [50], 1)
+  assert not exact and positions == [{"epoch": 3, "index": 0}]
 
 
 def test_demo_end_to_end(tmp_path) -> None:
@@ -159,16 +177,19 @@ def test_over_long_and_empty_train_pairs_are_dropped(corpus, tmp_path, caplog) -
 
 
 @pytest.mark.skipif(not os.path.isdir(_MULTI30K), reason=f"no Multi30k at {_MULTI30K}")
-def test_multi30k_non_padding_share(tmp_path) -> None:
+@pytest.mark.parametrize("devices,least", [(1, 0.9), (8, 0.87)])
+def test_multi30k_non_padding_share(tmp_path, devices, least) -> None:
+  """Packing keeps padding low; each device packs its own rows (64 rows on 1 device, 8 on each of
+  8), and fewer rows leave more gaps: measured 91.2% / 88.3% of source slots real."""
   c = config_lib.base_config("tiny")
   c.data.update(dict(source="files", dir=_MULTI30K, test_prefix="test_2016_flickr",
                      vocab_size=8000, vocab_sample_size=10_000, tokens_per_batch=4096, max_len=64))
-  data = pipeline.make_data(c, str(tmp_path), 8, 0, 1)
+  data = pipeline.make_data(c, str(tmp_path), devices, 0, 1)
   assert data.train.examples_per_epoch > 28_900
   batches = [next(data.train) for _ in range(30)]
   for side in ("inputs", "targets"):
     share = np.mean([np.mean(b[side] > 0) for b in batches])
-    assert share >= 0.9, (side, share)
+    assert share >= least, (side, share)
   assert len(data.pairs("test")) == 1000 and len(data.pairs("dev")) == 1014
 
 

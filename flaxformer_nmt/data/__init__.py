@@ -3,15 +3,18 @@
 Most callers need only `make_data` (see pipeline.py) and `load_pairs` (raw text for BLEU).
 """
 
-from flaxformer_nmt.data.pipeline import Data, TrainIterator, eval_batches, make_data
+from flaxformer_nmt.data.pipeline import (
+    Data, DeviceStreams, TrainIterator, eval_batches, make_data, resume_positions)
 from flaxformer_nmt.data.sources import DataError, load_pairs, make_source
 
 __all__ = [
     "Data",
     "DataError",
+    "DeviceStreams",
     "TrainIterator",
     "eval_batches",
     "load_pairs",
     "make_data",
     "make_source",
+    "resume_positions",
 ]

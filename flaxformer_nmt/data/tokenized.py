@@ -119,15 +119,44 @@ def tokenize_pairs(
   return result
 
 
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """Pairs i with (i // block) % count == index: blocks of `block` consecutive pairs, dealt out.
+
+  The training pipeline gives each process the blocks of its devices' streams (block = local
+  device count); Shard(0, 1, b) is the whole split.
+  """
+
+  index: int = 0
+  count: int = 1
+  block: int = 1
+
+  def select(self, pairs: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    if self.count == 1:
+      return iter(pairs)
+    return (p for i, p in enumerate(pairs) if (i // self.block) % self.count == self.index)
+
+  def size(self, total: int | None) -> int | None:
+    """How many of `total` pairs this shard holds."""
+    if not total or self.count == 1:
+      return total
+    span = self.block * self.count
+    full, rest = divmod(total, span)
+    return full * self.block + min(max(rest - self.index * self.block, 0), self.block)
+
+  @property
+  def name(self) -> str:
+    return f"-shard{self.index}of{self.count}x{self.block}" if self.count > 1 else ""
+
+
 def load_or_tokenize(
     source: sources.Source,
     split: str,
     tokenizer: tokenizer_lib.Tokenizer,
     cache_dir: str | None,
-    process_index: int = 0,
-    process_count: int = 1,
+    shard: Shard = Shard(),
 ) -> TokenizedSplit:
-  """`split` (this process's shard: pairs i with i % process_count == process_index), cached.
+  """`split` (this process's `shard` of it), tokenized and cached.
 
   The cache name hashes the source's fingerprint (which changes with the data), the vocabulary's
   bytes and the shard, so a stale cache is never read.
@@ -137,21 +166,17 @@ def load_or_tokenize(
           str(_CACHE_VERSION),
           source.fingerprint(split),
           tokenizer.fingerprint,
-          f"{process_index}/{process_count}",
+          f"{shard.index}/{shard.count}/{shard.block}",
       ]
   )
   digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-  shard = f"-shard{process_index}of{process_count}" if process_count > 1 else ""
-  path = os.path.join(cache_dir, f"{split}{shard}-{digest}.npz") if cache_dir else None
+  path = os.path.join(cache_dir, f"{split}{shard.name}-{digest}.npz") if cache_dir else None
   if path and os.path.isfile(path):
     logging.info("Loading tokenized %s from %s.", split, path)
     return TokenizedSplit.load(path)
-  pairs = source.iter_pairs(split)
-  size_hint = source.size_hint(split)
-  if process_count > 1:
-    pairs = itertools.islice(pairs, process_index, None, process_count)
-    size_hint = size_hint and (size_hint - process_index + process_count - 1) // process_count
-  result = tokenize_pairs(pairs, tokenizer, name=split + shard, size_hint=size_hint)
+  pairs = shard.select(source.iter_pairs(split))
+  size_hint = shard.size(source.size_hint(split))
+  result = tokenize_pairs(pairs, tokenizer, name=split + shard.name, size_hint=size_hint)
   if path:
     os.makedirs(cache_dir, exist_ok=True)
     result.save(path)
