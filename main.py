@@ -28,6 +28,11 @@ flags.DEFINE_string("output", "-", "translate: output file ('-' = stdout).")
 flags.DEFINE_integer("num_checkpoints", 5, "average: how many of the latest checkpoints.")
 flags.DEFINE_enum("checkpoint", "auto", ["auto", "latest", "averaged"],
                   "eval/translate: which parameters (auto = averaged if present, else latest).")
+flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                  "Multi-process runs (jax.distributed): 'auto' joins one where JAX detects a "
+                  "cluster of several processes (TPU pod slice, SLURM, Open MPI, Kubernetes) or "
+                  "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are set; 'on' "
+                  "always calls jax.distributed.initialize(); 'off' never.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -46,9 +51,9 @@ def main(argv: list[str]) -> None:
 
   logging.get_absl_handler().addFilter(_QuietLibraries())
 
-  parallel.maybe_initialize_distributed()
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
+    parallel.maybe_initialize_distributed(flags.FLAGS.distributed)
     if flags.FLAGS.mode == "train":
       modes.train(config, workdir)
     elif flags.FLAGS.mode == "eval":

@@ -304,14 +304,18 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def should_save(self, step: int) -> bool:
-    """Every `every_steps` steps, or once `every_secs` seconds have passed since the last save."""
+  def should_save(self, step: int, *, check_clock: bool = True) -> bool:
+    """Every `every_steps` steps, or once `every_secs` seconds have passed since the last save.
+
+    `check_clock=False` skips the time-based test: with several processes it is a collective, and
+    the training loop takes it only at steps where it waits for the device anyway.
+    """
     latest = self.latest_step()
     if step <= 0 or (latest is not None and step <= latest):
       return False
     if self._every_steps and step % self._every_steps == 0:
       return True
-    if not self._every_secs:
+    if not self._every_secs or not check_clock:
       return False
     due = time.monotonic() - self._last_save_time >= self._every_secs
     if jax.process_count() > 1:
@@ -365,7 +369,7 @@ class Checkpointer:
       if state_step.ndim:
         raise ValueError(
             f"Checkpointer.save() got a replicated state (step has shape {state_step.shape}); pass "
-            "the host copy of replica 0 (parallel.unreplicate(state))."
+            "the host copy of replica 0 (parallel.local_replica(state))."
         )
       if int(state_step) != step:
         raise ValueError(

@@ -55,7 +55,11 @@ def model_config(size: str) -> ml_collections.ConfigDict:
           positional="sinusoidal",  # or "learned" (Table 3 row E)
           share_embeddings=True,  # source, target and pre-softmax share one matrix
           max_len=256,  # longest sequence a learned positional table (or decode) supports
-          dtype="float32",  # activation dtype; "bfloat16" on accelerators
+          # Matrix products in "bfloat16" or "float32"; "auto": bfloat16 on TPUs and on GPUs from
+          # Ampere (A100, H100) on, float32 on CPUs and older GPUs. Parameters, Adam moments,
+          # layer norms, softmaxes, logits and the loss are float32 in every case.
+          dtype="auto",
+          remat=False,  # recompute each layer's activations in the backward pass (saves memory)
       )
   )
 
@@ -86,6 +90,10 @@ def base_config(size: str) -> ml_collections.ConfigDict:
           beta2=0.98,
           eps=1e-9,
           lr_scale=1.0,  # multiplies the paper's schedule
+          # Split each device's share of the batch into this many micro-batches, run one after
+          # another inside the step, their gradients summed: the same update with 1/k of the
+          # activation memory. data.tokens_per_batch stays the batch of one update.
+          accumulate_steps=1,
       )
   )
 
@@ -110,7 +118,8 @@ def base_config(size: str) -> ml_collections.ConfigDict:
           vocab_model_type="bpe",
           vocab_sample_size=1_000_000,  # sentences per language used to train it
           vocab_path="",  # "" = <workdir>/spm.model, trained when absent
-          # Batching: a global budget of source tokens and of target tokens per step.
+          # Batching: a global budget of source tokens and of target tokens per update, over all
+          # devices of all processes (and all micro-batches, see optim.accumulate_steps).
           tokens_per_batch=25_000,
           max_len=256,  # pairs with either side longer (in tokens) are dropped and counted
           # Demo generator sizes.

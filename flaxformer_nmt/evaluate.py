@@ -73,11 +73,18 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -
 
 
 def score_and_write(
-    hyps: Sequence[str], refs: Sequence[str], out_dir: str, name: str, tgt_lang: str
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    out_dir: str,
+    name: str,
+    tgt_lang: str,
+    *,
+    write: bool = True,
 ) -> dict[str, float | str | int]:
   """Scores hypotheses both ways and writes `<name>.hyp.txt` and `<name>.scores.json` to out_dir.
 
   Hypotheses go to disk one per line so any score can be recomputed later with other tools.
+  `write=False` only scores (the processes of a multi-process run other than process 0).
   """
   scores: dict[str, float | str | int] = {}
   sacre, signature = sacrebleu_score(hyps, refs)
@@ -85,6 +92,8 @@ def score_and_write(
   scores["sacrebleu_signature"] = signature
   scores["tokenized_bleu"] = tokenized_bleu(hyps, refs, lang=tgt_lang)
   scores["num_sentences"] = len(hyps)
+  if not write:
+    return scores
   os.makedirs(out_dir, exist_ok=True)
   hyp_path = os.path.join(out_dir, f"{name}.hyp.txt")
   with open(hyp_path, "w", encoding="utf-8") as f:

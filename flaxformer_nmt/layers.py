@@ -17,9 +17,15 @@ import numpy as np
 Array = jax.Array
 Dtype = Any
 
-# A finite "minus infinity": fully masked rows (padding queries) then get a uniform softmax instead
-# of NaNs, and their outputs are ignored downstream by the loss mask.
-_MASK_VALUE = -1e9
+
+
+def mask_value(dtype: Dtype) -> Array:
+  """The most negative finite value of `dtype`: a "minus infinity" that stays finite.
+
+  A fully masked row (a padding query) then gets a uniform softmax instead of NaNs, and its output
+  is ignored downstream by the loss mask. A fixed constant would not do: -1e9 is -inf in float16.
+  """
+  return jnp.asarray(jnp.finfo(dtype).min, dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,13 +130,16 @@ def dot_product_attention(
 
   Returns:
     [batch, q, heads, d_v]
+
+  The scores Q K^T are accumulated and kept in float32 whatever the inputs' dtype, and the
+  softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on.
   """
   d_k = query.shape[-1]
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(d_k).astype(query.dtype)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  logits = logits / np.float32(np.sqrt(d_k))  # [batch, heads, q, k] float32
   if mask is not None:
-    logits = jnp.where(mask, logits, jnp.asarray(_MASK_VALUE, logits.dtype))
-  # Softmax in float32: bfloat16 loses the small probabilities that long inputs rely on.
-  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(value.dtype)
+    logits = jnp.where(mask, logits, mask_value(logits.dtype))
+  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(value.dtype)
@@ -182,10 +191,12 @@ class MultiHeadAttention(nn.Module):
     w_v = self._kernel("value", (self.d_model, self.num_heads, d_head))
     w_o = self.param("out", self.kernel_init, (self.d_model, self.d_model)).astype(self.dtype)
 
-    query = jnp.einsum("bqd,dhe->bqhe", inputs_q, w_q)  # [batch, q, heads, d_head]
+    # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
+    query = jnp.einsum("bqd,dhe->bqhe", inputs_q.astype(self.dtype), w_q)  # [batch, q, heads, d_h]
 
     def project_kv(kv: Array) -> tuple[Array, Array]:
       # kv: [batch, k, d_model] -> keys, values: [batch, k, heads, d_head]
+      kv = kv.astype(self.dtype)
       return jnp.einsum("bsd,dhe->bshe", kv, w_k), jnp.einsum("bsd,dhe->bshe", kv, w_v)
 
     if decode and cross:

@@ -7,11 +7,17 @@ at depth. One embedding matrix serves the source, the target and the pre-softmax
 
 Batches may be packed (several sentence pairs per row); `*_segmentation` ids keep attention inside
 each pair and `*_position` restarts positions per pair. Without them a row is one sentence.
+
+Mixed precision (`dtype=bfloat16`): parameters stay float32 and are cast at each matrix product;
+matrix products run in `dtype`, while the residual stream, layer norms, softmaxes, logits and the
+loss are float32 (a residual added in bfloat16 loses the small updates of late training). `remat`
+recomputes each layer's activations in the backward pass instead of keeping them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -23,7 +29,8 @@ from flaxformer_nmt import layers
 
 Array = jax.Array
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPE_CHOICES = ("auto", *_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +49,28 @@ class TransformerConfig:
   positional: str = "sinusoidal"
   share_embeddings: bool = True
   max_len: int = 256
-  dtype: Any = jnp.float32
+  dtype: Any = jnp.float32  # of matrix products; see the module docstring
+  remat: bool = False
 
   @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "TransformerConfig":
-    """Builds the model's config from `config.model`, validating what a user could mistype."""
-    if model.dtype not in _DTYPES:
-      raise ValueError(f"config.model.dtype must be one of {sorted(_DTYPES)}, got {model.dtype!r}.")
+  def from_config(
+      cls, model: ml_collections.ConfigDict, vocab_size: int, auto_dtype: str = "float32"
+  ) -> "TransformerConfig":
+    """Builds the model's config from `config.model`, validating what a user could mistype.
+
+    `auto_dtype` is what `model.dtype="auto"` resolves to on this machine
+    (`parallel.auto_dtype()`: bfloat16 on TPUs and recent GPUs, float32 on CPUs).
+    """
+    if model.dtype == "float16":
+      raise ValueError(
+          "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "
+          "which this trainer does not do. Use 'bfloat16' (TPU, A100/H100 and newer GPUs) or "
+          "'float32' (T4, V100, CPU), or 'auto' to pick between them."
+      )
+    if model.dtype not in DTYPE_CHOICES:
+      raise ValueError(
+          f"config.model.dtype must be one of {list(DTYPE_CHOICES)}, got {model.dtype!r}."
+      )
     if model.positional not in ("sinusoidal", "learned"):
       raise ValueError(
           f"config.model.positional must be 'sinusoidal' or 'learned', got {model.positional!r}."
@@ -63,11 +85,13 @@ class TransformerConfig:
         raise ValueError(f"config.model.{name} must be in [0, 1), got {model[name]}.")
     # Every other field carries over by name, so a field added to both places needs no code here.
     copied = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
-    return cls(vocab_size=vocab_size, dtype=_DTYPES[model.dtype], **{k: model[k] for k in copied})
+    dtype = auto_dtype if model.dtype == "auto" else model.dtype
+    return cls(vocab_size=vocab_size, dtype=_DTYPES[dtype], **{k: model[k] for k in copied})
 
 
-def _layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-6, dtype=cfg.dtype, name=name)
+def _layer_norm(name: str) -> nn.LayerNorm:
+  # Always float32 (statistics and output), whatever the matmul dtype: see the module docstring.
+  return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
 
 
 class Residual(nn.Module):
@@ -80,15 +104,15 @@ class Residual(nn.Module):
     # x: [batch, length, d_model]; sublayer: [batch, length, d_model] -> same
     dropout = nn.Dropout(self.cfg.dropout_rate)
     if self.cfg.pre_ln:
-      return x + dropout(sublayer(_layer_norm(self.cfg, "ln")(x)), deterministic=deterministic)
-    return _layer_norm(self.cfg, "ln")(x + dropout(sublayer(x), deterministic=deterministic))
+      return x + dropout(sublayer(_layer_norm("ln")(x)), deterministic=deterministic)
+    return _layer_norm("ln")(x + dropout(sublayer(x), deterministic=deterministic))
 
 
 class EncoderLayer(nn.Module):
   cfg: TransformerConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     # x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len]
     cfg = self.cfg
     attn = layers.MultiHeadAttention(
@@ -113,7 +137,6 @@ class DecoderLayer(nn.Module):
       encoded: Array,
       self_mask: Array | None,
       cross_mask: Array,
-      *,
       deterministic: bool,
       decode: bool,
   ) -> Array:
@@ -143,6 +166,12 @@ class DecoderLayer(nn.Module):
     )
 
 
+# Remat wraps whole layers; `deterministic` and `decode` (positions 3 and 5, 6 counting `self`) are
+# Python flags, static for jax.checkpoint.
+_RematEncoderLayer = nn.remat(EncoderLayer, static_argnums=(3,))
+_RematDecoderLayer = nn.remat(DecoderLayer, static_argnums=(5, 6))
+
+
 def _embed_init(d_model: int):
   # N(0, d_model^-0.5): after the sqrt(d_model) scaling the embeddings have unit variance.
   return nn.initializers.normal(stddev=d_model**-0.5)
@@ -162,20 +191,34 @@ class Transformer(nn.Module):
       self.target_embedding = nn.Embed(
           cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model)
       )
-      self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype)
+      self.logits_dense = nn.Dense(
+          cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
+          dot_general=functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32),
+      )
     self.encoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
     self.decoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
-    self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)]
-    self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)]
+    encoder_layer = _RematEncoderLayer if cfg.remat else EncoderLayer
+    decoder_layer = _RematDecoderLayer if cfg.remat else DecoderLayer
+    self.encoder_layers = [encoder_layer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)]
+    self.decoder_layers = [decoder_layer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)]
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if cfg.pre_ln:
-      self.encoder_norm = _layer_norm(cfg, "encoder_norm")
-      self.decoder_norm = _layer_norm(cfg, "decoder_norm")
+      self.encoder_norm = _layer_norm("encoder_norm")
+      self.decoder_norm = _layer_norm("decoder_norm")
 
   def _embed(self, table: nn.Embed, tokens: Array) -> Array:
-    # tokens: [batch, length] -> [batch, length, d_model], scaled by sqrt(d_model) (Sec. 3.4).
-    x = table(tokens).astype(self.cfg.dtype)
-    return x * jnp.sqrt(self.cfg.d_model).astype(self.cfg.dtype)
+    # tokens: [batch, length] -> [batch, length, d_model] float32, scaled by sqrt(d_model) (3.4).
+    return table(tokens) * jnp.sqrt(self.cfg.d_model).astype(jnp.float32)
+
+  def _logits(self, y: Array) -> Array:
+    """[batch, length, d_model] -> [batch, length, vocab] float32: a `dtype` product, accumulated
+    and returned in float32 (rounding logits to bfloat16 would coarsen the loss)."""
+    if not self.cfg.share_embeddings:
+      return self.logits_dense(y)
+    table = self.embedding.embedding  # [vocab, d_model] float32 parameter
+    dtype = self.cfg.dtype
+    return jnp.einsum("bld,vd->blv", y.astype(dtype), table.astype(dtype),
+                      preferred_element_type=jnp.float32)
 
   def encode(
       self,
@@ -193,7 +236,7 @@ class Transformer(nn.Module):
     x = self.encoder_positions(self._embed(self.embedding, inputs), inputs_position)
     x = self.dropout(x, deterministic=deterministic)
     for layer in self.encoder_layers:
-      x = layer(x, mask, deterministic=deterministic)
+      x = layer(x, mask, deterministic)
     return self.encoder_norm(x) if self.cfg.pre_ln else x
 
   def decode(
@@ -237,14 +280,10 @@ class Transformer(nn.Module):
     y = self.decoder_positions(self._embed(table, decoder_input), targets_position, decode=decode)
     y = self.dropout(y, deterministic=deterministic)
     for layer in self.decoder_layers:
-      y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+      y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
     if cfg.pre_ln:
       y = self.decoder_norm(y)
-    if cfg.share_embeddings:
-      logits = self.embedding.attend(y.astype(jnp.float32))  # y @ E^T
-    else:
-      logits = self.logits_dense(y)
-    return logits.astype(jnp.float32)
+    return self._logits(y)
 
   def __call__(
       self,
@@ -296,7 +335,7 @@ def init_decode_cache(
   dummy_tgt = jnp.ones((batch_size, max_decode_len), jnp.int32)
 
   def make(src, tgt):
-    encoded = jnp.zeros((batch_size, src_len, model.cfg.d_model), model.cfg.dtype)
+    encoded = jnp.zeros((batch_size, src_len, model.cfg.d_model), jnp.float32)  # as encode()
     return model.init(
         jax.random.PRNGKey(0), encoded, src, tgt, decode=True, method=Transformer.decode
     )["cache"]

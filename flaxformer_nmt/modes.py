@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import averaging, checkpoint
+from flaxformer_nmt import averaging, checkpoint, parallel, reporting
 from flaxformer_nmt import train as train_lib
 
 # Exceptions a user can cause and fix (bad file, bad config value, wrong checkpoint): main.py
@@ -19,7 +17,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> None:
   result = train_lib.train_and_evaluate(config, workdir)
-  train_lib.write_json_line(result)
+  reporting.write_result(workdir, result)
 
 
 def _inference_run(config, workdir: str, which: str) -> tuple[train_lib.Run, object, str]:
@@ -36,20 +34,30 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> Non
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
   result = {"mode": "eval", "checkpoint": description}
   result.update(train_lib.test_scores(run, params, tag=tag))
-  train_lib.write_json_line(result)
+  reporting.write_result(workdir, result)
 
 
 def translate(config, workdir: str, which: str, input_path: str, output_path: str) -> None:
-  """One translation per input line, in order; progress on stderr."""
+  """One translation per input line, in order; progress on stderr.
+
+  Every process reads the input and decodes its share; process 0 writes the output. The figures
+  go to `<workdir>/translate_result.json`, and to stdout as a JSON line unless the translations
+  themselves go there (`--output=-`).
+  """
   from flaxformer_nmt import translate as translate_lib
 
   lines = translate_lib.read_lines(input_path)  # fails on a bad file before the model loads
-  run, params, _ = _inference_run(config, workdir, which)
-  start = time.monotonic()
-  hyps = translate_lib.translate_lines(lines, run.tokenizer, run.model, params, config.decode,
-                                       max_src_len=config.data.max_len)
-  translate_lib.write_lines(output_path, hyps)
-  logging.info("Translated %d lines in %.1fs.", len(lines), time.monotonic() - start)
+  run, params, description = _inference_run(config, workdir, which)
+  translator = translate_lib.make_translator(
+      run.tokenizer, run.model, params, config.decode, max_src_len=config.data.max_len
+  )
+  hyps = translator.translate(lines)
+  if parallel.is_main_process():
+    translate_lib.write_lines(output_path, hyps)
+  logging.info("Translated %d lines in %.1fs.", len(lines), translator.stats.seconds)
+  result = {"mode": "translate", "input": input_path, "output": output_path,
+            "checkpoint": description, **translator.stats.as_dict()}
+  reporting.write_result(workdir, result, echo=output_path != "-")
 
 
 def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:
@@ -63,5 +71,5 @@ def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: in
   run = train_lib.Run(config, workdir, need_train=False)
   params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
   path = averaging.save_averaged(workdir, params, steps)
-  train_lib.write_json_line({"mode": "average", "steps": steps, "path": path,
-                             "num_checkpoints": len(steps)})
+  reporting.write_result(workdir, {"mode": "average", "steps": steps, "path": path,
+                                   "num_checkpoints": len(steps)})

@@ -1,14 +1,52 @@
-"""Console progress and TensorBoard scalars for long-running work.
+"""Console progress, TensorBoard scalars and result files for long-running work.
 
-Only process 0 writes TensorBoard files, so a multi-host run produces one set of curves.
+Only process 0 writes TensorBoard files, results and JSON lines, so a multi-host run produces one
+set of each.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from typing import Any
 
 import jax
 from absl import logging
+
+RESULTS_LOG = "results.jsonl"
+
+
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes `text` to `path` via a temporary file and a rename: never a half-written file."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def result_path(workdir: str, mode: str) -> str:
+  """`<workdir>/<mode>_result.json`: the latest final figures of a mode."""
+  return os.path.join(workdir, f"{mode}_result.json")
+
+
+def write_result(workdir: str, result: dict[str, Any], *, echo: bool = True) -> None:
+  """Saves a mode's final figures in the workdir, then (if `echo`) prints them as one JSON line.
+
+  The file comes first: a job whose stdout is gone (a closed pipe, a dropped session) still leaves
+  its result in `<workdir>/<mode>_result.json`, and `<workdir>/results.jsonl` keeps every result
+  with the time it was written. Process 0 only.
+  """
+  if jax.process_index() != 0:
+    return
+  line = json.dumps(result, sort_keys=True)
+  write_text_atomic(result_path(workdir, result["mode"]), line + "\n")
+  with open(os.path.join(workdir, RESULTS_LOG), "a", encoding="utf-8") as f:
+    f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result}, sort_keys=True)
+            + "\n")
+  if echo:
+    print(line, flush=True)
 
 
 class MetricWriter:

@@ -54,6 +54,19 @@ def _global_norm(tree: Any) -> Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+def _micro_batches(batch: Batch, k: int) -> Batch:
+  """[rows, length] -> [k, rows / k, length]: consecutive row blocks, one per micro-batch."""
+
+  def split(x: Array) -> Array:
+    if x.shape[0] % k:
+      raise ValueError(
+          f"{x.shape[0]} rows per device do not split into optim.accumulate_steps={k} micro-batches."
+      )
+    return x.reshape(k, x.shape[0] // k, *x.shape[1:])
+
+  return jax.tree.map(split, batch)
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -63,6 +76,7 @@ def train_step(
     schedule: optax.Schedule,
     label_smoothing: float,
     axis_name: str,
+    accumulate_steps: int = 1,
     skip_nonfinite: bool = False,
     inject_nan_at_step: int = -1,
 ) -> tuple[TrainState, dict[str, Array]]:
@@ -72,6 +86,13 @@ def train_step(
   *sum* divided by the global token count, and the gradients are summed across devices. This equals
   a pmean of per-device means only when every shard has the same number of real tokens; packing
   gives shards slightly different counts, and the sum form keeps 1 and 8 devices identical.
+
+  With `accumulate_steps = k > 1` the shard's rows are split into k micro-batches that run one
+  after another inside this compiled step (`lax.scan`), adding their gradients; activations are
+  held for one micro-batch only, so a k-times-larger batch fits. Because every micro-batch's loss
+  sum is divided by the same global token count, micro-batches are weighted by their tokens and
+  the update equals that of one step on the whole batch (up to float rounding; dropout masks
+  differ, as micro-batch i draws them from fold_in(key, i)).
   """
   weights = (batch["targets"] > 0).astype(jnp.float32)  # [rows, tgt_len]
   global_tokens = jax.lax.psum(jnp.sum(weights), axis_name)
@@ -79,16 +100,37 @@ def train_step(
       jax.random.fold_in(state.rng, state.step), jax.lax.axis_index(axis_name)
   )
 
-  def loss_fn(params):
-    logits = _forward(model, params, batch, train=True, rngs={"dropout": dropout_rng})
-    loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
-        logits, batch["targets"], weights, label_smoothing
-    )
-    # A debugging hook the resume tests use to check the non-finite guard end to end.
-    loss_sum = jnp.where(state.step + 1 == inject_nan_at_step, jnp.nan, loss_sum)
-    return loss_sum / jnp.maximum(global_tokens, 1.0), (loss_sum, nll_sum)
+  def grads_of(micro: Batch, rng: Array) -> tuple[Any, tuple[Array, Array]]:
+    """Gradient of micro-batch loss sum / global tokens; (loss sum, nll sum) as aux."""
+    micro_weights = (micro["targets"] > 0).astype(jnp.float32)
 
-  grads, (loss_sum, nll_sum) = jax.grad(loss_fn, has_aux=True)(state.params)
+    def loss_fn(params):
+      logits = _forward(model, params, micro, train=True, rngs={"dropout": rng})
+      loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
+          logits, micro["targets"], micro_weights, label_smoothing
+      )
+      # A debugging hook the resume tests use to check the non-finite guard end to end.
+      loss_sum = jnp.where(state.step + 1 == inject_nan_at_step, jnp.nan, loss_sum)
+      return loss_sum / jnp.maximum(global_tokens, 1.0), (loss_sum, nll_sum)
+
+    return jax.grad(loss_fn, has_aux=True)(state.params)
+
+  if accumulate_steps == 1:
+    grads, (loss_sum, nll_sum) = grads_of(batch, dropout_rng)
+  else:
+
+    def accumulate(carry, xs):
+      grads, loss_sum, nll_sum = carry
+      index, micro = xs
+      g, (l, n) = grads_of(micro, jax.random.fold_in(dropout_rng, index))
+      return (jax.tree.map(jnp.add, grads, g), loss_sum + l, nll_sum + n), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (grads, loss_sum, nll_sum), _ = jax.lax.scan(
+        accumulate,
+        (zeros, jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32)),
+        (jnp.arange(accumulate_steps), _micro_batches(batch, accumulate_steps)),
+    )
   grads = jax.lax.psum(grads, axis_name)
   grad_norm = _global_norm(grads)
   updates, new_opt_state = tx.update(grads, state.opt_state, state.params)

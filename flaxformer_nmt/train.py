@@ -1,8 +1,16 @@
 """The training loop: orchestration only (the maths is in steps.py, devices in parallel.py).
 
-A run is fully determined by its config and seed: the batches come from a seeded, resumable
-pipeline, dropout keys derive from (seed, step, device), and each checkpoint stores the state and
-the pipeline position, so rerunning the command after a preemption continues the same run.
+A run is fully determined by its config, seed and global device count: the batches come from a
+seeded, resumable pipeline with one stream per device, dropout keys derive from (seed, step,
+device), and each checkpoint stores the state and every stream's position, so rerunning the
+command after a preemption continues the same run, and 2 processes of 4 devices run exactly what
+1 process of 8 runs.
+
+Multi-process runs: every process executes this same loop, step for step, and every collective
+(the pmapped steps, decoding, checkpoint saves, the gathering of data positions, decisions taken
+by process 0's clock) is entered by all of them at the same step. Host reads of device values go
+through `parallel.local_replica`, which needs no other process. Only process 0 writes files and
+logs.
 """
 
 from __future__ import annotations
@@ -34,6 +42,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for name in positive:
     if config[name] < 1:
       raise ValueError(f"config.{name} must be >= 1, got {config[name]}.")
+  if config.optim.accumulate_steps < 1:
+    raise ValueError(
+        f"config.optim.accumulate_steps must be >= 1, got {config.optim.accumulate_steps}."
+    )
   if not 0.0 <= config.label_smoothing < 1.0:
     raise ValueError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}.")
   if config.data.tokens_per_batch < config.data.max_len:
@@ -60,10 +72,17 @@ class Run:
     self.data = data_lib.make_data(
         config, workdir, num_devices=jax.device_count(),
         process_index=jax.process_index(), process_count=jax.process_count(),
-        need_train=need_train,
+        need_train=need_train, accumulate_steps=config.optim.accumulate_steps,
     )
     self.tokenizer = self.data.tokenizer
-    self.model_cfg = TransformerConfig.from_config(config.model, self.tokenizer.vocab_size)
+    self.model_cfg = TransformerConfig.from_config(
+        config.model, self.tokenizer.vocab_size, auto_dtype=parallel.auto_dtype()
+    )
+    logging.info(
+        "Model: %s size, %s matrix products (config.model.dtype=%s)%s; parameters float32.",
+        config.model.size, np.dtype(self.model_cfg.dtype).name, config.model.dtype,
+        ", rematerialised layers" if self.model_cfg.remat else "",
+    )
     self.model = Transformer(self.model_cfg)
     self.tx, self.schedule = optim.make_optimizer(config.optim, self.model_cfg.d_model)
     # Only training opens the checkpoint manager: opening it cleans up unfinished saves, which
@@ -87,7 +106,8 @@ class Run:
 
 
 def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
-  return [jax.tree.map(float, parallel.unreplicate(m)) for m in device_metrics]
+  # psum'd on device, so every replica holds the global value: read one this process holds.
+  return [jax.tree.map(float, parallel.local_replica(m)) for m in device_metrics]
 
 
 def _summarize(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
@@ -104,39 +124,39 @@ def _summarize(history: list[dict[str, float]], seconds: float) -> dict[str, flo
   }
 
 
-def _global_data_state(train_iter: data_lib.TrainIterator) -> dict[str, Any]:
-  """Every process's input position (each reads its own shard), gathered for the checkpoint.
+def _global_data_state(train_iter: data_lib.DeviceStreams) -> dict[str, Any]:
+  """Every stream's input position, for the checkpoint (a collective in multi-process runs).
 
-  Only process 0 writes the checkpoint's JSON, so positions are collected there as a list indexed
-  by process; a single-process run stores a list of one.
+  Each process holds its own devices' streams; orbax writes the checkpoint's JSON from process 0,
+  which must therefore see all of them. Every process calls this at the same step.
   """
-  local = train_iter.get_state()
-  keys = sorted(local)
-  if jax.process_count() == 1:
-    return {"processes": [local]}
-  from jax.experimental import multihost_utils
-
-  gathered = multihost_utils.process_allgather(np.array([local[k] for k in keys], np.int64))
-  return {"processes": [dict(zip(keys, map(int, row))) for row in np.asarray(gathered)]}
+  local = np.array(
+      [[p["epoch"], p["index"], p["size"]] for p in train_iter.get_state()], np.int32
+  )  # [local streams, 3]
+  everyone = parallel.all_gather_host(local).reshape(-1, 3)  # [streams, 3], process-major
+  return {"streams": [dict(zip(("epoch", "index", "size"), map(int, row))) for row in everyone]}
 
 
-def _local_data_state(saved: dict[str, Any]) -> dict[str, Any]:
-  positions = saved["processes"]
-  if len(positions) != jax.process_count():
-    raise ValueError(
-        f"The checkpoint was written by {len(positions)} processes, this run has "
-        f"{jax.process_count()}: each process's input position belongs to its own data shard, so "
-        "resume with the same number of processes."
+def _restore_data_state(train_iter: data_lib.DeviceStreams, saved: dict[str, Any]) -> None:
+  positions, exact = data_lib.resume_positions(
+      saved, train_iter.first_stream, train_iter.stream_sizes, jax.device_count()
+  )
+  if not exact:
+    logging.warning(
+        "The checkpoint's input positions do not match this run's %d data streams (one per "
+        "device; was it trained on another number of devices?). The input continues at epoch %d "
+        "without skipping data, but the batches differ from an uninterrupted run's.",
+        jax.device_count(), positions[0]["epoch"],
     )
-  return positions[jax.process_index()]
+  train_iter.set_state(positions)
 
 
 def evaluate_dev_loss(run: Run, p_eval_step, replicated_params) -> dict[str, float]:
   """Per-token dev loss, perplexity and accuracy over the whole dev set, in order."""
   totals: dict[str, float] = {}
   for batch in run.data.eval_batches("dev"):
-    out = jax.tree.map(float, parallel.unreplicate(p_eval_step(replicated_params,
-                                                               parallel.shard(batch))))
+    out = jax.tree.map(float, parallel.local_replica(p_eval_step(replicated_params,
+                                                                 parallel.shard(batch))))
     for k, v in out.items():
       totals[k] = totals.get(k, 0.0) + v
   tokens = max(totals.get("tokens", 0.0), 1.0)
@@ -149,8 +169,11 @@ def evaluate_dev_loss(run: Run, p_eval_step, replicated_params) -> dict[str, flo
   }
 
 
-def dev_bleu(run: Run, params: Any) -> dict[str, float]:
-  """BLEU of greedy (by default) decoding on the first dev sentences: a cheap learning signal."""
+def dev_bleu(run: Run, replicated_params: Any) -> dict[str, float]:
+  """BLEU of greedy (by default) decoding on the first dev sentences: a cheap learning signal.
+
+  `replicated_params` are on every local device (the train state's); all processes decode.
+  """
   from flaxformer_nmt import evaluate, translate  # decoding is only needed at eval time
 
   n = run.config.eval.dev_bleu_sentences
@@ -160,8 +183,8 @@ def dev_bleu(run: Run, params: Any) -> dict[str, float]:
   decode_cfg = ml_collections.ConfigDict(run.config.decode.to_dict())
   decode_cfg.beam_size = run.config.eval.dev_bleu_beam_size
   hyps = translate.translate_lines(
-      [s for s, _ in pairs], run.tokenizer, run.model, params, decode_cfg,
-      max_src_len=run.config.data.max_len,
+      [s for s, _ in pairs], run.tokenizer, run.model, replicated_params, decode_cfg,
+      max_src_len=run.config.data.max_len, replicated=True,
   )
   score, _ = evaluate.sacrebleu_score(hyps, [r for _, r in pairs])
   return {"dev_bleu": score}
@@ -170,14 +193,15 @@ def dev_bleu(run: Run, params: Any) -> dict[str, float]:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (resuming from the workdir's latest checkpoint) and returns the final figures."""
   run = Run(config, workdir, need_train=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if parallel.is_main_process():
+    reporting.write_text_atomic(os.path.join(workdir, "config.json"),
+                                config.to_json_best_effort(indent=2))
 
   state = run.initial_state()
   restored = run.checkpoints.restore(state)
   if restored is not None:
     state, data_state, step = restored
-    run.data.train.set_state(_local_data_state(data_state))
+    _restore_data_state(run.data.train, data_state)
     logging.info("Resumed from step %d in %s.", step, run.checkpoints.directory)
   start_step = int(state.step)
   total = config.num_train_steps
@@ -186,19 +210,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   p_train_step = parallel.pmap_train_step(
       steps.train_step, model=run.model, tx=run.tx, schedule=run.schedule,
-      label_smoothing=config.label_smoothing, skip_nonfinite=config.skip_nonfinite,
-      inject_nan_at_step=config.debug_inject_nan_at_step,
+      label_smoothing=config.label_smoothing, accumulate_steps=config.optim.accumulate_steps,
+      skip_nonfinite=config.skip_nonfinite, inject_nan_at_step=config.debug_inject_nan_at_step,
   )
   p_eval_step = parallel.pmap_eval_step(
       steps.eval_step, model=run.model, label_smoothing=config.label_smoothing
   )
   p_state = parallel.replicate(state)
   del state
+  multi_process = jax.process_count() > 1
   writer = reporting.MetricWriter(workdir)
   progress = reporting.Progress(start_step, total)
   pending: list[dict[str, Any]] = []  # device metrics not yet fetched (keeps dispatch async)
   interval_start = time.monotonic()
-  train_seconds = 0.0  # wall-clock time spent in training steps by this process (no evals)
+  train_seconds = 0.0  # wall-clock time spent in training steps (no evals), by process 0's clock
   budget_seconds = config.max_train_minutes * 60.0
   last_dev: dict[str, float] = {}
   step = start_step
@@ -222,8 +247,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def save(step: int, force: bool = False) -> None:
     flush(step)
     run.checkpoints.save(
-        step, parallel.unreplicate(p_state), _global_data_state(run.data.train), force=force
+        step, parallel.local_replica(p_state), _global_data_state(run.data.train), force=force
     )
+
+  def budget_reached(step: int) -> bool:
+    """Whether config.max_train_minutes is used up; one clock (process 0's) decides for all.
+
+    Several processes would disagree at some step, and the one that stopped first would leave the
+    others waiting in the next collective forever. So multi-process runs decide only at log steps,
+    where the host waits for the device anyway, and broadcast process 0's answer.
+    """
+    if not budget_seconds or step >= total:
+      return False
+    reached = train_seconds + time.monotonic() - interval_start >= budget_seconds
+    if not multi_process:
+      return reached
+    if step % config.log_every_steps:
+      return False
+    return bool(parallel.broadcast_from_main(np.asarray(reached)))
 
   with PreemptionGuard() as guard, writer, run.checkpoints:
     while step < total:
@@ -236,13 +277,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.block_until_ready(pending[-2])
       step += 1
       stop = guard.should_stop(step)  # every step: multi-host runs agree on it collectively
-      if budget_seconds and step < total and (
-          train_seconds + time.monotonic() - interval_start >= budget_seconds):
+      if budget_reached(step):
         logging.info("Reached config.max_train_minutes=%g at step %d.", config.max_train_minutes,
                      step)
         total = step  # finish as if this were the last step: log, save, evaluate, score
 
-      if step % config.log_every_steps == 0 or step == total:
+      log_step = step % config.log_every_steps == 0 or step == total
+      if log_step:
         history = flush(step)
         seconds = time.monotonic() - interval_start
         summary = _summarize(history, seconds)
@@ -252,7 +293,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         train_seconds += seconds
         interval_start = time.monotonic()
 
-      if step == total or stop or run.checkpoints.should_save(step):
+      # A clock-based save is decided collectively, so only where every process checks: each step
+      # in a single process, at log steps in several (see budget_reached).
+      if (step == total or stop
+          or run.checkpoints.should_save(step, check_clock=log_step or not multi_process)):
         save(step, force=step == total or stop)
       if stop:
         # No evaluation on the way out: the grace period before a hard kill is for saving.
@@ -266,7 +310,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         minutes = (train_seconds + eval_start - interval_start) / 60.0
         last_dev = {"train_minutes": minutes}
         last_dev.update(evaluate_dev_loss(run, p_eval_step, p_state.params))
-        last_dev.update(dev_bleu(run, parallel.unreplicate(p_state.params)))
+        last_dev.update(dev_bleu(run, p_state.params))
         logging.info("step %d  %s  (%.1fs)", step,
                      "  ".join(f"{k} {v:.4g}" for k, v in last_dev.items()),
                      time.monotonic() - eval_start)
@@ -275,16 +319,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         interval_start += time.monotonic() - eval_start  # evals don't count against tokens/s
 
   result: dict[str, Any] = {"mode": "train", "step": step, **last_dev}
-  result.update(test_scores(run, parallel.unreplicate(p_state.params), tag=f"step{step}"))
+  # The training figures are on disk before the (long) test decoding starts.
+  reporting.write_result(workdir, dict(result, test="pending"), echo=False)
+  result.update(test_scores(run, p_state.params, tag=f"step{step}", replicated=True))
   return result
 
 
-def test_scores(run: Run, params: Any, tag: str) -> dict[str, Any]:
-  """Decodes the test set (greedy and with the configured beam) and scores it."""
+def test_scores(run: Run, params: Any, tag: str, *, replicated: bool = False) -> dict[str, Any]:
+  """Decodes the test set (greedy and with the configured beam) and scores it.
+
+  Every process decodes its share and scores the whole set; process 0 writes the files.
+  """
   from flaxformer_nmt import evaluate, translate
 
   pairs = run.data.pairs("test")
   sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+  if not replicated:
+    params, replicated = parallel.replicate(params), True  # once for both searches
   out: dict[str, Any] = {}
   beams = sorted({1, run.config.decode.beam_size})
   for beam in beams:
@@ -292,10 +343,11 @@ def test_scores(run: Run, params: Any, tag: str) -> dict[str, Any]:
     decode_cfg.beam_size = beam
     start = time.monotonic()
     hyps = translate.translate_lines(sources, run.tokenizer, run.model, params, decode_cfg,
-                                     max_src_len=run.config.data.max_len)
+                                     max_src_len=run.config.data.max_len, replicated=replicated)
     name = "greedy" if beam == 1 else f"beam{beam}"
     scores = evaluate.score_and_write(
-        hyps, refs, os.path.join(run.workdir, "eval"), f"test_{tag}_{name}", run.config.data.tgt_lang
+        hyps, refs, os.path.join(run.workdir, "eval"), f"test_{tag}_{name}",
+        run.config.data.tgt_lang, write=parallel.is_main_process(),
     )
     logging.info("test %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f, %d sentences in %.1fs",
                  name, scores["sacrebleu"], scores["sacrebleu_signature"], scores["tokenized_bleu"],
@@ -308,11 +360,6 @@ def test_scores(run: Run, params: Any, tag: str) -> dict[str, Any]:
 
 def _append_jsonl(path: str, record: dict[str, Any]) -> None:
   """Dev figures as JSON lines beside the TensorBoard files: plots and scripts read these."""
-  if jax.process_index() == 0:
+  if parallel.is_main_process():
     with open(path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
-
-
-def write_json_line(result: dict[str, Any]) -> None:
-  """Every mode that reports figures ends with exactly one JSON line on stdout."""
-  print(json.dumps(result, sort_keys=True), flush=True)

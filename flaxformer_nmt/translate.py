@@ -1,8 +1,11 @@
 """Translating a list of lines: one output line per input line, in the input's order.
 
-Sentences are sorted by length and decoded in batches of `decode.batch_size`, each padded to one
-of a few fixed lengths (buckets) and to the full batch size, so jit compiles at most one program
-per bucket however many lines come in; sorting keeps the padding (wasted work) small. Empty lines
+Sentences are sorted by length and decoded in batches of up to `decode.batch_size` sentences per
+device, spread over every device of every process, each batch padded to one of a few fixed lengths
+(buckets) and to the full batch size, so jit compiles at most one program per bucket however many
+lines come in; sorting keeps the padding (wasted work) small. Every process takes part in decoding
+and ends with all translations; only process 0 writes them. The batches depend only on the lines
+and the global device count, so 1 process of 8 devices and 2 of 4 translate identically. Empty lines
 are not sent to the model and come back empty. A line longer than the model accepts is cut (and
 counted, with a warning) rather than dropped, which would shift every later line.
 """
@@ -10,17 +13,18 @@ counted, with a warning) rather than dropped, which would shift every later line
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
 from typing import Any, Callable, Protocol, Sequence
 
 from absl import logging
-import jax.numpy as jnp
+import jax
 import ml_collections
 import numpy as np
 
-from flaxformer_nmt import decode
+from flaxformer_nmt import decode, parallel
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
 # [batch, src_len] int32 source ids -> [batch, out_len] int32 output ids (EOS, then PAD).
@@ -83,8 +87,10 @@ class Translator:
       *,
       batch_size: int,
       max_src_len: int,
+      num_shards: int = 1,
       log_every_secs: float = 10.0,
   ) -> None:
+    """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences."""
     if batch_size < 1:
       raise ValueError(f"decode.batch_size must be >= 1, got {batch_size}.")
     if max_src_len < 2:
@@ -92,6 +98,7 @@ class Translator:
     self.tokenizer = tokenizer
     self.decode_fn = decode_fn
     self.batch_size = batch_size
+    self.num_shards = num_shards
     self.max_src_len = max_src_len
     self.buckets = bucket_lengths(max_src_len)
     self.log_every_secs = log_every_secs
@@ -126,13 +133,17 @@ class Translator:
 
     # Longest first: a batch that does not fit in memory fails at once, and the ETA errs long.
     order = sorted(todo, key=lambda i: len(sources[i]), reverse=True)
+    # Sentences per shard: the configured batch, or fewer (a power of two, to bound the number of
+    # compiled shapes) when there are too few lines to fill every device's batch.
+    per_shard = min(self.batch_size, _next_power_of_two(-(-len(order) // self.num_shards)))
+    batch_rows = per_shard * self.num_shards
     done = 0
     last_log = start
-    for first in range(0, len(order), self.batch_size):
-      batch = order[first : first + self.batch_size]
+    for first in range(0, len(order), batch_rows):
+      batch = order[first : first + batch_rows]
       length = _bucket(max(len(sources[i]) for i in batch), self.buckets)
       # Filler rows are all padding; the search skips them (see decode.max_output_lengths).
-      inputs = np.full((self.batch_size, length), PAD_ID, np.int32)  # [batch, bucket]
+      inputs = np.full((batch_rows, length), PAD_ID, np.int32)  # [batch, bucket]
       for row, i in enumerate(batch):
         inputs[row, : len(sources[i])] = sources[i]
       tokens = np.asarray(self.decode_fn(inputs))  # [batch, out_len]
@@ -154,14 +165,33 @@ class Translator:
     return outputs
 
 
-def make_decode_fn(model: Any, params: Any, search: decode.SearchConfig) -> BatchDecodeFn:
-  """The model's batch decode (jitted once per bucket) as a numpy-in, numpy-out function."""
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
 
-  def decode_fn(inputs: np.ndarray) -> np.ndarray:
-    result = decode.decode_batch(model, params, jnp.asarray(inputs), search)
-    return np.asarray(result.tokens)
 
-  return decode_fn
+@functools.lru_cache(maxsize=32)
+def _sharded_decoder(model: Any, search: decode.SearchConfig) -> Callable[[Any, np.ndarray], Any]:
+  """One pmapped decoder per (model, settings): repeated dev evaluations reuse its compilations."""
+
+  def tokens(params: Any, inputs: jax.Array) -> jax.Array:
+    return decode.decode_batch(model, params, inputs, search).tokens  # [rows, out_len]
+
+  return parallel.pmap_rows(tokens)
+
+
+def make_decode_fn(
+    model: Any, params: Any, search: decode.SearchConfig, *, replicated: bool = False
+) -> BatchDecodeFn:
+  """The model's batch decode over all devices as a numpy-in, numpy-out function.
+
+  `params`: host (or single-device) parameters, copied to every local device here, or with
+  `replicated=True` parameters already on every local device (e.g. the train state's, during
+  training), used as they are.
+  """
+  if not replicated:
+    params = parallel.replicate(params)
+  run = _sharded_decoder(model, search)
+  return lambda inputs: run(params, inputs)
 
 
 def make_translator(
@@ -170,14 +200,17 @@ def make_translator(
     params: Any,
     decode_config: ml_collections.ConfigDict,
     max_src_len: int,
+    *,
+    replicated: bool = False,
 ) -> Translator:
   """A Translator for `model` with the beam, alpha, length rule and batch size of config.decode."""
   search = decode.SearchConfig.from_config(decode_config)
   return Translator(
       tokenizer,
-      make_decode_fn(model, params, search),
+      make_decode_fn(model, params, search, replicated=replicated),
       batch_size=int(decode_config.batch_size),
       max_src_len=max_src_len,
+      num_shards=jax.device_count(),
   )
 
 
@@ -188,13 +221,18 @@ def translate_lines(
     params: Any,
     decode_config: ml_collections.ConfigDict,
     max_src_len: int,
+    *,
+    replicated: bool = False,
 ) -> list[str]:
   """Translates `lines` with config.decode's settings; see the module docstring.
 
   `max_src_len` is the longest source the model takes, EOS included: for a trained model
-  min(config.model.max_len, config.data.max_len).
+  min(config.model.max_len, config.data.max_len). `replicated`: see `make_decode_fn`.
   """
-  return make_translator(tokenizer, model, params, decode_config, max_src_len).translate(lines)
+  translator = make_translator(
+      tokenizer, model, params, decode_config, max_src_len, replicated=replicated
+  )
+  return translator.translate(lines)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -241,7 +241,7 @@ def test_restore_across_device_counts(tmp_path, save_devices, restore_devices):
   state = make_state(3, step=5)
   replicated = parallel.replicate(state, jax.local_devices()[:save_devices])
   with new_ckpt(tmp_path) as ckpt:
-    ckpt.save(5, parallel.unreplicate(replicated), {"epoch": 0, "index": 9}, force=True)
+    ckpt.save(5, parallel.local_replica(replicated), {"epoch": 0, "index": 9}, force=True)
   with new_ckpt(tmp_path) as ckpt:
     restored, _, _ = ckpt.restore(abstract(state))
   on_devices = parallel.replicate(restored, jax.local_devices()[:restore_devices])

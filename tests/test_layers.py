@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from flaxformer_nmt import layers
 
@@ -72,3 +73,28 @@ def test_self_attention_cache_after_one_step():
                        np.asarray(params["key"]).reshape(8, 2, 4))
   np.testing.assert_allclose(np.asarray(new["cached_key"])[:, :1], want_key, rtol=1e-5, atol=1e-6)
   assert not np.asarray(new["cached_key"])[:, 1:].any()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_fully_masked_rows_stay_finite_in_low_precision(dtype):
+  """A padding query masks every key; a fixed -1e9 is -inf in float16 and the softmax gave NaN."""
+  rs = np.random.RandomState(0)
+  q, k, v = (jnp.asarray(rs.randn(1, 3, 2, 4) * 4, dtype) for _ in range(3))
+  tokens = np.array([[5, 6, 0]])
+  mask = layers.padding_mask(tokens, tokens)  # query 2 (padding) may attend to nothing
+  out = layers.dot_product_attention(q, k, v, mask)
+  assert out.dtype == dtype
+  assert np.all(np.isfinite(np.asarray(out, np.float32)))
+  assert float(layers.mask_value(dtype)) == float(jnp.finfo(dtype).min)
+  assert np.isfinite(float(layers.mask_value(dtype)))
+
+
+def test_multi_head_attention_in_bfloat16_keeps_float32_parameters():
+  attn = layers.MultiHeadAttention(num_heads=2, d_model=8, dtype=jnp.bfloat16)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 3, 8), jnp.float32)  # the float32 residual
+  params = attn.init(jax.random.PRNGKey(0), x, x, None)["params"]
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  out = attn.apply({"params": params}, x, x, None)
+  assert out.dtype == jnp.bfloat16  # the products ran in bfloat16
+  want = layers.MultiHeadAttention(num_heads=2, d_model=8).apply({"params": params}, x, x, None)
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=0.05, atol=0.05)

@@ -109,3 +109,87 @@ def test_bad_model_config_is_one_clear_error():
   c.num_heads = 3
   with pytest.raises(ValueError, match="d_model=128 is not divisible by config.model.num_heads=3"):
     TransformerConfig.from_config(c, VOCAB)
+
+
+def test_dtype_auto_resolves_and_float16_is_refused():
+  c = config_lib.base_config("tiny").model
+  assert c.dtype == "auto"
+  assert TransformerConfig.from_config(c, VOCAB).dtype == jnp.float32  # the default: CPU
+  assert TransformerConfig.from_config(c, VOCAB, auto_dtype="bfloat16").dtype == jnp.bfloat16
+  c.dtype = "bfloat16"
+  assert TransformerConfig.from_config(c, VOCAB, auto_dtype="float32").dtype == jnp.bfloat16
+  c.dtype = "float16"
+  with pytest.raises(ValueError, match="config.model.dtype='float16' is not supported"):
+    TransformerConfig.from_config(c, VOCAB)
+  c.dtype = "fp8"
+  with pytest.raises(ValueError, match="config.model.dtype must be one of"):
+    TransformerConfig.from_config(c, VOCAB)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(pre_ln=True, share_embeddings=False)])
+def test_bfloat16_keeps_float32_parameters_and_logits_and_tracks_float32(overrides):
+  cfg32, cfg16 = tiny(dtype="float32", **overrides), tiny(dtype="bfloat16", **overrides)
+  params = init_params(cfg16, jax.random.PRNGKey(0))
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  src, tgt = _ids(12, (2, 9)), _ids(13, (2, 7))
+  low = Transformer(cfg16).apply({"params": params}, src, tgt)
+  full = Transformer(cfg32).apply({"params": params}, src, tgt)
+  assert low.dtype == jnp.float32
+  # bfloat16 keeps 8 bits of mantissa: logits agree to a few percent of their spread.
+  assert float(jnp.max(jnp.abs(low - full))) < 0.05 * float(jnp.std(full)) * 10
+  np.testing.assert_array_equal(jnp.argmax(low, -1)[:, :3], jnp.argmax(full, -1)[:, :3])
+
+
+def _loss_and_grad(cfg):
+  from flaxformer_nmt import losses
+
+  def loss(p, src, tgt):
+    logits = Transformer(cfg).apply({"params": p}, src, tgt, train=True,
+                                    rngs={"dropout": jax.random.PRNGKey(3)})
+    weights = (tgt > 0).astype(jnp.float32)
+    return losses.label_smoothed_cross_entropy(logits, tgt, weights, 0.1)[0]
+
+  return jax.jit(jax.value_and_grad(loss))
+
+
+def test_remat_changes_memory_not_results():
+  """Rematerialised layers: same loss and gradients, smaller temporary buffers (XLA's analysis)."""
+  plain, remat = tiny(dropout_rate=0.1), tiny(dropout_rate=0.1, remat=True)
+  params = init_params(plain, jax.random.PRNGKey(0))
+  src, tgt = _ids(14, (4, 16)), _ids(15, (4, 16))
+  (l1, g1), (l2, g2) = (_loss_and_grad(cfg)(params, src, tgt) for cfg in (plain, remat))
+  np.testing.assert_allclose(l1, l2, rtol=1e-6)
+  # Recomputation may fuse differently: float rounding, not a different gradient.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g2)
+
+  # Memory: what the backward pass keeps. XLA:CPU then strips remat's optimisation barriers and
+  # re-fuses much of the recomputation, so its buffer sizes are not the measure here;
+  # benchmarks/train_step.py reports the compiled figures.
+  residuals = {cfg.remat: _saved_residual_bytes(cfg, params, src, tgt) for cfg in (plain, remat)}
+  assert residuals[True] < 0.5 * residuals[False], residuals
+
+
+def _saved_residual_bytes(cfg, params, src, tgt) -> int:
+  """Bytes of the activations the forward pass saves for the backward pass (parameters, which
+  every variant keeps, excluded), as listed by jax.ad_checkpoint."""
+  import contextlib
+  import io
+  import re
+
+  from jax import ad_checkpoint
+
+  from flaxformer_nmt import losses
+
+  def loss(p):
+    logits = Transformer(cfg).apply({"params": p}, src, tgt)
+    return losses.label_smoothed_cross_entropy(logits, tgt, (tgt > 0).astype(jnp.float32), 0.1)[0]
+
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    ad_checkpoint.print_saved_residuals(loss, params)
+  total = 0
+  activations = [l for l in out.getvalue().splitlines() if "from the argument" not in l]
+  for dtype, dims in re.findall(r"^(\w+)\[([\d,]*)\]", "\n".join(activations), re.M):
+    bits = int(re.sub(r"\D", "", dtype) or 8)  # f32 -> 32, bool -> 8
+    total += int(np.prod([int(d) for d in dims.split(",") if d])) * bits // 8
+  return total

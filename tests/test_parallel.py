@@ -38,7 +38,7 @@ def test_eight_devices_equal_one_device():
     p_state = parallel.replicate(state, devices)
     for batch in batches:
       p_state, metrics = step(p_state, parallel.shard(batch, n))
-    results[n] = (parallel.unreplicate(p_state), parallel.unreplicate(metrics))
+    results[n] = (parallel.local_replica(p_state), parallel.local_replica(metrics))
   (s1, m1), (s8, m8) = results[1], results[8]
   np.testing.assert_allclose(m1["loss_sum"], m8["loss_sum"], rtol=1e-5)
   assert m1["tokens"] == m8["tokens"]
@@ -57,3 +57,71 @@ def test_shard_rejects_uneven_split():
 
   with pytest.raises(ValueError, match="cannot be split over 8 devices"):
     parallel.shard({"inputs": np.zeros((12, 4), np.int32)}, 8)
+
+
+def _run_steps(state, batches, tx, model, devices, accumulate_steps):
+  step = parallel.pmap_train_step(
+      steps.train_step, devices=devices, model=model, tx=tx,
+      schedule=optim.paper_schedule(model.cfg.d_model, 10), label_smoothing=0.1,
+      accumulate_steps=accumulate_steps)
+  p_state = parallel.replicate(state, devices)
+  for batch in batches:
+    p_state, metrics = step(p_state, parallel.shard(batch, len(devices)))
+  return parallel.local_replica(p_state), parallel.local_replica(metrics)
+
+
+def test_accumulating_four_micro_batches_equals_one_large_step():
+  """k=4 micro-batches per device, scanned in one step, give the update of the whole batch."""
+  c = config_lib.base_config("tiny")
+  c.model.dropout_rate = 0.0  # micro-batches draw their own dropout masks; nothing else may differ
+  model = Transformer(TransformerConfig.from_config(c.model, 64))
+  params = init_params(model.cfg, jax.random.PRNGKey(0))
+  devices = jax.local_devices()[:2]
+  batches = [_packed_batch(16, 12, 64) for _ in range(2)]  # 8 rows per device: 4 x 2
+  # SGD at rate 1 exposes the summed gradient itself; Adam is what training runs.
+  for tx in (optax.sgd(1.0), optim.make_optimizer(c.optim, model.cfg.d_model)[0]):
+    state = steps.create_train_state(params, tx, jax.random.PRNGKey(1))
+    whole, m1 = _run_steps(state, batches, tx, model, devices, accumulate_steps=1)
+    accumulated, m4 = _run_steps(state, batches, tx, model, devices, accumulate_steps=4)
+    assert m1["tokens"] == m4["tokens"]
+    np.testing.assert_allclose(m4["loss_sum"], m1["loss_sum"], rtol=1e-5)
+    np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-5)
+    # Summation order differs (4 partial sums), so entries near 0 differ in relative terms:
+    # tolerances are relative to each array's scale.
+    close = lambda a, b: np.testing.assert_allclose(
+        a, b, rtol=1e-4, atol=1e-3 * float(np.abs(b).max()) + 1e-12)
+    jax.tree.map(close, accumulated.params, whole.params)
+    jax.tree.map(close, accumulated.opt_state, whole.opt_state)
+    # The steps did move the parameters (Adam by about its learning rate, ~1e-6 this early).
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), whole.params, params)
+    assert max(jax.tree.leaves(moved)) > 5e-7
+
+
+def test_accumulate_steps_must_divide_the_rows():
+  import pytest
+
+  c = config_lib.base_config("tiny")
+  model = Transformer(TransformerConfig.from_config(c.model, 64))
+  tx = optax.sgd(1.0)
+  state = steps.create_train_state(init_params(model.cfg, jax.random.PRNGKey(0)), tx,
+                                   jax.random.PRNGKey(1))
+  with pytest.raises(ValueError, match="do not split into optim.accumulate_steps=3"):
+    _run_steps(state, [_packed_batch(16, 12, 64)], tx, model, jax.local_devices()[:2], 3)
+
+
+def test_local_replica_and_rows_read_this_process_shards():
+  devices = jax.local_devices()
+  out = jax.pmap(lambda x: (x * 2, jax.lax.psum(x, "i")), axis_name="i")(
+      np.arange(len(devices), dtype=np.float32))
+  rows, total = out
+  np.testing.assert_array_equal(parallel.local_rows(rows), 2 * np.arange(len(devices)))
+  assert parallel.local_replica(total) == sum(range(len(devices)))
+
+
+def test_pmap_rows_spreads_rows_over_devices_and_restores_order():
+  n = jax.device_count()
+  seen = parallel.pmap_rows(lambda scale, rows: rows * scale + jax.lax.axis_index("batch"))
+  batch = np.arange(3 * n, dtype=np.int32)[:, None].repeat(2, 1)  # [3n, 2]
+  out = seen(parallel.replicate(np.int32(10)), batch)
+  # Row r ran on device r % n, and comes back in place.
+  np.testing.assert_array_equal(out, batch * 10 + (np.arange(3 * n) % n)[:, None])

@@ -1,0 +1,174 @@
+"""main.py as 2 processes x 4 CPU devices equals 1 process x 8, through preemption and kill -9.
+
+Real processes joined by jax.distributed on 127.0.0.1 (gloo collectives), launched as a user
+would launch a multi-host job. The reference is the same command as one process of 8 devices: the
+global batches depend only on the global device count, so losses, parameters, dev figures and
+translations must agree up to the float rounding of cross-process sums. Final states are read with
+orbax directly, not with the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import signal
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import cluster  # tests/cluster.py (pytest puts tests/ on the path)
+
+TOTAL = 24
+TIMEOUT_S = 300
+
+TINY = [
+    "--config=configs/demo.py",
+    "--config.data.demo_train_size=2000",
+    "--config.data.demo_dev_size=16",
+    "--config.data.demo_test_size=16",
+    "--config.data.vocab_size=120",
+    "--config.data.vocab_sample_size=2000",
+    "--config.data.max_len=32",
+    "--config.data.tokens_per_batch=512",  # 16 rows: 2 per device
+    "--config.model.num_layers=1",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.model.num_heads=2",
+    "--config.model.max_len=64",
+    "--config.model.dropout_rate=0.1",  # on: dropout keys must follow the device, not the process
+    "--config.optim.warmup_steps=10",
+    f"--config.num_train_steps={TOTAL}",
+    "--config.log_every_steps=1",
+    "--config.eval_every_steps=12",  # dev loss and dev BLEU at steps 12 and 24
+    "--config.checkpoint_every_steps=4",
+    "--config.keep_checkpoints=10",
+    "--config.eval.dev_bleu_sentences=8",
+    "--config.decode.beam_size=2",
+    "--config.decode.max_len_offset=5",
+]
+
+
+def _losses(log: str) -> dict[int, float]:
+  """Per-step training loss from the log; a step run again after a kill keeps its last value."""
+  return {int(s): float(v) for s, v in re.findall(rf"step (\d+)/{TOTAL}  loss ([\d.]+)", log)}
+
+
+def _read_checkpoint(workdir: pathlib.Path, step: int) -> tuple[dict, dict]:
+  with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state", "data")) as manager:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore()))
+  return restored["state"], restored["data"]
+
+
+def _flat(tree, prefix=""):
+  if isinstance(tree, dict):
+    for k, v in tree.items():
+      yield from _flat(v, f"{prefix}/{k}")
+  else:
+    yield prefix, np.asarray(tree)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> pathlib.Path:
+  return tmp_path_factory.mktemp("multiprocess")
+
+
+@pytest.fixture(scope="module")
+def reference(base) -> pathlib.Path:
+  """The uninterrupted single-process run (8 devices) every comparison is made against."""
+  workdir = base / "one"
+  job = cluster.launch([f"--workdir={workdir}", *TINY], processes=1, devices=8,
+                       log_prefix=base / "one", cache_dir=base / "jax_cache")
+  assert job.wait(TIMEOUT_S) == [0], job.log()[-4000:]
+  return workdir
+
+
+def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
+  workdir = base / "two"
+  args = [f"--workdir={workdir}", *TINY]
+  launch = lambda: cluster.launch(args, processes=2, devices=4, log_prefix=base / "two",
+                                  cache_dir=base / "jax_cache")
+
+  # 1. SIGTERM to every process mid-run: they agree on a step, save it and exit cleanly.
+  job = launch()
+  job.wait_for(f"step 6/{TOTAL}", TIMEOUT_S)
+  job.signal(signal.SIGTERM)
+  assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
+  stopped = [int(s) for s in re.findall(r"Stopped by .* after step (\d+)", job.log())]
+  assert len(stopped) == 1 and 6 <= stopped[0] < TOTAL, job.log()[-3000:]
+  assert (workdir / "checkpoints" / str(stopped[0])).is_dir()
+  assert json.loads((workdir / "train_result.json").read_text())["preempted"] is True
+
+  # 2. Resume, then kill -9 both processes after a few more steps.
+  job = launch()
+  job.wait_for(f"Resumed from step {stopped[0]}", TIMEOUT_S)
+  job.wait_for(f"step {stopped[0] + 5}/{TOTAL}", TIMEOUT_S)
+  job.kill()
+
+  # 3. Resume again and finish.
+  job = launch()
+  assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
+
+  # Same losses at every step, same final parameters, Adam moments and input positions.
+  want, got = _losses(cluster.Job([], [base / "one.p0.log"]).log()), _losses(job.log())
+  assert sorted(got) == sorted(want) == list(range(1, TOTAL + 1))
+  np.testing.assert_allclose([got[s] for s in want], list(want.values()), atol=2e-4)
+  (state_1, data_1), (state_2, data_2) = (_read_checkpoint(w, TOTAL) for w in (reference, workdir))
+  assert data_1 == data_2 and len(data_1["streams"]) == 8
+  flat_1, flat_2 = dict(_flat(state_1)), dict(_flat(state_2))
+  assert flat_1.keys() == flat_2.keys()
+  for name, value in flat_1.items():
+    np.testing.assert_allclose(flat_2[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+  # Dev loss and dev BLEU at both evaluations, and the test BLEU of the final report.
+  dev_1, dev_2 = ([json.loads(l) for l in (w / "dev_metrics.jsonl").read_text().splitlines()]
+                  for w in (reference, workdir))
+  assert [d["step"] for d in dev_2] == [12, 24] == [d["step"] for d in dev_1]
+  for d1, d2 in zip(dev_1, dev_2):
+    np.testing.assert_allclose(d2["dev_loss"], d1["dev_loss"], rtol=1e-5)
+    assert d2["dev_bleu"] == pytest.approx(d1["dev_bleu"], abs=1e-6)
+  result_1, result_2 = (json.loads((w / "train_result.json").read_text())
+                        for w in (reference, workdir))
+  for key in ("test_sacrebleu_greedy", "test_sacrebleu_beam2", "test_tokenized_bleu_beam2"):
+    assert result_2[key] == pytest.approx(result_1[key], abs=1e-6), key
+  # One log, one set of results: process 1 reports only warnings.
+  assert not re.search(r"^I\d{4} ", job.log(1), re.M), job.log(1)[:2000]
+  assert len(list(workdir.glob("events.out.tfevents.*"))) == 3  # one per launch, process 0 only
+
+
+def test_eval_translate_average_under_two_processes_match_one(base, reference, tmp_path):
+  lines = ["I have three hundred and forty-five apples.", "", "twelve", "the year 1984"]
+  source = tmp_path / "in.txt"
+  source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  outputs = {}
+  for processes, devices in ((2, 4), (1, 8)):
+    run = lambda *args: cluster.launch(
+        [f"--workdir={reference}", *TINY, *args], processes=processes, devices=devices,
+        log_prefix=tmp_path / f"p{processes}", cache_dir=base / "jax_cache")
+    job = run("--mode=eval", "--checkpoint=latest")
+    assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
+    evaluation = json.loads((reference / "eval_result.json").read_text())
+    hyps = (reference / "eval" / f"test_step{TOTAL}_beam2.hyp.txt").read_text()
+    job = run("--mode=translate", f"--input={source}", f"--output={tmp_path / f'out{processes}'}")
+    assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
+    outputs[processes] = (evaluation, hyps, (tmp_path / f"out{processes}").read_text())
+  assert outputs[1] == outputs[2]
+  translations = outputs[2][2].splitlines()
+  assert len(translations) == 4 and translations[1] == "" and all(translations[i] for i in (0, 2))
+
+  # Averaging under 2 processes: the mean of the last 2 checkpoints, written once.
+  job = cluster.launch([f"--workdir={reference}", *TINY, "--mode=average", "--num_checkpoints=2"],
+                       processes=2, devices=4, log_prefix=tmp_path / "average",
+                       cache_dir=base / "jax_cache")
+  assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
+  with ocp.CheckpointManager(reference / "averaged", item_names=("state", "data")) as manager:
+    averaged = manager.restore(TOTAL, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore()))
+  assert averaged["data"]["averaged_steps"] == [TOTAL - 4, TOTAL]
+  last, before = (dict(_flat(_read_checkpoint(reference, s)[0]["params"]))
+                  for s in (TOTAL, TOTAL - 4))
+  for name, value in dict(_flat(averaged["state"]["params"])).items():
+    np.testing.assert_allclose(value, (last[name] + before[name]) / 2, rtol=1e-6, err_msg=name)
+  shutil.rmtree(reference / "averaged")  # leave the reference workdir as it was
