@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_nmt import config_lib, decode
+from flaxformer_nmt import config_lib, decode, parallel
 from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
 from flaxformer_nmt.tokenizer import EOS_ID
 
@@ -31,7 +31,7 @@ _SRC_LEN = flags.DEFINE_integer("src_len", 24, "Source length in tokens, EOS inc
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty.")
 _OFFSET = flags.DEFINE_integer("max_len_offset", 50, "Output length = source length + this.")
-_DTYPE = flags.DEFINE_string("dtype", "", "Activation dtype; empty = the size's default.")
+_DTYPE = flags.DEFINE_string("dtype", "", "Matrix-product dtype; empty = the config's ('auto').")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed batches after the warm-up.")
 _SEED = flags.DEFINE_integer("seed", 0, "Parameter and input seed.")
 
@@ -41,7 +41,8 @@ def main(argv: list[str]) -> None:
   c = config_lib.base_config(_SIZE.value)
   if _DTYPE.value:
     c.model.dtype = _DTYPE.value
-  model = Transformer(TransformerConfig.from_config(c.model, vocab_size=_VOCAB.value))
+  model = Transformer(TransformerConfig.from_config(
+      c.model, vocab_size=_VOCAB.value, auto_dtype=parallel.auto_dtype()))
   params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(_SEED.value))
   search = decode.SearchConfig(
       beam_size=_BEAM.value, alpha=_ALPHA.value, max_len_offset=_OFFSET.value, allow_eos=False
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> None:
   report = {
       "benchmark": "decode",
       "size": _SIZE.value,
-      "dtype": c.model.dtype,
+      "dtype": np.dtype(model.cfg.dtype).name,
       "vocab_size": _VOCAB.value,
       "batch_size": _BATCH.value,
       "src_len": _SRC_LEN.value,

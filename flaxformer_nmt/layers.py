@@ -19,6 +19,32 @@ Dtype = Any
 
 
 
+def _upcast_on_cpu(*xs: Array) -> tuple[Array, ...]:
+  # XLA:CPU of JAX < 0.8 has no bfloat16 x bfloat16 -> float32 product (UNIMPLEMENTED at run time);
+  # there the inputs are widened first, which gives the same float32 result.
+  if jax.default_backend() == "cpu":
+    return tuple(x.astype(jnp.float32) for x in xs)
+  return xs
+
+
+def einsum_f32(subscripts: str, a: Array, b: Array) -> Array:
+  """A product of `a` and `b` in their dtype (e.g. bfloat16), accumulated and returned in float32.
+
+  For attention scores and logits: rounding those to bfloat16 would coarsen the softmax and loss.
+  """
+  a, b = _upcast_on_cpu(a, b)
+  return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
+
+
+def dot_general_f32(lhs: Array, rhs: Array, dimension_numbers: Any, precision: Any = None,
+                    preferred_element_type: Any = None) -> Array:
+  """`lax.dot_general` returning float32, as `einsum_f32` (for nn.Dense's `dot_general`)."""
+  del preferred_element_type  # always float32
+  lhs, rhs = _upcast_on_cpu(lhs, rhs)
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                             preferred_element_type=jnp.float32)
+
+
 def mask_value(dtype: Dtype) -> Array:
   """The most negative finite value of `dtype`: a "minus infinity" that stays finite.
 
@@ -135,7 +161,7 @@ def dot_product_attention(
   softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on.
   """
   d_k = query.shape[-1]
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  logits = einsum_f32("bqhd,bkhd->bhqk", query, key)
   logits = logits / np.float32(np.sqrt(d_k))  # [batch, heads, q, k] float32
   if mask is not None:
     logits = jnp.where(mask, logits, mask_value(logits.dtype))

@@ -17,7 +17,6 @@ recomputes each layer's activations in the backward pass instead of keeping them
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -193,7 +192,7 @@ class Transformer(nn.Module):
       )
       self.logits_dense = nn.Dense(
           cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
-          dot_general=functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32),
+          dot_general=layers.dot_general_f32,
       )
     self.encoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
     self.decoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
@@ -217,8 +216,7 @@ class Transformer(nn.Module):
       return self.logits_dense(y)
     table = self.embedding.embedding  # [vocab, d_model] float32 parameter
     dtype = self.cfg.dtype
-    return jnp.einsum("bld,vd->blv", y.astype(dtype), table.astype(dtype),
-                      preferred_element_type=jnp.float32)
+    return layers.einsum_f32("bld,vd->blv", y.astype(dtype), table.astype(dtype))
 
   def encode(
       self,

@@ -110,7 +110,8 @@ class TrainIterator(Iterator[Batch]):
       self._order_tgt = self._tgt_lens[order]
       self._epoch = epoch
       if self._verbose:
-        logging.info("Training epoch %d: %s.", epoch, self._drop_note)
+        logging.info("Training epoch %d of data stream %d: %s.", epoch, self._stream,
+                     self._drop_note)
     self._index = index
 
   @property
