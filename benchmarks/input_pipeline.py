@@ -79,8 +79,7 @@ def main(argv: list[str]) -> None:
       "source_tokens_per_s": round(src_tokens / elapsed),
       "target_non_padding": round(tgt_tokens / cells, 4),
       "source_non_padding": round(src_tokens / cells, 4),
-      "epochs": round(data.train.get_state()["epoch"] + data.train.get_state()["index"]
-                      / data.train.examples_per_epoch, 2),
+      "epochs": round(data.train.epoch, 2),  # of the first device's stream
   }
   logging.info("Setup (vocabulary + tokenization): %.1fs.", setup_s)
   print(f"Pipeline: {result['target_tokens_per_s']:,} target and {result['source_tokens_per_s']:,} "

@@ -1,8 +1,8 @@
 r"""Accelerator memory of one train step, from XLA's compiled memory analysis; nothing is run.
 
-  python benchmarks/memory.py --size=base --dtype=bfloat16 --tokens_per_device=25000
-  python benchmarks/memory.py --size=big --dtype=float32 --remat --target=tpu:v5e
-  python benchmarks/memory.py --sizes=base,big --dtypes=bfloat16,float32 --target=tpu:v5e  # table
+  python benchmarks/memory.py --sizes=base --dtypes=bfloat16 --tokens_per_device=25000
+  python benchmarks/memory.py --sizes=big --dtypes=float32 --remat --target=tpu:v5p
+  python benchmarks/memory.py --sizes=base,big --dtypes=bfloat16,float32 --target=tpu:v5p  # table
 
 Compiles the real per-device train step (steps.train_step: forward, backward, Adam, with k
 micro-batches under optim.accumulate_steps) for one device holding `tokens_per_device` target
@@ -10,11 +10,14 @@ tokens (and as many source tokens) per update, from shapes only, and reads
 `compiled.memory_analysis()`: the state (parameters and Adam moments, float32), the batch, and
 XLA's temporary buffers (activations kept for the backward pass, gradients, logits).
 
-`--target=tpu:v5e` (or tpu:v4, tpu:v5p, tpu:v6e) compiles for that TPU without one
+`--target=tpu:v5p` (or tpu:v4, tpu:v5e, tpu:v6e) compiles for that TPU without one
 ("deviceless" AOT compilation; needs libtpu: `pip install "jax[tpu]"` with your jax version).
-`--target=host` compiles for this machine's own backend. XLA:CPU strips rematerialisation's
-optimisation barriers and fuses differently, so only an accelerator target says what remat
-saves; GPU targets cannot be compiled without a GPU.
+Choose a chip with more memory than the step needs (v5p: 95 GiB): when a step does not fit, XLA's
+TPU compiler rematerialises on its own until it does (on v5e's 16 GiB every large step compiles
+to about 14.5 GiB, and runs slower), which hides the step's own footprint. `--target=host`
+compiles for this machine's backend; XLA:CPU strips rematerialisation's optimisation barriers
+and fuses differently, so only an accelerator target says what remat saves. GPU targets cannot
+be compiled without a GPU.
 
 For each size and dtype the step is compiled with 1 micro-batch and with --probe_k micro-batches;
 memory is affine in the micro-batch size, so the two points give the smallest accumulate_steps

@@ -106,7 +106,9 @@ def main(argv: list[str]) -> None:
     compiled = p_step.lower(state, batches[0]).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", 0.0)) or None  # per device
+    # Per device. XLA counts a loop body once, whatever its trip count, so with micro-batches
+    # (a scan) the figure would be about 1/k of the step's: not reported then.
+    flops = (float(cost.get("flops", 0.0)) or None) if k == 1 else None
     memory = compiled.memory_analysis()
   except Exception:  # cost and memory analysis are best effort: not every backend reports them
     pass

@@ -135,7 +135,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
           beam_size=4,
           alpha=0.6,  # length penalty ((5 + len) / 6) ** alpha
           max_len_offset=50,  # maximum output length = input length + this
-          batch_size=64,  # sentences per decoding batch
+          batch_size=64,  # sentences per device in a decoding batch (all devices decode)
       )
   )
 

@@ -125,3 +125,30 @@ def test_pmap_rows_spreads_rows_over_devices_and_restores_order():
   out = seen(parallel.replicate(np.int32(10)), batch)
   # Row r ran on device r % n, and comes back in place.
   np.testing.assert_array_equal(out, batch * 10 + (np.arange(3 * n) % n)[:, None])
+
+
+def test_distributed_start_up_follows_the_cluster(monkeypatch):
+  """auto: initialize() without arguments in a multi-process SLURM job, nothing on one process."""
+  import pytest
+
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(var, raising=False)
+  slurm = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="node[001-002]", SLURM_PROCID="0",
+               SLURM_LOCALID="0")
+  for name, value in slurm.items():
+    monkeypatch.setenv(name, value)
+
+  monkeypatch.setenv("SLURM_NTASKS", "1")  # one task: a single-host job needs no coordinator
+  parallel.maybe_initialize_distributed("auto")
+  assert calls == []
+  monkeypatch.setenv("SLURM_NTASKS", "16")
+  assert parallel._detected_cluster() == ("SlurmCluster", 16, 0)
+  parallel.maybe_initialize_distributed("auto")
+  assert calls == [((), {})]  # JAX reads the rest from the environment
+  parallel.maybe_initialize_distributed("off")
+  assert len(calls) == 1
+  with pytest.raises(ValueError, match="--distributed must be one of"):
+    parallel.maybe_initialize_distributed("yes")

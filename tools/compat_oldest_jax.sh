@@ -6,10 +6,14 @@
 # .ci/run calls it after the README's test command, which runs everything under the newest JAX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=$(command -v python3.13 || true)
-if [ -z "$python" ] && [ -x "${PYENV_ROOT:-$HOME/.pyenv}/versions/3.13.0/bin/python3.13" ]; then
-  python="${PYENV_ROOT:-$HOME/.pyenv}/versions/3.13.0/bin/python3.13"
-fi
+python=""
+for candidate in python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
+  # A pyenv shim exists even where it cannot run 3.13: ask the interpreter itself.
+  if "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" >/dev/null 2>&1; then
+    python=$candidate
+    break
+  fi
+done
 if [ -z "$python" ]; then
   python=python3
   echo "compat: no Python 3.13 here; using $(python3 --version) with Colab's packages." >&2
