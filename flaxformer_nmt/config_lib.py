@@ -69,8 +69,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.num_train_steps = 100_000  # the paper's base model: 100k steps; big: 300k
-  # Also stop (with a checkpoint) after this many minutes of training in this process; 0 = no
-  # limit. Evaluation time does not count. For fixed-budget runs such as benchmarks/multi30k.sh.
+  # Also stop (with a checkpoint) after this many minutes of training, counted over the whole run
+  # (a resumed run continues the count saved in the checkpoint); 0 = no limit. Evaluation time does
+  # not count. For fixed-budget runs such as benchmarks/multi30k.sh.
   c.max_train_minutes = 0.0
   c.log_every_steps = 100
   c.eval_every_steps = 1_000

@@ -77,6 +77,26 @@ class MetricWriter:
     self.close()
 
 
+class TrainClock:
+  """Seconds spent training (evaluations excluded), continued across resumes.
+
+  The checkpoint stores `seconds()`, so a resumed run's learning curve (dev figures against
+  minutes of training) and its `max_train_minutes` budget continue where the last run stopped.
+  """
+
+  def __init__(self, seconds_before: float = 0.0) -> None:
+    self._before = float(seconds_before)
+    self._start = time.monotonic()
+    self._excluded = 0.0
+
+  def seconds(self) -> float:
+    return self._before + time.monotonic() - self._start - self._excluded
+
+  def exclude(self, seconds: float) -> None:
+    """Takes time spent on something else (an evaluation) out of the training time."""
+    self._excluded += seconds
+
+
 class Progress:
   """Rate and ETA over the steps run in this process (resumed runs don't inflate the rate)."""
 

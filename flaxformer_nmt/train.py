@@ -199,9 +199,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   state = run.initial_state()
   restored = run.checkpoints.restore(state)
+  trained_seconds = 0.0
   if restored is not None:
     state, data_state, step = restored
     _restore_data_state(run.data.train, data_state)
+    trained_seconds = float(data_state.get("train_seconds", 0.0))
     logging.info("Resumed from step %d in %s.", step, run.checkpoints.directory)
   start_step = int(state.step)
   total = config.num_train_steps
@@ -222,9 +224,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = reporting.MetricWriter(workdir)
   progress = reporting.Progress(start_step, total)
   pending: list[dict[str, Any]] = []  # device metrics not yet fetched (keeps dispatch async)
-  interval_start = time.monotonic()
-  train_seconds = 0.0  # wall-clock time spent in training steps (no evals), by process 0's clock
+  clock = reporting.TrainClock(trained_seconds)  # process 0's decides for everyone
+  last_log_seconds = clock.seconds()
   budget_seconds = config.max_train_minutes * 60.0
+  dev_path = os.path.join(workdir, "dev_metrics.jsonl")
   last_dev: dict[str, float] = {}
   step = start_step
 
@@ -246,9 +249,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   def save(step: int, force: bool = False) -> None:
     flush(step)
-    run.checkpoints.save(
-        step, parallel.local_replica(p_state), _global_data_state(run.data.train), force=force
-    )
+    data_state = dict(_global_data_state(run.data.train), train_seconds=clock.seconds())
+    run.checkpoints.save(step, parallel.local_replica(p_state), data_state, force=force)
+
+  def evaluate(step: int) -> dict[str, float]:
+    """Dev loss and dev BLEU now, logged, summarised and appended to dev_metrics.jsonl."""
+    flush(step)
+    eval_start = time.monotonic()
+    dev = {"train_minutes": clock.seconds() / 60.0}
+    dev.update(evaluate_dev_loss(run, p_eval_step, p_state.params))
+    dev.update(dev_bleu(run, p_state.params))
+    logging.info("step %d  %s  (%.1fs)", step, "  ".join(f"{k} {v:.4g}" for k, v in dev.items()),
+                 time.monotonic() - eval_start)
+    writer.scalars(step, dev, prefix="dev/")
+    _append_jsonl(dev_path, {"step": step, **dev})
+    clock.exclude(time.monotonic() - eval_start)  # evaluations are not training time
+    return dev
 
   def budget_reached(step: int) -> bool:
     """Whether config.max_train_minutes is used up; one clock (process 0's) decides for all.
@@ -259,7 +275,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """
     if not budget_seconds or step >= total:
       return False
-    reached = train_seconds + time.monotonic() - interval_start >= budget_seconds
+    reached = clock.seconds() >= budget_seconds
     if not multi_process:
       return reached
     if step % config.log_every_steps:
@@ -267,6 +283,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return bool(parallel.broadcast_from_main(np.asarray(reached)))
 
   with PreemptionGuard() as guard, writer, run.checkpoints:
+    if start_step and (start_step % config.eval_every_steps == 0 or start_step >= total):
+      # The run that saved this step was stopped before (or while) evaluating it: evaluate now,
+      # so the learning curve has no hole where the preemption was.
+      missing = start_step not in _logged_steps(dev_path)
+      if bool(parallel.broadcast_from_main(np.asarray(missing))):
+        logging.info("Evaluating step %d, which the interrupted run did not.", start_step)
+        last_dev = evaluate(start_step)
     while step < total:
       batch = next(run.data.train)
       p_state, metrics = p_train_step(p_state, parallel.shard(batch))
@@ -285,13 +308,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       log_step = step % config.log_every_steps == 0 or step == total
       if log_step:
         history = flush(step)
-        seconds = time.monotonic() - interval_start
-        summary = _summarize(history, seconds)
-        eta = progress.eta(step, budget_seconds - train_seconds - seconds if budget_seconds else None)
+        now = clock.seconds()
+        summary = _summarize(history, now - last_log_seconds)
+        eta = progress.eta(step, budget_seconds - now if budget_seconds else None)
         reporting.log_train(step, total, summary, eta)
         writer.scalars(step, summary, prefix="train/")
-        train_seconds += seconds
-        interval_start = time.monotonic()
+        last_log_seconds = now
 
       # A clock-based save is decided collectively, so only where every process checks: each step
       # in a single process, at log steps in several (see budget_reached).
@@ -305,18 +327,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         return {"mode": "train", "step": step, "preempted": True}
 
       if step % config.eval_every_steps == 0 or step == total:
-        flush(step)
-        eval_start = time.monotonic()
-        minutes = (train_seconds + eval_start - interval_start) / 60.0
-        last_dev = {"train_minutes": minutes}
-        last_dev.update(evaluate_dev_loss(run, p_eval_step, p_state.params))
-        last_dev.update(dev_bleu(run, p_state.params))
-        logging.info("step %d  %s  (%.1fs)", step,
-                     "  ".join(f"{k} {v:.4g}" for k, v in last_dev.items()),
-                     time.monotonic() - eval_start)
-        writer.scalars(step, last_dev, prefix="dev/")
-        _append_jsonl(os.path.join(workdir, "dev_metrics.jsonl"), {"step": step, **last_dev})
-        interval_start += time.monotonic() - eval_start  # evals don't count against tokens/s
+        last_dev = evaluate(step)
 
   result: dict[str, Any] = {"mode": "train", "step": step, **last_dev}
   # The training figures are on disk before the (long) test decoding starts.
@@ -356,6 +367,19 @@ def test_scores(run: Run, params: Any, tag: str, *, replicated: bool = False) ->
     out[f"test_tokenized_bleu_{name}"] = scores["tokenized_bleu"]
     out["sacrebleu_signature"] = scores["sacrebleu_signature"]
   return out
+
+
+def _logged_steps(path: str) -> set[int]:
+  """Steps already in dev_metrics.jsonl (a half-written last line, from a kill, is ignored)."""
+  steps_seen = set()
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          steps_seen.add(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+          continue
+  return steps_seen
 
 
 def _append_jsonl(path: str, record: dict[str, Any]) -> None:

@@ -127,3 +127,26 @@ def test_bfloat16_demo_trains_close_to_float32_with_float32_state(float32_demo, 
     state = manager.restore(60, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))["state"]
   floats = [x for x in jax.tree.leaves(state) if np.issubdtype(np.asarray(x).dtype, np.floating)]
   assert floats and all(np.asarray(x).dtype == np.float32 for x in floats)
+
+
+def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
+    float32_demo, tmp_path):
+  """A run killed between saving step 60 and evaluating it: rerunning fills the hole."""
+  import shutil
+
+  result, _, done = float32_demo
+  workdir = tmp_path / "w"
+  shutil.copytree(done, workdir)
+  lines = (workdir / "dev_metrics.jsonl").read_text().splitlines()
+  assert [json.loads(l)["step"] for l in lines] == [60]
+  (workdir / "dev_metrics.jsonl").write_text("")  # as if killed before the evaluation
+  c = short_demo_config()
+  c.model.dtype = "float32"
+  redone, log = _run(c, workdir)
+  assert "Evaluating step 60, which the interrupted run did not." in log
+  dev = [json.loads(l) for l in (workdir / "dev_metrics.jsonl").read_text().splitlines()]
+  assert [d["step"] for d in dev] == [60]
+  assert dev[0]["dev_loss"] == pytest.approx(result["dev_loss"], rel=1e-6)
+  # Training time continues from the checkpoint instead of restarting at 0.
+  assert dev[0]["train_minutes"] == pytest.approx(result["train_minutes"], abs=0.02)
+  assert redone["test_sacrebleu_greedy"] == pytest.approx(result["test_sacrebleu_greedy"])
