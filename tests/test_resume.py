@@ -124,6 +124,7 @@ def _read(workdir: pathlib.Path, step: int) -> tuple[dict, dict]:
   with ocp.PyTreeCheckpointer() as reader:
     state = reader.restore(path / "state")
   data = json.loads((path / "data" / "metadata").read_text())
+  data.pop("train_seconds")  # wall-clock time, the one thing a resumed run does not repeat
   return state, data
 
 
