@@ -12,28 +12,116 @@ training command with the same workdir resumes. Modes that report figures end wi
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import logging as pylogging
 import os
 import sys
+from typing import NoReturn
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
-                                lock_config=True)
+from flaxformer_nmt import errors
+
+config_flags.DEFINE_config_file(
+  "config", None, "Experiment config file (configs/*.py).", lock_config=True
+)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, logs and outputs.")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "translate", "average"], "What to do.")
 flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
 flags.DEFINE_string("output", "-", "translate: output file ('-' = stdout).")
 flags.DEFINE_integer("num_checkpoints", 5, "average: how many of the latest checkpoints.")
-flags.DEFINE_enum("checkpoint", "auto", ["auto", "latest", "averaged"],
-                  "eval/translate: which parameters (auto = averaged if present, else latest).")
-flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                  "Multi-process runs (jax.distributed): 'auto' joins one where JAX detects a "
-                  "cluster of several processes (TPU pod slice, SLURM, Open MPI, Kubernetes) or "
-                  "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are set; 'on' "
-                  "always calls jax.distributed.initialize(); 'off' never.")
+flags.DEFINE_enum(
+  "checkpoint",
+  "auto",
+  ["auto", "latest", "averaged"],
+  "eval/translate: which parameters (auto = averaged if present, else latest).",
+)
+flags.DEFINE_enum(
+  "distributed",
+  "auto",
+  ["auto", "on", "off"],
+  "Multi-process runs (jax.distributed): 'auto' joins one where JAX detects a "
+  "cluster of several processes (TPU pod slice, SLURM, Open MPI, Kubernetes) or "
+  "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are set; 'on' "
+  "always calls jax.distributed.initialize(); 'off' never.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _user_error(message: object) -> NoReturn:
+  """One line on stderr and exit status 2: what every mistake the user can fix ends in."""
+  print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of --config in `argv` (`path` or `path:argument`), if given."""
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _load_config_file(spec: str) -> ml_collections.ConfigDict:
+  path, _, argument = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_flaxformer_nmt_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(argument) if argument else module.get_config()
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+  """A message for the first `--config.a.b=...` naming no field of the config, if any.
+
+  ml_collections reports a mistyped override as a KeyError traceback deep in flag parsing;
+  this names the flag and the closest valid field instead.
+  """
+  spec = _config_spec(argv)
+  if spec is None:
+    return None
+  config = _load_config_file(spec)
+  for arg in argv[1:]:
+    name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+    name = name[2:] if name.startswith("noconfig.") else name
+    if not name.startswith("config."):
+      continue
+    path = name.split(".")[1:]
+    node = config
+    for depth, key in enumerate(path):
+      if isinstance(node, ml_collections.ConfigDict) and key in node:
+        node = node[key]
+        continue
+      where = ".".join(["config", *path[:depth]])
+      if not isinstance(node, ml_collections.ConfigDict):
+        return f"--{name}: {where} is a value, not a group of fields."
+      close = difflib.get_close_matches(key, list(node.keys()), n=1, cutoff=0.5)
+      if close:
+        suggestion = ".".join([where, close[0], *path[depth + 1 :]])
+        return f"--{name}: {where} has no field {key!r}; did you mean --{suggestion}?"
+      return f"--{name}: {where} has no field {key!r}; its fields: {', '.join(sorted(node))}."
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every mistake in the flags reported as one line (exit status 2)."""
+  spec = _config_spec(argv)
+  if spec is not None and not os.path.isfile(spec.partition(":")[0]):
+    _user_error(f"--config={spec}: no such file.")
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = str(e).rstrip(". ")
+    _user_error(f"{message}{'' if message.endswith('?') else '.'} See --helpfull.")
+  except (KeyError, AttributeError):
+    message = _unknown_override(argv)
+    if message is None:
+      raise  # not a mistyped field: a bug, which keeps its traceback
+    _user_error(message)
 
 
 class _QuietLibraries(pylogging.Filter):
@@ -45,7 +133,7 @@ class _QuietLibraries(pylogging.Filter):
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    _user_error(f"Unexpected arguments: {' '.join(argv[1:])} (flags are --name=value).")
   # Imported here so `--help` and flag errors are instant (jax start-up takes seconds).
   from flaxformer_nmt import modes, parallel
 
@@ -59,17 +147,17 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "eval":
       modes.evaluate(config, workdir, flags.FLAGS.checkpoint)
     elif flags.FLAGS.mode == "translate":
-      modes.translate(config, workdir, flags.FLAGS.checkpoint, flags.FLAGS.input,
-                      flags.FLAGS.output)
+      modes.translate(
+        config, workdir, flags.FLAGS.checkpoint, flags.FLAGS.input, flags.FLAGS.output
+      )
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints)
-  except modes.USER_ERRORS as e:
+  except errors.UserError as e:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
-    logging.error("%s", e)
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    # Anything else is a bug and keeps its traceback.
+    _user_error(e)
 
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import time
 
-from absl import app
-from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags, logging
 
 from flaxformer_nmt import config_lib, decode, parallel
 from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
@@ -41,11 +39,14 @@ def main(argv: list[str]) -> None:
   c = config_lib.base_config(_SIZE.value)
   if _DTYPE.value:
     c.model.dtype = _DTYPE.value
-  model = Transformer(TransformerConfig.from_config(
-      c.model, vocab_size=_VOCAB.value, auto_dtype=parallel.auto_dtype()))
+  model = Transformer(
+    TransformerConfig.from_config(
+      c.model, vocab_size=_VOCAB.value, auto_dtype=parallel.auto_dtype()
+    )
+  )
   params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(_SEED.value))
   search = decode.SearchConfig(
-      beam_size=_BEAM.value, alpha=_ALPHA.value, max_len_offset=_OFFSET.value, allow_eos=False
+    beam_size=_BEAM.value, alpha=_ALPHA.value, max_len_offset=_OFFSET.value, allow_eos=False
   )
   rng = np.random.default_rng(_SEED.value)
   inputs = rng.integers(3, _VOCAB.value, size=(_BATCH.value, _SRC_LEN.value)).astype(np.int32)
@@ -53,9 +54,15 @@ def main(argv: list[str]) -> None:
   inputs = jnp.asarray(inputs)  # [batch, src_len]
   steps = decode.decode_length_bound(_SRC_LEN.value, _OFFSET.value, model.cfg.max_len)
   logging.info(
-      "%s model (%.1fM parameters), vocab %d, batch %d, source %d, beam %d, %d steps, on %s.",
-      _SIZE.value, count_params(params) / 1e6, _VOCAB.value, _BATCH.value, _SRC_LEN.value,
-      _BEAM.value, steps, jax.devices()[0].device_kind,
+    "%s model (%.1fM parameters), vocab %d, batch %d, source %d, beam %d, %d steps, on %s.",
+    _SIZE.value,
+    count_params(params) / 1e6,
+    _VOCAB.value,
+    _BATCH.value,
+    _SRC_LEN.value,
+    _BEAM.value,
+    steps,
+    jax.devices()[0].device_kind,
   )
 
   start = time.perf_counter()
@@ -73,23 +80,23 @@ def main(argv: list[str]) -> None:
     logging.info("Batch %d: %.3fs.", i, times[-1])
   seconds = float(np.median(times))
   report = {
-      "benchmark": "decode",
-      "size": _SIZE.value,
-      "dtype": np.dtype(model.cfg.dtype).name,
-      "vocab_size": _VOCAB.value,
-      "batch_size": _BATCH.value,
-      "src_len": _SRC_LEN.value,
-      "beam_size": _BEAM.value,
-      "decode_steps": steps,
-      "seconds_per_batch": round(seconds, 4),
-      "sentences_per_s": round(_BATCH.value / seconds, 2),
-      # Output tokens (the best hypothesis of each sentence); the beam computes beam_size times as
-      # many rows per step.
-      "tokens_per_s": round(_BATCH.value * steps / seconds, 1),
-      "ms_per_step": round(1000 * seconds / steps, 3),
-      "compile_and_first_s": round(compile_s, 2),
-      "device": jax.devices()[0].device_kind,
-      "num_devices_used": 1,
+    "benchmark": "decode",
+    "size": _SIZE.value,
+    "dtype": np.dtype(model.cfg.dtype).name,
+    "vocab_size": _VOCAB.value,
+    "batch_size": _BATCH.value,
+    "src_len": _SRC_LEN.value,
+    "beam_size": _BEAM.value,
+    "decode_steps": steps,
+    "seconds_per_batch": round(seconds, 4),
+    "sentences_per_s": round(_BATCH.value / seconds, 2),
+    # Output tokens (the best hypothesis of each sentence); the beam computes beam_size times as
+    # many rows per step.
+    "tokens_per_s": round(_BATCH.value * steps / seconds, 1),
+    "ms_per_step": round(1000 * seconds / steps, 3),
+    "compile_and_first_s": round(compile_s, 2),
+    "device": jax.devices()[0].device_kind,
+    "num_devices_used": 1,
   }
   print(json.dumps(report), flush=True)
 

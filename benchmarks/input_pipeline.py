@@ -13,16 +13,14 @@ import json
 import tempfile
 import time
 
-from absl import app
-from absl import flags
-from absl import logging
 import numpy as np
+from absl import app, flags, logging
 
 from flaxformer_nmt import config_lib
 from flaxformer_nmt.data import pipeline
 
 _DATA_DIR = flags.DEFINE_string(
-    "data_dir", None, "Folder of <prefix>.<lang>[.gz] files.", required=True
+  "data_dir", None, "Folder of <prefix>.<lang>[.gz] files.", required=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where the vocabulary and cache go; '' = a temp dir.")
 _NUM_BATCHES = flags.DEFINE_integer("num_batches", 200, "Training batches to time.")
@@ -39,16 +37,16 @@ def main(argv: list[str]) -> None:
   del argv
   config = config_lib.base_config("tiny")
   config.data.update(
-      dict(
-          source="files",
-          dir=_DATA_DIR.value,
-          train_prefix=_TRAIN_PREFIX.value,
-          dev_prefix=_DEV_PREFIX.value,
-          test_prefix=_TEST_PREFIX.value,
-          vocab_size=_VOCAB_SIZE.value,
-          tokens_per_batch=_TOKENS_PER_BATCH.value,
-          max_len=_MAX_LEN.value,
-      )
+    dict(
+      source="files",
+      dir=_DATA_DIR.value,
+      train_prefix=_TRAIN_PREFIX.value,
+      dev_prefix=_DEV_PREFIX.value,
+      test_prefix=_TEST_PREFIX.value,
+      vocab_size=_VOCAB_SIZE.value,
+      tokens_per_batch=_TOKENS_PER_BATCH.value,
+      max_len=_MAX_LEN.value,
+    )
   )
   with tempfile.TemporaryDirectory() as tmp:
     workdir = _WORKDIR.value or tmp
@@ -67,24 +65,26 @@ def main(argv: list[str]) -> None:
     elapsed = time.perf_counter() - start
 
   result = {
-      "data_dir": _DATA_DIR.value,
-      "rows": data.global_rows,
-      "max_len": data.max_len,
-      "tokens_per_batch": _TOKENS_PER_BATCH.value,
-      "vocab_size": data.tokenizer.vocab_size,
-      "setup_s": round(setup_s, 2),  # vocabulary + one-off tokenization (0 work on a restart)
-      "num_batches": _NUM_BATCHES.value,
-      "batches_per_s": round(_NUM_BATCHES.value / elapsed, 1),
-      "target_tokens_per_s": round(tgt_tokens / elapsed),
-      "source_tokens_per_s": round(src_tokens / elapsed),
-      "target_non_padding": round(tgt_tokens / cells, 4),
-      "source_non_padding": round(src_tokens / cells, 4),
-      "epochs": round(data.train.epoch, 2),  # of the first device's stream
+    "data_dir": _DATA_DIR.value,
+    "rows": data.global_rows,
+    "max_len": data.max_len,
+    "tokens_per_batch": _TOKENS_PER_BATCH.value,
+    "vocab_size": data.tokenizer.vocab_size,
+    "setup_s": round(setup_s, 2),  # vocabulary + one-off tokenization (0 work on a restart)
+    "num_batches": _NUM_BATCHES.value,
+    "batches_per_s": round(_NUM_BATCHES.value / elapsed, 1),
+    "target_tokens_per_s": round(tgt_tokens / elapsed),
+    "source_tokens_per_s": round(src_tokens / elapsed),
+    "target_non_padding": round(tgt_tokens / cells, 4),
+    "source_non_padding": round(src_tokens / cells, 4),
+    "epochs": round(data.train.epoch, 2),  # of the first device's stream
   }
   logging.info("Setup (vocabulary + tokenization): %.1fs.", setup_s)
-  print(f"Pipeline: {result['target_tokens_per_s']:,} target and {result['source_tokens_per_s']:,} "
-        f"source tokens/s; non-padding share {result['target_non_padding']:.1%} (targets), "
-        f"{result['source_non_padding']:.1%} (sources).")
+  print(
+    f"Pipeline: {result['target_tokens_per_s']:,} target and {result['source_tokens_per_s']:,} "
+    f"source tokens/s; non-padding share {result['target_non_padding']:.1%} (targets), "
+    f"{result['source_non_padding']:.1%} (sources)."
+  )
   print(json.dumps(result))
 
 

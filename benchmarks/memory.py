@@ -64,11 +64,13 @@ def _device(target: str) -> jax.Device:
 
   try:
     topology = topologies.get_topology_desc(
-        platform="tpu", topology_name=_TOPOLOGIES[generation], chips_per_host_bounds=(1, 1, 1))
+      platform="tpu", topology_name=_TOPOLOGIES[generation], chips_per_host_bounds=(1, 1, 1)
+    )
   except Exception as e:  # pylint: disable=broad-except
     raise SystemExit(
-        f"--target={target}: cannot compile for a TPU here ({' '.join(str(e).split())[:200]}); "
-        'install libtpu with `pip install "jax[tpu]==<your jax version>"`.') from e
+      f"--target={target}: cannot compile for a TPU here ({' '.join(str(e).split())[:200]}); "
+      'install libtpu with `pip install "jax[tpu]==<your jax version>"`.'
+    ) from e
   return topology.devices[0]
 
 
@@ -89,14 +91,33 @@ def compile_step(size: str, dtype: str, k: int, device: jax.Device) -> dict[str,
   params = jax.eval_shape(lambda r: init_params(cfg, r), jax.random.PRNGKey(0))
   state = jax.eval_shape(lambda p: steps.create_train_state(p, tx, jax.random.PRNGKey(1)), params)
   state = jax.tree.map(abstract, state)
-  batch = {name: jax.ShapeDtypeStruct((rows, FLAGS.max_len), jnp.int32, sharding=replicated)
-           for name in ("inputs", "targets", "inputs_position", "targets_position",
-                        "inputs_segmentation", "targets_segmentation")}
+  batch = {
+    name: jax.ShapeDtypeStruct((rows, FLAGS.max_len), jnp.int32, sharding=replicated)
+    for name in (
+      "inputs",
+      "targets",
+      "inputs_position",
+      "targets_position",
+      "inputs_segmentation",
+      "targets_segmentation",
+    )
+  }
   step = jax.shard_map(
-      lambda s, b: steps.train_step(s, b, model=model, tx=tx, schedule=schedule,
-                                    label_smoothing=0.1, axis_name="batch", accumulate_steps=k),
-      mesh=mesh, in_specs=jax.sharding.PartitionSpec(), out_specs=jax.sharding.PartitionSpec(),
-      check_vma=False)
+    lambda s, b: steps.train_step(
+      s,
+      b,
+      model=model,
+      tx=tx,
+      schedule=schedule,
+      label_smoothing=0.1,
+      axis_name="batch",
+      accumulate_steps=k,
+    ),
+    mesh=mesh,
+    in_specs=jax.sharding.PartitionSpec(),
+    out_specs=jax.sharding.PartitionSpec(),
+    check_vma=False,
+  )
   start = time.perf_counter()
   compiled = jax.jit(step, donate_argnums=(0,)).lower(state, batch).compile()
   m = compiled.memory_analysis()
@@ -104,12 +125,12 @@ def compile_step(size: str, dtype: str, k: int, device: jax.Device) -> dict[str,
   total += m.temp_size_in_bytes
   peak = getattr(m, "peak_memory_in_bytes", 0) or total
   return {
-      "accumulate_steps": k,
-      "tokens_per_micro_batch": rows // k * FLAGS.max_len,
-      "state_gib": round(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / GIB, 3),
-      "temp_gib": round(m.temp_size_in_bytes / GIB, 3),
-      "total_gib": round(max(peak, total) / GIB, 3),
-      "compile_s": round(time.perf_counter() - start, 1),
+    "accumulate_steps": k,
+    "tokens_per_micro_batch": rows // k * FLAGS.max_len,
+    "state_gib": round(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / GIB, 3),
+    "temp_gib": round(m.temp_size_in_bytes / GIB, 3),
+    "total_gib": round(max(peak, total) / GIB, 3),
+    "compile_s": round(time.perf_counter() - start, 1),
   }
 
 
@@ -135,17 +156,35 @@ def main(argv: list[str]) -> None:
       one = compile_step(size, dtype, 1, device)
       probe = compile_step(size, dtype, FLAGS.probe_k, device)
       fits = {f"k_for_{gb}gb": fitting_k(one, probe, float(gb)) for gb in FLAGS.capacities_gb}
-      row = {"size": size, "dtype": dtype, "remat": FLAGS.remat, "k1": one,
-             f"k{FLAGS.probe_k}": probe, **fits}
+      row = {
+        "size": size,
+        "dtype": dtype,
+        "remat": FLAGS.remat,
+        "k1": one,
+        f"k{FLAGS.probe_k}": probe,
+        **fits,
+      }
       logging.info("%s", row)
-      print(f"{size} {dtype}{' remat' if FLAGS.remat else ''}: {one['total_gib']:.2f} GiB at "
-            f"{one['tokens_per_micro_batch']} tokens, {probe['total_gib']:.2f} GiB at "
-            f"{probe['tokens_per_micro_batch']}; accumulate_steps "
-            + ", ".join(f"{v} for {k[6:]}" for k, v in fits.items()), flush=True)
+      print(
+        f"{size} {dtype}{' remat' if FLAGS.remat else ''}: {one['total_gib']:.2f} GiB at "
+        f"{one['tokens_per_micro_batch']} tokens, {probe['total_gib']:.2f} GiB at "
+        f"{probe['tokens_per_micro_batch']}; accumulate_steps "
+        + ", ".join(f"{v} for {k[6:]}" for k, v in fits.items()),
+        flush=True,
+      )
       rows.append(row)
-  print(json.dumps({"target": FLAGS.target, "device_kind": device.device_kind,
-                    "tokens_per_device": FLAGS.tokens_per_device, "max_len": FLAGS.max_len,
-                    "vocab_size": FLAGS.vocab_size, "rows": rows}))
+  print(
+    json.dumps(
+      {
+        "target": FLAGS.target,
+        "device_kind": device.device_kind,
+        "tokens_per_device": FLAGS.tokens_per_device,
+        "max_len": FLAGS.max_len,
+        "vocab_size": FLAGS.vocab_size,
+        "rows": rows,
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 r"""Plots dev BLEU against minutes of training for a workdir; last line JSON with the points.
 
-  python benchmarks/plot_curve.py --workdir=runs/m30k [--out=runs/m30k/learning_curve.png]
+python benchmarks/plot_curve.py --workdir=runs/m30k [--out=runs/m30k/learning_curve.png]
 """
 
 import json
+import sys
 
 from absl import app, flags
 
-from flaxformer_nmt import visualize
+from flaxformer_nmt import errors, visualize
 
 flags.DEFINE_string("workdir", None, "Training workdir (reads dev_metrics.jsonl).", required=True)
 flags.DEFINE_string("out", "", "PNG path (default <workdir>/learning_curve.png).")
@@ -17,7 +18,11 @@ flags.DEFINE_string("title", "", "Plot title.")
 def main(argv):
   del argv
   out = flags.FLAGS.out or f"{flags.FLAGS.workdir}/learning_curve.png"
-  points = visualize.plot_learning_curve(flags.FLAGS.workdir, out, flags.FLAGS.title)
+  try:
+    points = visualize.plot_learning_curve(flags.FLAGS.workdir, out, flags.FLAGS.title)
+  except errors.UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   print(json.dumps({"plot": out, "curve": points}))
 
 

@@ -30,8 +30,12 @@ flags.DEFINE_integer("tokens_per_step", 4096, "Target (and source) tokens per gl
 flags.DEFINE_integer("max_len", 64, "Row length of the packed batch.")
 flags.DEFINE_integer("vocab_size", 37_000, "Shared vocabulary size.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after one warm-up step).")
-flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
-                  "Matrix-product dtype (auto: bfloat16 on TPUs and Ampere+ GPUs, else float32).")
+flags.DEFINE_enum(
+  "dtype",
+  "auto",
+  ["auto", "float32", "bfloat16"],
+  "Matrix-product dtype (auto: bfloat16 on TPUs and Ampere+ GPUs, else float32).",
+)
 flags.DEFINE_bool("remat", False, "Rematerialise each layer in the backward pass (model.remat).")
 flags.DEFINE_integer("accumulate_steps", 1, "Micro-batches per step (optim.accumulate_steps).")
 flags.DEFINE_float("peak_tflops", 0.0, "Device peak TFLOP/s for MFU (0 = look up, else none).")
@@ -74,9 +78,18 @@ def _batch(rows: int, length: int, vocab: int, seed: int) -> dict[str, np.ndarra
   rs = np.random.RandomState(seed)
   seg = np.repeat(np.arange(1, 5), length // 4)[None].repeat(rows, 0).astype(np.int32)
   pos = np.tile(np.arange(length // 4), 4)[None].repeat(rows, 0).astype(np.int32)
-  ids = lambda: rs.randint(3, vocab, (rows, length)).astype(np.int32)
-  return dict(inputs=ids(), targets=ids(), inputs_segmentation=seg, targets_segmentation=seg,
-              inputs_position=pos, targets_position=pos)
+
+  def ids() -> np.ndarray:
+    return rs.randint(3, vocab, (rows, length)).astype(np.int32)
+
+  return dict(
+    inputs=ids(),
+    targets=ids(),
+    inputs_segmentation=seg,
+    targets_segmentation=seg,
+    inputs_position=pos,
+    targets_position=pos,
+  )
 
 
 def main(argv: list[str]) -> None:
@@ -91,11 +104,19 @@ def main(argv: list[str]) -> None:
   rows = max(FLAGS.tokens_per_step // FLAGS.max_len // (n_dev * k), 1) * n_dev * k
   params = jax.jit(lambda r: init_params(cfg, r))(jax.random.PRNGKey(0))
   state = parallel.replicate(
-      jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1))))
-  p_step = parallel.pmap_train_step(steps.train_step, model=model, tx=tx, schedule=schedule,
-                                    label_smoothing=c.label_smoothing, accumulate_steps=k)
-  batches = [parallel.shard(_batch(rows, FLAGS.max_len, FLAGS.vocab_size, s), n_dev)
-             for s in range(2)]
+    jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1)))
+  )
+  p_step = parallel.pmap_train_step(
+    steps.train_step,
+    model=model,
+    tx=tx,
+    schedule=schedule,
+    label_smoothing=c.label_smoothing,
+    accumulate_steps=k,
+  )
+  batches = [
+    parallel.shard(_batch(rows, FLAGS.max_len, FLAGS.vocab_size, s), n_dev) for s in range(2)
+  ]
 
   start = time.perf_counter()
   state, metrics = p_step(state, batches[0])
@@ -123,19 +144,19 @@ def main(argv: list[str]) -> None:
 
   tokens = rows * FLAGS.max_len
   result = {
-      "size": FLAGS.size,
-      "params": count_params(params),
-      "devices": n_dev,
-      "device_kind": jax.devices()[0].device_kind,
-      "dtype": np.dtype(cfg.dtype).name,
-      "remat": FLAGS.remat,
-      "accumulate_steps": k,
-      "rows": rows,
-      "max_len": FLAGS.max_len,
-      "target_tokens_per_step": tokens,
-      "step_s": round(seconds, 4),
-      "compile_s": round(compile_s, 1),
-      "tokens_per_s": round(tokens / seconds, 1),
+    "size": FLAGS.size,
+    "params": count_params(params),
+    "devices": n_dev,
+    "device_kind": jax.devices()[0].device_kind,
+    "dtype": np.dtype(cfg.dtype).name,
+    "remat": FLAGS.remat,
+    "accumulate_steps": k,
+    "rows": rows,
+    "max_len": FLAGS.max_len,
+    "target_tokens_per_step": tokens,
+    "step_s": round(seconds, 4),
+    "compile_s": round(compile_s, 1),
+    "tokens_per_s": round(tokens / seconds, 1),
   }
   if peak_rss is not None:
     result["peak_host_rss_gib_during_steps"] = round(peak_rss, 3)

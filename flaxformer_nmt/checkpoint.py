@@ -1,4 +1,4 @@
-"""Checkpoints: save the train state and resume it exactly (averaging: averaging.py).
+"""Checkpoints: save the train state and resume it exactly; read any checkpoint for inference.
 
 A run of the big model spans days of preemptible accelerators, so the contract is: an interrupted
 run, resumed, is bitwise the run that was never interrupted, and nothing already saved is lost.
@@ -6,15 +6,18 @@ What that takes here:
 
 * Everything that determines the rest of the run is saved together, in orbax's format (no home-made
   one): the train state (step, params, Adam moments, base dropout key) as a PyTree item, and the
-  input pipeline's position as a JSON item. Arrays are host numpy copies of replica 0, so a
-  checkpoint does not depend on how many devices wrote it or will read it.
+  input pipeline's position (and training time) as a JSON item. Arrays are host numpy copies of one
+  replica, so a checkpoint does not depend on how many devices wrote it or will read it.
 * Orbax writes each step into a temporary directory and renames it when complete, and deletes old
   steps (beyond `keep`) only after the new one is committed; a kill at any moment leaves the
   previous checkpoints intact (leftover temporary directories are cleaned at the next start).
-* A checkpoint that is there but cannot be read (truncated or missing files: a full disk, a broken
-  copy) is moved aside to `<dir>/unreadable/<step>` with a warning naming it, and the previous one
-  is restored. Moving, not deleting, keeps it for inspection; moving at all lets the resumed run
-  save that step number again, and a rerun does not trip on it forever.
+* A read that fails is retried (storage on NFS or GCS has bad seconds). A checkpoint is set aside,
+  to `<dir>/unreadable/<step>` with a warning naming it, only when its own files show it corrupt:
+  missing files or metadata, metadata that is not JSON, a truncated or checksum-failing array
+  file. Then the previous one is restored; moving (not deleting) keeps it for inspection and lets
+  the resumed run save that step number again. A read that still fails for any other reason (an
+  I/O error) stops with a one-line error and leaves everything where it is: resuming from an older
+  checkpoint would silently throw away work that is probably intact.
 * A checkpoint of another model (trained as base, resumed as big) is not "unreadable": falling
   back past it would silently train something else, so it is a one-line error naming the first
   mismatching parameter and both shapes, found from the checkpoint's metadata before any array is
@@ -23,12 +26,13 @@ What that takes here:
 Layout under a workdir: `checkpoints/<step>/` (training) and `averaged/<step>/` (the mean of the
 last K training checkpoints' params, named after the newest of them), both orbax step directories
 with a `state` item and a `data` item (the averaged one stores `{"params": ...}` and a description).
+`Checkpointer` writes the first during training; `CheckpointDir` reads either; `write` writes one
+step at once (averaging).
 
 Multi-process runs (`jax.distributed`): every process calls `save` and `restore`; orbax writes numpy
-arrays and JSON from process 0 only, and synchronises the processes around each save. Everything
-passed to `save` must therefore be identical on all processes, the data position included (a
-global position, not a per-host one). The time-based save decision is taken on process 0 and
-broadcast, since host clocks differ and a save that only some processes enter deadlocks.
+arrays and JSON from process 0 only, and synchronises the processes around each save. The decision
+to save is the same on all processes (a time-based one is taken on process 0 and broadcast, since
+host clocks differ and a save that only some processes enter deadlocks).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.serialization
 import jax
@@ -50,38 +55,46 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from flaxformer_nmt.preemption import PreemptionGuard  # re-exported: train.py uses it from here
-
-__all__ = [
-    "AVERAGED", "CHECKPOINTS", "CheckpointError", "CheckpointMismatchError", "Checkpointer",
-    "PreemptionGuard", "UNREADABLE", "WHICH", "averaged_dir", "checkpoint_dir",
-]
+from flaxformer_nmt.errors import CheckpointError, CheckpointMismatchError
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
 UNREADABLE = "unreadable"
 _STATE = "state"  # orbax item: the train state's PyTree (or {"params": ...} when averaged)
-_DATA = "data"  # orbax item: JSON (input position; the averaging description)
+_DATA = "data"  # orbax item: JSON (input position, training time; the averaging description)
 WHICH = ("auto", "latest", "averaged")
+# Waits before the second and third attempt at a read that failed without showing corruption.
+RETRY_DELAYS_S = (1.0, 5.0)
+# Status codes (tensorstore) and messages with which a checkpoint's own files show it is damaged.
+_CORRUPTION_SIGNS = (
+  "DATA_LOSS",
+  "OUT_OF_RANGE",
+  "NOT_FOUND",
+  "Expecting value",
+  "JSONDecodeError",
+  "No such file",
+  "checksum",
+)
 
 PyTree = Any
 
 
-class CheckpointError(Exception):
-  """A checkpoint problem the user must resolve; the message is one line naming the path."""
+class Unreadable(CheckpointError):
+  """A checkpoint that exists but cannot be read. `corrupt`: its own files show damage."""
 
-
-class CheckpointMismatchError(CheckpointError, ValueError):
-  """A checkpoint's shapes or parameter names differ from the model's (another configuration)."""
-
-
-class _Unreadable(Exception):
-  """A checkpoint directory that exists but cannot be read; the reason is one line."""
-
-  def __init__(self, path: epath.Path, cause: object) -> None:
+  def __init__(self, path: epath.Path, cause: object, *, corrupt: bool) -> None:
     self.path = path
     self.reason = " ".join(str(cause).split())[:300] or type(cause).__name__
+    self.corrupt = corrupt
     super().__init__(f"{path}: {self.reason}")
+
+
+def _shows_corruption(e: BaseException) -> bool:
+  if isinstance(e, (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError)):
+    return True
+  if isinstance(e, OSError):
+    return False  # EIO, ETIMEDOUT, ESTALE...: the storage, not the checkpoint
+  return any(sign in str(e) for sign in _CORRUPTION_SIGNS)
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -97,7 +110,7 @@ def averaged_dir(workdir: str) -> str:
 # ----------------------------------------------------------------------------- pytree helpers
 
 
-def _state_dict(tree: PyTree) -> PyTree:
+def state_dict(tree: PyTree) -> PyTree:
   """Plain nested dicts (dataclass fields, optax namedtuples by name, tuples by index).
 
   Storing this rather than the Python objects keeps checkpoints readable if TrainState or optax's
@@ -110,8 +123,8 @@ def _host_leaf(x: Any) -> np.ndarray:
   dtype = getattr(x, "dtype", None)
   if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
     raise ValueError(
-        "Checkpointer.save() got a typed PRNG key (jax.random.key); store the raw uint32 key "
-        "(jax.random.PRNGKey or jax.random.key_data) in the state instead."
+      "Checkpointer.save() got a typed PRNG key (jax.random.key); store the raw uint32 key "
+      "(jax.random.PRNGKey or jax.random.key_data) in the state instead."
     )
   # A copy, never a view: orbax writes asynchronously, after the loop has moved on and the
   # buffers a view would point into (donated to the next step on CPU) may be reused.
@@ -147,21 +160,21 @@ def _check_matches(ckpt: epath.Path, saved: dict[str, Any], wanted: dict[str, An
     want = tuple(wanted[path].shape)
     if path not in saved:
       raise CheckpointMismatchError(
-          f"Checkpoint {ckpt} does not match the model: it has no {path} (shape {want} in the "
-          f"model); {hint}"
+        f"Checkpoint {ckpt} does not match the model: it has no {path} (shape {want} in the "
+        f"model); {hint}"
       )
     have = tuple(getattr(saved[path], "shape", ()) or ())
     if have != want:
       raise CheckpointMismatchError(
-          f"Checkpoint {ckpt} does not match the model: {path} has shape {have} in the checkpoint "
-          f"but {want} in the model; {hint}"
+        f"Checkpoint {ckpt} does not match the model: {path} has shape {have} in the checkpoint "
+        f"but {want} in the model; {hint}"
       )
   extra = [p for p in saved if p not in wanted]
   if extra:
     shape = tuple(getattr(saved[extra[0]], "shape", ()) or ())
     raise CheckpointMismatchError(
-        f"Checkpoint {ckpt} does not match the model: it has {extra[0]} (shape {shape}), which the "
-        f"model lacks; {hint}"
+      f"Checkpoint {ckpt} does not match the model: it has {extra[0]} (shape {shape}), which the "
+      f"model lacks; {hint}"
     )
 
 
@@ -169,96 +182,178 @@ def _check_matches(ckpt: epath.Path, saved: dict[str, Any], wanted: dict[str, An
 
 
 def _manager(
-    directory: epath.Path, *, keep: int | None = None, read_only: bool = False
+  directory: epath.Path, *, keep: int | None = None, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """An orbax manager with our two items; read-only managers create and clean nothing."""
   directory = epath.Path(os.path.abspath(directory))  # orbax rejects relative paths
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      save_interval_steps=0 if read_only else 1,  # our own should_save decides; orbax is forced
-      create=not read_only,
-      read_only=read_only,
-      cleanup_tmp_directories=not read_only,
-      enable_async_checkpointing=not read_only,
+    max_to_keep=keep,
+    save_interval_steps=0 if read_only else 1,  # our own `due` decides; orbax is forced
+    create=not read_only,
+    read_only=read_only,
+    cleanup_tmp_directories=not read_only,
+    enable_async_checkpointing=not read_only,
   )
   return ocp.CheckpointManager(
-      directory,
-      options=options,
-      item_handlers={_STATE: ocp.PyTreeCheckpointHandler(), _DATA: ocp.JsonCheckpointHandler()},
+    directory,
+    options=options,
+    item_handlers={_STATE: ocp.PyTreeCheckpointHandler(), _DATA: ocp.JsonCheckpointHandler()},
   )
 
 
-def _step_path(manager: ocp.CheckpointManager, step: int) -> epath.Path:
-  return epath.Path(manager.directory) / str(step)
+def _with_retries(path: epath.Path, read: Callable[[], Any]) -> Any:
+  """`read()`, retried after a failure that does not show corruption; Unreadable in the end."""
+  for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
+    try:
+      return read()
+    except CheckpointMismatchError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (classified right here)
+      corrupt = _shows_corruption(e)
+      if corrupt or delay is None:
+        raise Unreadable(path, e, corrupt=corrupt) from e
+      logging.warning(
+        "Reading %s failed (%s); attempt %d of %d in %.0fs.",
+        path,
+        " ".join(str(e).split())[:200],
+        attempt + 2,
+        len(RETRY_DELAYS_S) + 1,
+        delay,
+      )
+      time.sleep(delay)
+  raise AssertionError("unreachable")
 
 
-def _read_step(
-    manager: ocp.CheckpointManager, step: int, template_sd: PyTree, *, with_data: bool
-) -> tuple[PyTree, Any]:
-  """Reads one step as host arrays shaped like `template_sd` (a subtree of the saved state).
+class CheckpointDir:
+  """Reads the orbax step directories under one folder (training checkpoints, or averaged ones).
 
-  Raises CheckpointMismatchError (from metadata, before reading arrays) or _Unreadable.
+  Read-only: it creates, cleans and moves nothing, so it is safe beside a training job.
   """
-  path = _step_path(manager, step)
-  for item in (_STATE, _DATA) if with_data else (_STATE,):
-    if not (path / item).is_dir():
-      raise _Unreadable(path, f"its {item}/ directory is missing")
-  try:
-    metadata = manager.item_metadata(step)[_STATE]
-  except Exception as e:  # pylint: disable=broad-except  (any failure to read is "unreadable")
-    raise _Unreadable(path, e) from e
-  if metadata is None:
-    raise _Unreadable(path, "its array metadata (state/_METADATA) is missing")
-  saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
-  wanted = _flatten(template_sd)
-  prefixes = {p.split("/")[0] for p in wanted}
-  saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}
-  _check_matches(path, saved, wanted)
 
-  abstract = jax.tree.map(_abstract_leaf, template_sd)
-  restore_args = jax.tree.map(
+  def __init__(self, directory: str, manager: ocp.CheckpointManager | None = None) -> None:
+    self.directory = epath.Path(os.path.abspath(directory))
+    self._manager = manager
+
+  @property
+  def manager(self) -> ocp.CheckpointManager | None:
+    if self._manager is None and self.directory.is_dir():
+      self._manager = _manager(self.directory, read_only=True)
+    return self._manager
+
+  def steps(self) -> list[int]:
+    """Committed steps, oldest first (none if the folder does not exist)."""
+    return sorted(self.manager.all_steps()) if self.manager is not None else []
+
+  def path(self, step: int) -> epath.Path:
+    return self.directory / str(step)
+
+  def read(self, step: int, template: PyTree, *, with_data: bool = False) -> tuple[PyTree, Any]:
+    """(arrays shaped like `template`, the JSON item or None) of one step, as host numpy.
+
+    `template` is a state dict (nested dicts: `state_dict(...)`), possibly a subtree of what was
+    saved (e.g. `{"params": ...}`); leaves may be arrays or jax.ShapeDtypeStruct. Raises
+    CheckpointMismatchError (from metadata, before reading arrays) or Unreadable.
+    """
+    path, manager = self.path(step), self.manager
+    for item in (_STATE, _DATA) if with_data else (_STATE,):
+      if not (path / item).is_dir():
+        raise Unreadable(path, f"its {item}/ directory is missing", corrupt=True)
+    self.check_matches(step, template)
+
+    abstract = jax.tree.map(_abstract_leaf, template)
+    restore_args = jax.tree.map(
       lambda a: ocp.RestoreArgs(restore_type=np.ndarray, dtype=a.dtype), abstract
-  )
-  items = {
+    )
+    items = {
       _STATE: ocp.args.PyTreeRestore(abstract, restore_args=restore_args, partial_restore=True)
-  }
-  if with_data:
-    items[_DATA] = ocp.args.JsonRestore()
-  try:
-    restored = manager.restore(step, args=ocp.args.Composite(**items))
-  except Exception as e:  # pylint: disable=broad-except
-    raise _Unreadable(path, e) from e
-  return restored[_STATE], (restored[_DATA] if with_data else None)
+    }
+    if with_data:
+      items[_DATA] = ocp.args.JsonRestore()
+    restored = _with_retries(path, lambda: manager.restore(step, args=ocp.args.Composite(**items)))
+    return restored[_STATE], (restored[_DATA] if with_data else None)
 
+  def check_matches(self, step: int, template: PyTree) -> None:
+    """CheckpointMismatchError if `step`'s parameter names or shapes differ from `template`'s.
 
-def _newest_readable(
-    manager: ocp.CheckpointManager,
-    template_sd: PyTree,
+    Reads the metadata only (no arrays), so a resume or an evaluation with the wrong --config
+    stops before any data is read. Unreadable if the metadata cannot be read.
+    """
+    path = self.path(step)
+    metadata = _with_retries(path, lambda: self.manager.item_metadata(step)[_STATE])
+    if metadata is None:
+      raise Unreadable(path, "its array metadata (state/_METADATA) is missing", corrupt=True)
+    saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
+    wanted = _flatten(template)
+    prefixes = {p.split("/")[0] for p in wanted}
+    saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}
+    _check_matches(path, saved, wanted)
+
+  def newest_readable(
+    self,
+    template: PyTree,
     *,
     with_data: bool,
-    on_unreadable: Callable[[int, epath.Path], str] | None = None,
-) -> tuple[int, PyTree, Any] | None:
-  """The newest step that reads, warning about (and handing over) each unreadable newer one."""
-  steps = sorted(manager.all_steps(), reverse=True)
-  if not steps:
-    return None
-  bad: list[str] = []
-  for step in steps:
-    try:
-      state_sd, data = _read_step(manager, step, template_sd, with_data=with_data)
-    except _Unreadable as e:
-      moved = on_unreadable(step, e.path) if on_unreadable else ""
-      logging.warning(
-          "Checkpoint %s is unreadable (%s)%s; falling back to the previous one.",
-          e.path, e.reason, moved,
-      )
-      bad.append(str(e.path))
-      continue
-    return step, state_sd, data
-  raise CheckpointError(
-      f"None of the {len(steps)} checkpoints in {manager.directory} could be read "
+    on_corrupt: Callable[[int, epath.Path], str] | None = None,
+  ) -> tuple[int, PyTree, Any] | None:
+    """(step, tree, data) of the newest step that reads; None if there is none at all.
+
+    A corrupt step is passed to `on_corrupt` (which may move it and says how in its return value)
+    and skipped with a warning naming it; any other failure is a CheckpointError, nothing moved.
+    """
+    steps = self.steps()[::-1]
+    if not steps:
+      return None
+    bad: list[str] = []
+    for step in steps:
+      try:
+        tree, data = self.read(step, template, with_data=with_data)
+      except Unreadable as e:
+        if not e.corrupt:
+          raise CheckpointError(
+            f"Could not read checkpoint {e.path} after {len(RETRY_DELAYS_S) + 1} attempts "
+            f"({e.reason}); its files look intact, so nothing was moved. Rerun when the "
+            "storage answers."
+          ) from e
+        moved = on_corrupt(step, e.path) if on_corrupt else ""
+        logging.warning(
+          "Checkpoint %s is corrupt (%s)%s; falling back to the previous one.",
+          e.path,
+          e.reason,
+          moved,
+        )
+        bad.append(str(e.path))
+        continue
+      return step, tree, data
+    raise CheckpointError(
+      f"None of the {len(steps)} checkpoints in {self.directory} could be read "
       f"({', '.join(bad)}); see the warnings above."
-  )
+    )
+
+
+def write(directory: str, step: int, tree: PyTree, data: Any, *, replace: bool = False) -> str:
+  """Writes one step (`tree`'s arrays as host numpy, `data` as JSON) and waits until it is on disk.
+
+  `replace` first deletes an existing step of that number. Returns the step's path. Every process
+  of a multi-process run calls it (orbax writes from process 0).
+  """
+  manager = _manager(epath.Path(directory))
+  try:
+    if step in manager.all_steps():
+      if not replace:
+        raise ValueError(f"{directory} already holds step {step}.")
+      logging.info("Replacing %s.", epath.Path(manager.directory) / str(step))
+      manager.delete(step)
+    host = jax.tree.map(_host_leaf, state_dict(tree))
+    manager.save(
+      step,
+      args=ocp.args.Composite(
+        **{_STATE: ocp.args.PyTreeSave(host), _DATA: ocp.args.JsonSave(data)}
+      ),
+      force=True,
+    )
+  finally:
+    manager.close()
+  return str(epath.Path(manager.directory) / str(step))
 
 
 # ----------------------------------------------------------------------------- training
@@ -271,23 +366,17 @@ class Checkpointer:
   the big model's gigabytes go to disk; `wait_until_finished` or `close` make it durable. If the
   program ends without either (an exception), an exit hook finishes the write; only a kill -9
   or a crash of the interpreter leaves it unfinished, and then the previous checkpoints remain.
+  The values come from `config_lib.validate`: `every_steps` and `every_secs` 0 mean "off".
   """
 
   def __init__(
-      self, directory: str, *, keep: int, every_steps: int, every_secs: float = 0.0
+    self, directory: str, *, keep: int, every_steps: int, every_secs: float = 0.0
   ) -> None:
-    if keep < 1:
-      raise ValueError(f"config.keep_checkpoints must be >= 1, got {keep}.")
-    if every_steps < 0:
-      raise ValueError(f"config.checkpoint_every_steps must be >= 0 (0: off), got {every_steps}.")
-    if every_secs < 0:
-      raise ValueError(f"config.checkpoint_every_secs must be >= 0 (0: off), got {every_secs}.")
     self._directory = epath.Path(os.path.abspath(directory))  # `--workdir=runs/x` is relative
-    if self._directory.exists() and not self._directory.is_dir():
-      raise ValueError(f"Checkpoint directory {directory} exists and is not a directory.")
     self._every_steps = every_steps
     self._every_secs = float(every_secs)
     self._manager = _manager(self._directory, keep=keep)
+    self._reader = CheckpointDir(str(self._directory), self._manager)
     self._last_save_time = time.monotonic()
     self._quarantines = 0
     self._closed = False
@@ -304,99 +393,102 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def should_save(self, step: int, *, check_clock: bool = True) -> bool:
+  def _due(self, step: int, check_clock: bool) -> bool:
     """Every `every_steps` steps, or once `every_secs` seconds have passed since the last save.
 
-    `check_clock=False` skips the time-based test: with several processes it is a collective, and
-    the training loop takes it only at steps where it waits for the device anyway.
+    The time-based test is a collective with several processes (process 0's clock decides), so
+    `check_clock=False` skips it where not every process asks.
     """
-    latest = self.latest_step()
-    if step <= 0 or (latest is not None and step <= latest):
-      return False
     if self._every_steps and step % self._every_steps == 0:
       return True
     if not self._every_secs or not check_clock:
       return False
     due = time.monotonic() - self._last_save_time >= self._every_secs
     if jax.process_count() > 1:
-      # One clock decides for everyone (see the module docstring).
       due = bool(multihost_utils.broadcast_one_to_all(np.asarray(due)))
     return due
 
   def save(
-      self, step: int, state: PyTree, data_state: dict[str, Any], *, force: bool = False
+    self,
+    step: int,
+    make: Callable[[], tuple[PyTree, dict[str, Any]]],
+    *,
+    force: bool = False,
+    check_clock: bool = True,
   ) -> bool:
-    """Starts saving `state` (a host copy, not replicated) and the input position, if due.
+    """The one save decision: saves step `step` if it is due (or `force`) and not saved yet.
 
-    `force` saves regardless of the schedule (end of training, preemption). A step already saved
-    is not written twice. Returns whether a save was started.
+    `make()` returns (the state as one host copy, not replicated; the JSON data item); it is
+    called only when saving, since copying the state to the host and gathering the input
+    positions cost time (and are collectives in multi-process runs). Returns whether a save
+    started.
     """
     step = int(step)
-    if not force and not self.should_save(step):
-      return False
     latest = self.latest_step()
-    if latest is not None and step <= latest:
-      if step < latest:
+    if step <= 0 or (latest is not None and step <= latest):
+      if force and latest is not None and step < latest:
         logging.warning(
-            "Not saving step %d: %s already holds step %d.", step, self._directory, latest
+          "Not saving step %d: %s already holds step %d.", step, self._directory, latest
         )
       return False
+    if not force and not self._due(step, check_clock):
+      return False
+    state, data_state = make()
     host_state = self._host_state(step, state)
     try:
       data = json.loads(json.dumps(data_state))
     except (TypeError, ValueError) as e:
       raise ValueError(
-          f"Checkpointer.save(): the data position is not JSON-serialisable: {e}"
+        f"Checkpointer.save(): the data position is not JSON-serialisable: {e}"
       ) from e
     self._manager.save(
-        step,
-        args=ocp.args.Composite(
-            **{_STATE: ocp.args.PyTreeSave(host_state), _DATA: ocp.args.JsonSave(data)}
-        ),
-        force=True,
+      step,
+      args=ocp.args.Composite(
+        **{_STATE: ocp.args.PyTreeSave(host_state), _DATA: ocp.args.JsonSave(data)}
+      ),
+      force=True,
     )
     self._last_save_time = time.monotonic()
     self._pending = True
-    logging.info("Saving checkpoint for step %d to %s.", step, _step_path(self._manager, step))
+    logging.info("Saving checkpoint for step %d to %s.", step, self._reader.path(step))
     return True
 
   @staticmethod
   def _host_state(step: int, state: PyTree) -> PyTree:
     """Numpy copies of the state's leaves, after checking it is what a checkpoint should hold."""
-    state_sd = _state_dict(state)
+    state_sd = state_dict(state)
     if isinstance(state_sd, dict) and "step" in state_sd:
       state_step = np.asarray(jax.device_get(state_sd["step"]))
       if state_step.ndim:
         raise ValueError(
-            f"Checkpointer.save() got a replicated state (step has shape {state_step.shape}); pass "
-            "the host copy of replica 0 (parallel.local_replica(state))."
+          f"Checkpointer.save() got a replicated state (step has shape {state_step.shape}); pass "
+          "one host copy (parallel.local_replica(state))."
         )
       if int(state_step) != step:
         raise ValueError(
-            f"Checkpointer.save(step={step}) got a state whose step is {int(state_step)}; they "
-            "must agree, or a resumed run would replay or skip batches."
+          f"Checkpointer.save(step={step}) got a state whose step is {int(state_step)}; they "
+          "must agree, or a resumed run would replay or skip batches."
         )
     return jax.tree.map(_host_leaf, state_sd)
 
   def restore(self, template: PyTree) -> tuple[PyTree, dict[str, Any], int] | None:
-    """(state, data position, step) of the newest readable checkpoint; None when none is saved.
+    """(state, data item, step) of the newest readable checkpoint; None when none is saved.
 
     `template` gives the structure, shapes and dtypes (real arrays or jax.ShapeDtypeStruct, e.g.
     from jax.eval_shape); the result holds numpy arrays, ready to be replicated.
     """
-    template_sd = _state_dict(template)
-    found = _newest_readable(
-        self._manager, template_sd, with_data=True, on_unreadable=self._move_aside
+    found = self._reader.newest_readable(
+      state_dict(template), with_data=True, on_corrupt=self._move_aside
     )
     if found is None:
       return None
     step, state_sd, data = found
     self._last_save_time = time.monotonic()
-    logging.info("Restored step %d from %s.", step, _step_path(self._manager, step))
+    logging.info("Restored step %d from %s.", step, self._reader.path(step))
     return flax.serialization.from_state_dict(template, state_sd), data, step
 
   def _move_aside(self, step: int, path: epath.Path) -> str:
-    """Moves an unreadable step to `unreadable/`, so the run can save that step number again."""
+    """Moves a corrupt step to `unreadable/`, so the run can save that step number again."""
     dest = self._directory / UNREADABLE / str(step)
     if dest.exists():
       dest = self._directory / UNREADABLE / f"{step}.{int(time.time())}"
@@ -446,6 +538,3 @@ def _run_before_thread_shutdown(fn: Callable[[], None]) -> None:
   concurrent.futures itself uses, and hooks run newest first, so ours runs before its shutdown.
   """
   getattr(threading, "_register_atexit", atexit.register)(fn)
-
-
-# ----------------------------------------------------------------------------- inference

@@ -11,6 +11,8 @@ import dataclasses
 
 import ml_collections
 
+from flaxformer_nmt import errors
+
 
 @dataclasses.dataclass(frozen=True)
 class Size:
@@ -26,41 +28,41 @@ class Size:
 # Table 3 of Vaswani et al. (2017), plus small sizes for CPU runs. "Attention Is All You Need" base
 # and big rows are verbatim; d_k = d_v = d_model / h throughout.
 SIZES: dict[str, Size] = {
-    "base": Size(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout_rate=0.1),
-    "big": Size(num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3),
-    # Multi30k-sized model (29k pairs): see configs/multi30k.py for why.
-    "small": Size(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.3),
-    # The offline demo and the tests.
-    "tiny": Size(num_layers=2, d_model=128, d_ff=512, num_heads=4, dropout_rate=0.1),
+  "base": Size(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout_rate=0.1),
+  "big": Size(num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3),
+  # Multi30k-sized model (29k pairs): see configs/multi30k.py for why.
+  "small": Size(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.3),
+  # The offline demo and the tests.
+  "tiny": Size(num_layers=2, d_model=128, d_ff=512, num_heads=4, dropout_rate=0.1),
 }
 
 
 def model_config(size: str) -> ml_collections.ConfigDict:
   """The `config.model` block for a named size."""
   if size not in SIZES:
-    raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(SIZES)}.")
+    _fail(f"Unknown model size {size!r}; choose one of {sorted(SIZES)}.")
   s = SIZES[size]
   return ml_collections.ConfigDict(
-      dict(
-          size=size,
-          num_layers=s.num_layers,
-          d_model=s.d_model,
-          d_ff=s.d_ff,
-          num_heads=s.num_heads,
-          dropout_rate=s.dropout_rate,
-          # The paper applies dropout to sub-layer outputs and embedding sums only.
-          attention_dropout_rate=0.0,
-          relu_dropout_rate=0.0,
-          pre_ln=False,  # The paper is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
-          positional="sinusoidal",  # or "learned" (Table 3 row E)
-          share_embeddings=True,  # source, target and pre-softmax share one matrix
-          max_len=256,  # longest sequence a learned positional table (or decode) supports
-          # Matrix products in "bfloat16" or "float32"; "auto": bfloat16 on TPUs and on GPUs from
-          # Ampere (A100, H100) on, float32 on CPUs and older GPUs. Parameters, Adam moments,
-          # layer norms, softmaxes, logits and the loss are float32 in every case.
-          dtype="auto",
-          remat=False,  # recompute each layer's activations in the backward pass (saves memory)
-      )
+    dict(
+      size=size,
+      num_layers=s.num_layers,
+      d_model=s.d_model,
+      d_ff=s.d_ff,
+      num_heads=s.num_heads,
+      dropout_rate=s.dropout_rate,
+      # The paper applies dropout to sub-layer outputs and embedding sums only.
+      attention_dropout_rate=0.0,
+      relu_dropout_rate=0.0,
+      pre_ln=False,  # The paper is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
+      positional="sinusoidal",  # or "learned" (Table 3 row E)
+      share_embeddings=True,  # source, target and pre-softmax share one matrix
+      max_len=256,  # longest sequence a learned positional table (or decode) supports
+      # Matrix products in "bfloat16" or "float32"; "auto": bfloat16 on TPUs and on GPUs from
+      # Ampere (A100, H100) on, float32 on CPUs and older GPUs. Parameters, Adam moments,
+      # layer norms, softmaxes, logits and the loss are float32 in every case.
+      dtype="auto",
+      remat=False,  # recompute each layer's activations in the backward pass (saves memory)
+    )
   )
 
 
@@ -79,80 +81,79 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c.checkpoint_every_secs = 0  # >0 also saves every this many seconds (the paper: 600)
   c.keep_checkpoints = 20  # enough to average the last 20, as the paper's big model
   c.skip_nonfinite = False  # True: skip a step whose loss or gradients are not finite
-  c.debug_inject_nan_at_step = -1  # tests: make step N's loss NaN to exercise the guard
   c.label_smoothing = 0.1  # eps_ls
 
   c.model = model_config(size)
 
   c.optim = ml_collections.ConfigDict(
-      dict(
-          warmup_steps=4_000,
-          beta1=0.9,
-          beta2=0.98,
-          eps=1e-9,
-          lr_scale=1.0,  # multiplies the paper's schedule
-          # Split each device's share of the batch into this many micro-batches, run one after
-          # another inside the step, their gradients summed: the same update with 1/k of the
-          # activation memory. data.tokens_per_batch stays the batch of one update.
-          accumulate_steps=1,
-      )
+    dict(
+      warmup_steps=4_000,
+      beta1=0.9,
+      beta2=0.98,
+      eps=1e-9,
+      lr_scale=1.0,  # multiplies the paper's schedule
+      # Split each device's share of the batch into this many micro-batches, run one after
+      # another inside the step, their gradients summed: the same update with 1/k of the
+      # activation memory. data.tokens_per_batch stays the batch of one update.
+      accumulate_steps=1,
+    )
   )
 
   c.data = ml_collections.ConfigDict(
-      dict(
-          source="demo",  # "demo" | "tfds" | "files"
-          # TFDS: the builder's name; its supervised keys are (de, en) / (fr, en).
-          tfds_name="wmt14_translate/de-en",
-          tfds_data_dir="",  # "" = TFDS default
-          train_split="train",
-          dev_split="validation",  # newstest2013
-          test_split="test",  # newstest2014
-          src_lang="en",
-          tgt_lang="de",
-          # Local files: <dir>/<prefix>.<lang>[.gz], or a .tsv via <prefix>.tsv.
-          dir="",
-          train_prefix="train",
-          dev_prefix="val",
-          test_prefix="test",
-          # Vocabulary (SentencePiece, shared by both languages).
-          vocab_size=37_000,
-          vocab_model_type="bpe",
-          vocab_sample_size=1_000_000,  # sentences per language used to train it
-          vocab_path="",  # "" = <workdir>/spm.model, trained when absent
-          # Batching: a global budget of source tokens and of target tokens per update, over all
-          # devices of all processes (and all micro-batches, see optim.accumulate_steps).
-          tokens_per_batch=25_000,
-          max_len=256,  # pairs with either side longer (in tokens) are dropped and counted
-          # Demo generator sizes.
-          demo_train_size=200_000,
-          demo_dev_size=500,
-          demo_test_size=1_000,
-          demo_seed=0,  # the demo corpus's own seed, so runs that differ in `seed` share data
-      )
+    dict(
+      source="demo",  # "demo" | "tfds" | "files"
+      # TFDS: the builder's name; its supervised keys are (de, en) / (fr, en).
+      tfds_name="wmt14_translate/de-en",
+      tfds_data_dir="",  # "" = TFDS default
+      train_split="train",
+      dev_split="validation",  # newstest2013
+      test_split="test",  # newstest2014
+      src_lang="en",
+      tgt_lang="de",
+      # Local files: <dir>/<prefix>.<lang>[.gz], or a .tsv via <prefix>.tsv.
+      dir="",
+      train_prefix="train",
+      dev_prefix="val",
+      test_prefix="test",
+      # Vocabulary (SentencePiece, shared by both languages).
+      vocab_size=37_000,
+      vocab_model_type="bpe",
+      vocab_sample_size=1_000_000,  # sentences per language used to train it
+      vocab_path="",  # "" = <workdir>/spm.model, trained when absent
+      # Batching: a global budget of source tokens and of target tokens per update, over all
+      # devices of all processes (and all micro-batches, see optim.accumulate_steps).
+      tokens_per_batch=25_000,
+      max_len=256,  # pairs with either side longer (in tokens) are dropped and counted
+      # Demo generator sizes.
+      demo_train_size=200_000,
+      demo_dev_size=500,
+      demo_test_size=1_000,
+      demo_seed=0,  # the demo corpus's own seed, so runs that differ in `seed` share data
+    )
   )
 
   c.decode = ml_collections.ConfigDict(
-      dict(
-          beam_size=4,
-          alpha=0.6,  # length penalty ((5 + len) / 6) ** alpha
-          max_len_offset=50,  # maximum output length = input length + this
-          batch_size=64,  # sentences per device in a decoding batch (all devices decode)
-      )
+    dict(
+      beam_size=4,
+      alpha=0.6,  # length penalty ((5 + len) / 6) ** alpha
+      max_len_offset=50,  # maximum output length = input length + this
+      batch_size=64,  # sentences per device in a decoding batch (all devices decode)
+    )
   )
 
   c.eval = ml_collections.ConfigDict(
-      dict(
-          dev_bleu_sentences=256,  # dev sentences decoded at each eval during training
-          dev_bleu_beam_size=1,  # greedy during training to keep evals cheap
-      )
+    dict(
+      dev_bleu_sentences=256,  # dev sentences decoded at each eval during training
+      dev_bleu_beam_size=1,  # greedy during training to keep evals cheap
+    )
   )
   return c
 
 
 # WMT14 pairs as the paper ran them: TFDS builder, direction, shared word-piece vocabulary size.
 WMT14_PAIRS: dict[str, tuple[str, str, str, int]] = {
-    "en-de": ("wmt14_translate/de-en", "en", "de", 37_000),
-    "en-fr": ("wmt14_translate/fr-en", "en", "fr", 32_000),
+  "en-de": ("wmt14_translate/de-en", "en", "de", 37_000),
+  "en-fr": ("wmt14_translate/fr-en", "en", "fr", 32_000),
 }
 
 
@@ -161,7 +162,7 @@ def wmt14_config(size: str, pair: str) -> ml_collections.ConfigDict:
   (big) steps, and checkpoints every 10 minutes so the last 5 (base) or 20 (big) can be averaged.
   """
   if pair not in WMT14_PAIRS:
-    raise ValueError(f"Unknown WMT14 pair {pair!r}; choose one of {sorted(WMT14_PAIRS)}.")
+    _fail(f"Unknown WMT14 pair {pair!r}; choose one of {sorted(WMT14_PAIRS)}.")
   tfds_name, src, tgt, vocab = WMT14_PAIRS[pair]
   c = base_config(size)
   c.data.source = "tfds"
@@ -172,3 +173,113 @@ def wmt14_config(size: str, pair: str) -> ml_collections.ConfigDict:
   c.checkpoint_every_secs = 600
   c.checkpoint_every_steps = 5_000
   return c
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation: every rule on a config value, in one place.
+
+DTYPES = ("auto", "float32", "bfloat16")
+SOURCES = ("demo", "tfds", "files")
+VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
+POSITIONALS = ("sinusoidal", "learned")
+
+
+def _fail(message: str) -> None:
+  raise errors.ConfigError(message)
+
+
+def _at_least(config: ml_collections.ConfigDict, path: str, low: float) -> None:
+  value = _get(config, path)
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
+    _fail(f"config.{path} must be >= {low:g}, got {value!r}.")
+
+
+def _get(config: ml_collections.ConfigDict, path: str):
+  for part in path.split("."):
+    config = config[part]
+  return config
+
+
+def _in_unit(config: ml_collections.ConfigDict, path: str) -> None:
+  value = _get(config, path)
+  if not 0.0 <= value < 1.0:
+    _fail(f"config.{path} must be in [0, 1), got {value!r}.")
+
+
+def _one_of(config: ml_collections.ConfigDict, path: str, choices: tuple[str, ...]) -> None:
+  value = _get(config, path)
+  if value not in choices:
+    _fail(f"config.{path} must be one of {list(choices)}, got {value!r}.")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises errors.ConfigError, naming the field as `config.x.y`, for any impossible value.
+
+  The one place every config rule lives: main.py calls it before any data is read or program
+  compiled, and the rest of the code trusts a validated config.
+  """
+  for path in ("num_train_steps", "log_every_steps", "eval_every_steps", "keep_checkpoints"):
+    _at_least(config, path, 1)
+  for path in ("checkpoint_every_steps", "checkpoint_every_secs", "max_train_minutes"):
+    _at_least(config, path, 0)  # 0: off
+  _in_unit(config, "label_smoothing")
+
+  m = config.model
+  for path in ("num_layers", "d_model", "d_ff", "num_heads"):
+    _at_least(config, f"model.{path}", 1)
+  _at_least(config, "model.max_len", 2)
+  if m.d_model % m.num_heads:
+    _fail(
+      f"config.model.d_model={m.d_model} is not divisible by config.model.num_heads={m.num_heads}."
+    )
+  for path in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+    _in_unit(config, f"model.{path}")
+  _one_of(config, "model.positional", POSITIONALS)
+  if m.dtype == "float16":
+    _fail(
+      "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "
+      "which this trainer does not do. Use 'bfloat16' (TPU, A100/H100 and newer GPUs) or "
+      "'float32' (T4, V100, CPU), or 'auto' to pick between them."
+    )
+  _one_of(config, "model.dtype", DTYPES)
+
+  _at_least(config, "optim.warmup_steps", 1)
+  _at_least(config, "optim.accumulate_steps", 1)
+  for path in ("beta1", "beta2"):
+    _in_unit(config, f"optim.{path}")
+  for path in ("eps", "lr_scale"):
+    if _get(config, f"optim.{path}") <= 0:
+      _fail(f"config.optim.{path} must be > 0, got {_get(config, f'optim.{path}')!r}.")
+
+  d = config.data
+  _one_of(config, "data.source", SOURCES)
+  _one_of(config, "data.vocab_model_type", VOCAB_MODEL_TYPES)
+  _at_least(config, "data.vocab_size", 8)
+  _at_least(config, "data.vocab_sample_size", 1)
+  _at_least(config, "data.max_len", 2)  # a token and EOS
+  if d.tokens_per_batch < d.max_len:
+    _fail(
+      f"config.data.tokens_per_batch={d.tokens_per_batch} is smaller than "
+      f"config.data.max_len={d.max_len}: not even one row fits."
+    )
+  if d.max_len > m.max_len and m.positional == "learned":
+    _fail(
+      f"config.data.max_len={d.max_len} exceeds config.model.max_len={m.max_len}, the size "
+      "of the learned position table."
+    )
+  if d.src_lang == d.tgt_lang:
+    _fail(f"config.data.src_lang and config.data.tgt_lang are both {d.src_lang!r}.")
+  if d.source == "files" and not d.dir:
+    _fail(
+      "config.data.dir is empty; config.data.source='files' needs the folder of the text files."
+    )
+  if d.source == "demo":
+    for split in ("train", "dev", "test"):
+      _at_least(config, f"data.demo_{split}_size", 1)
+
+  _at_least(config, "decode.beam_size", 1)
+  _at_least(config, "decode.alpha", 0)
+  _at_least(config, "decode.max_len_offset", 1)
+  _at_least(config, "decode.batch_size", 1)
+  _at_least(config, "eval.dev_bleu_sentences", 0)
+  _at_least(config, "eval.dev_bleu_beam_size", 1)

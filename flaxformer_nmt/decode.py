@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 import ml_collections
+from jax import lax
 
 from flaxformer_nmt.model import Transformer, init_decode_cache
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
@@ -63,23 +64,15 @@ class SearchConfig:
   max_len_offset: int = 50
   allow_eos: bool = True
 
-  def __post_init__(self) -> None:
-    if self.beam_size < 1:
-      raise ValueError(f"decode.beam_size must be >= 1, got {self.beam_size}.")
-    if self.alpha < 0:
-      raise ValueError(f"decode.alpha must be >= 0, got {self.alpha}.")
-    if self.max_len_offset < 1:
-      raise ValueError(f"decode.max_len_offset must be >= 1, got {self.max_len_offset}.")
-
   @classmethod
   def from_config(
-      cls, decode: ml_collections.ConfigDict, beam_size: int | None = None
-  ) -> "SearchConfig":
+    cls, decode: ml_collections.ConfigDict, beam_size: int | None = None
+  ) -> SearchConfig:
     """From `config.decode`; `beam_size` overrides it (e.g. greedy dev BLEU during training)."""
     return cls(
-        beam_size=int(decode.beam_size if beam_size is None else beam_size),
-        alpha=float(decode.alpha),
-        max_len_offset=int(decode.max_len_offset),
+      beam_size=int(decode.beam_size if beam_size is None else beam_size),
+      alpha=float(decode.alpha),
+      max_len_offset=int(decode.max_len_offset),
     )
 
 
@@ -147,13 +140,13 @@ class _GreedyState(NamedTuple):
 
 
 def greedy_search(
-    step_fn: StepFn,
-    cache: Cache,
-    max_lengths: Array,
-    *,
-    max_decode_len: int,
-    alpha: float,
-    allow_eos: bool = True,
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  *,
+  max_decode_len: int,
+  alpha: float,
+  allow_eos: bool = True,
 ) -> SearchResult:
   """Argmax token at each step until EOS or the sentence's maximum length.
 
@@ -188,21 +181,21 @@ def greedy_search(
     return _GreedyState(s.step + 1, token, tokens, scores, lengths, done, cache)
 
   init = _GreedyState(
-      step=jnp.array(0, jnp.int32),
-      last=jnp.full((batch,), PAD_ID, jnp.int32),
-      tokens=jnp.full((batch, max_decode_len), PAD_ID, jnp.int32),
-      scores=jnp.zeros((batch,), jnp.float32),
-      lengths=jnp.zeros((batch,), jnp.int32),
-      done=max_lengths <= 0,
-      cache=cache,
+    step=jnp.array(0, jnp.int32),
+    last=jnp.full((batch,), PAD_ID, jnp.int32),
+    tokens=jnp.full((batch, max_decode_len), PAD_ID, jnp.int32),
+    scores=jnp.zeros((batch,), jnp.float32),
+    lengths=jnp.zeros((batch,), jnp.int32),
+    done=max_lengths <= 0,
+    cache=cache,
   )
   final = lax.while_loop(cond, body, init)
   return SearchResult(
-      tokens=final.tokens,
-      lengths=final.lengths,
-      scores=final.scores,
-      normalized_scores=final.scores / length_penalty(final.lengths, alpha),
-      num_steps=final.step,
+    tokens=final.tokens,
+    lengths=final.lengths,
+    scores=final.scores,
+    normalized_scores=final.scores / length_penalty(final.lengths, alpha),
+    num_steps=final.step,
   )
 
 
@@ -241,14 +234,14 @@ def _gather_cache(cache: Cache, beam_index: Array) -> Cache:
 
 
 def beam_search(
-    step_fn: StepFn,
-    cache: Cache,
-    max_lengths: Array,
-    *,
-    beam_size: int,
-    alpha: float,
-    max_decode_len: int,
-    allow_eos: bool = True,
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  *,
+  beam_size: int,
+  alpha: float,
+  max_decode_len: int,
+  allow_eos: bool = True,
 ) -> SearchResult:
   """Beam search with a shrinking beam, length penalty and early stopping (module docstring).
 
@@ -305,47 +298,47 @@ def beam_search(
     best_live = jnp.max(live_scores, axis=1) / best_penalty  # [batch]; -inf when none live
     has_finished = jnp.any(jnp.isfinite(fin_normalized), axis=1)  # [batch]
     worst_finished = jnp.min(
-        jnp.where(jnp.isfinite(fin_normalized), fin_normalized, jnp.inf), axis=1
+      jnp.where(jnp.isfinite(fin_normalized), fin_normalized, jnp.inf), axis=1
     )  # [batch]
     done = s.done | ~jnp.any(jnp.isfinite(live_scores), axis=1)
     done = done | (has_finished & (best_live <= worst_finished))
 
     return _BeamState(
-        step=s.step + 1,
-        live_tokens=tokens,
-        live_scores=live_scores,
-        fin_tokens=fin_tokens,
-        fin_scores=fin_scores,
-        fin_normalized=fin_normalized,
-        fin_lengths=fin_lengths,
-        done=done,
-        cache=_gather_cache(cache, beam_index),
+      step=s.step + 1,
+      live_tokens=tokens,
+      live_scores=live_scores,
+      fin_tokens=fin_tokens,
+      fin_scores=fin_scores,
+      fin_normalized=fin_normalized,
+      fin_lengths=fin_lengths,
+      done=done,
+      cache=_gather_cache(cache, beam_index),
     )
 
   empty = jnp.full((batch, k), NEG_INF, jnp.float32)
   buffers = jnp.full((batch, k, max_decode_len), PAD_ID, jnp.int32)
   init = _BeamState(
-      step=jnp.array(0, jnp.int32),
-      live_tokens=buffers,
-      # One live hypothesis (the empty prefix) per sentence, so step 0 picks K distinct tokens.
-      live_scores=empty.at[:, 0].set(0.0),
-      fin_tokens=buffers,
-      fin_scores=empty,
-      fin_normalized=empty,
-      fin_lengths=jnp.zeros((batch, k), jnp.int32),
-      done=max_lengths <= 0,
-      cache=cache,
+    step=jnp.array(0, jnp.int32),
+    live_tokens=buffers,
+    # One live hypothesis (the empty prefix) per sentence, so step 0 picks K distinct tokens.
+    live_scores=empty.at[:, 0].set(0.0),
+    fin_tokens=buffers,
+    fin_scores=empty,
+    fin_normalized=empty,
+    fin_lengths=jnp.zeros((batch, k), jnp.int32),
+    done=max_lengths <= 0,
+    cache=cache,
   )
   final = lax.while_loop(cond, body, init)
   # Slot 0 of the pool is the best finished hypothesis (top_k sorts). A sentence with none (only a
   # skipped filler row) returns an empty output with score 0.
   found = jnp.isfinite(final.fin_normalized[:, 0])
   return SearchResult(
-      tokens=jnp.where(found[:, None], final.fin_tokens[:, 0], PAD_ID),
-      lengths=jnp.where(found, final.fin_lengths[:, 0], 0),
-      scores=jnp.where(found, final.fin_scores[:, 0], 0.0),
-      normalized_scores=jnp.where(found, final.fin_normalized[:, 0], 0.0),
-      num_steps=final.step,
+    tokens=jnp.where(found[:, None], final.fin_tokens[:, 0], PAD_ID),
+    lengths=jnp.where(found, final.fin_lengths[:, 0], 0),
+    scores=jnp.where(found, final.fin_scores[:, 0], 0.0),
+    normalized_scores=jnp.where(found, final.fin_normalized[:, 0], 0.0),
+    num_steps=final.step,
   )
 
 
@@ -361,13 +354,13 @@ def model_step_fn(model: Transformer, params: Any, encoded: Array, inputs: Array
 
   def step(cache: Cache, ids: Array) -> tuple[Array, Cache]:
     logits, mutated = model.apply(
-        {"params": params, "cache": cache},
-        encoded,
-        inputs,
-        ids,
-        decode=True,
-        method=Transformer.decode,
-        mutable=["cache"],
+      {"params": params, "cache": cache},
+      encoded,
+      inputs,
+      ids,
+      decode=True,
+      method=Transformer.decode,
+      mutable=["cache"],
     )  # logits: [rows, 1, vocab]
     return logits[:, 0, :], mutated["cache"]
 
@@ -375,11 +368,11 @@ def model_step_fn(model: Transformer, params: Any, encoded: Array, inputs: Array
 
 
 def decode_batch(
-    model: Transformer,
-    params: Any,
-    inputs: Array,
-    search: SearchConfig,
-    greedy: bool = False,
+  model: Transformer,
+  params: Any,
+  inputs: Array,
+  search: SearchConfig,
+  greedy: bool = False,
 ) -> SearchResult:
   """Translates a batch: encoder once, then the cached search, all in one compiled program.
 
@@ -402,7 +395,7 @@ def decode_batch(
 
 @functools.partial(jax.jit, static_argnames=("model", "search", "greedy"))
 def _decode_batch(
-    model: Transformer, params: Any, inputs: Array, search: SearchConfig, greedy: bool
+  model: Transformer, params: Any, inputs: Array, search: SearchConfig, greedy: bool
 ) -> SearchResult:
   batch, src_len = inputs.shape
   max_decode_len = decode_length_bound(src_len, search.max_len_offset, model.cfg.max_len)
@@ -411,12 +404,12 @@ def _decode_batch(
   if greedy:
     cache = init_decode_cache(model, batch, max_decode_len, src_len)
     return greedy_search(
-        model_step_fn(model, params, encoded, inputs),
-        cache,
-        max_lengths,
-        max_decode_len=max_decode_len,
-        alpha=search.alpha,
-        allow_eos=search.allow_eos,
+      model_step_fn(model, params, encoded, inputs),
+      cache,
+      max_lengths,
+      max_decode_len=max_decode_len,
+      alpha=search.alpha,
+      allow_eos=search.allow_eos,
     )
   k = search.beam_size
   # Each sentence's rows repeated K times, sentence-major: row b * K + j is beam j of sentence b.
@@ -424,11 +417,11 @@ def _decode_batch(
   beam_inputs = jnp.repeat(inputs, k, axis=0)  # [batch * beam, src_len]
   cache = init_decode_cache(model, batch * k, max_decode_len, src_len)
   return beam_search(
-      model_step_fn(model, params, encoded, beam_inputs),
-      cache,
-      max_lengths,
-      beam_size=k,
-      alpha=search.alpha,
-      max_decode_len=max_decode_len,
-      allow_eos=search.allow_eos,
+    model_step_fn(model, params, encoded, beam_inputs),
+    cache,
+    max_lengths,
+    beam_size=k,
+    alpha=search.alpha,
+    max_decode_len=max_decode_len,
+    allow_eos=search.allow_eos,
   )

@@ -6,6 +6,9 @@ then `multi-bleu.perl`. Splitting hyphens creates extra matching tokens, so that
 than sacreBLEU's detokenized, 13a-tokenized score; a paper comparison needs the former, a
 comparison with today's literature the latter. We never write BLEU ourselves: both go through
 sacrebleu, and the Moses tokenizer is sacremoses' port of tokenizer.perl.
+
+`dev_loss`, `dev_bleu` and `test_scores` score a model (the BLEU ones decode on every device of
+every process); the training loop and `--mode=eval` call them.
 """
 
 from __future__ import annotations
@@ -14,11 +17,19 @@ import functools
 import json
 import os
 import re
-from typing import Sequence
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+import jax
+import numpy as np
 from absl import logging
 from sacrebleu.metrics import BLEU
-from sacremoses import MosesTokenizer
+
+from flaxformer_nmt import files, parallel, translate
+
+if TYPE_CHECKING:
+  from flaxformer_nmt.train import Run
 
 # t2t's `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`. Perl without -C reads bytes, where
 # \S means "not ASCII whitespace"; re.ASCII gives Python the same \S (non-ASCII letters count as
@@ -47,7 +58,10 @@ def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str]) -> tuple[float, st
 
 
 @functools.lru_cache(maxsize=8)
-def _moses(lang: str) -> MosesTokenizer:
+def _moses(lang: str) -> Any:  # sacremoses.MosesTokenizer
+  # Imported here: sacremoses compiles its regular expressions at import (0.4 s of every start-up).
+  from sacremoses import MosesTokenizer  # pylint: disable=g-import-not-at-top
+
   return MosesTokenizer(lang=lang)
 
 
@@ -73,13 +87,13 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -
 
 
 def score_and_write(
-    hyps: Sequence[str],
-    refs: Sequence[str],
-    out_dir: str,
-    name: str,
-    tgt_lang: str,
-    *,
-    write: bool = True,
+  hyps: Sequence[str],
+  refs: Sequence[str],
+  out_dir: str,
+  name: str,
+  tgt_lang: str,
+  *,
+  write: bool = True,
 ) -> dict[str, float | str | int]:
   """Scores hypotheses both ways and writes `<name>.hyp.txt` and `<name>.scores.json` to out_dir.
 
@@ -94,15 +108,102 @@ def score_and_write(
   scores["num_sentences"] = len(hyps)
   if not write:
     return scores
-  os.makedirs(out_dir, exist_ok=True)
   hyp_path = os.path.join(out_dir, f"{name}.hyp.txt")
-  with open(hyp_path, "w", encoding="utf-8") as f:
-    for h in hyps:
-      # A line break inside a hypothesis would shift every later line against the references.
-      f.write(h.replace("\r", " ").replace("\n", " ") + "\n")
+  files.write_lines(hyp_path, hyps)  # one line each, whatever a hypothesis contains
   score_path = os.path.join(out_dir, f"{name}.scores.json")
-  with open(score_path, "w", encoding="utf-8") as f:
-    json.dump(scores, f, indent=2, ensure_ascii=False)
-    f.write("\n")
+  files.write_text(score_path, json.dumps(scores, indent=2, ensure_ascii=False) + "\n")
   logging.info("Wrote %s and %s.", hyp_path, score_path)
   return scores
+
+
+# ------------------------------------------------------------------------------------------------
+# Scoring a model: dev BLEU during training, both BLEUs on the test set.
+
+
+def dev_loss(run: Run, p_eval_step: Any, replicated_params: Any) -> dict[str, float]:
+  """Per-token dev loss, perplexity and accuracy over the whole dev set, in order."""
+  totals: dict[str, float] = {}
+  for batch in run.data.eval_batches("dev"):
+    out = jax.tree.map(
+      float, parallel.local_replica(p_eval_step(replicated_params, parallel.shard(batch)))
+    )
+    for k, v in out.items():
+      totals[k] = totals.get(k, 0.0) + v
+  tokens = max(totals.get("tokens", 0.0), 1.0)
+  nll = totals.get("nll_sum", 0.0) / tokens
+  return {
+    "dev_loss": totals.get("loss_sum", 0.0) / tokens,
+    "dev_nll": nll,
+    "dev_perplexity": float(np.exp(min(nll, 50.0))),
+    "dev_accuracy": totals.get("correct", 0.0) / tokens,
+  }
+
+
+def dev_bleu(run: Run, replicated_params: Any) -> dict[str, float]:
+  """BLEU of greedy (by default) decoding on the first dev sentences: a cheap learning signal.
+
+  `replicated_params` are on every local device (the train state's); all processes decode.
+  """
+  n = run.config.eval.dev_bleu_sentences
+  pairs = run.data.pairs("dev")[:n]
+  if not pairs:
+    return {}
+  hyps = translate.translate_lines(
+    [s for s, _ in pairs],
+    run.tokenizer,
+    run.model,
+    replicated_params,
+    run.config.decode,
+    max_src_len=run.config.data.max_len,
+    replicated=True,
+    beam_size=run.config.eval.dev_bleu_beam_size,
+  )
+  score, _ = sacrebleu_score(hyps, [r for _, r in pairs])
+  return {"dev_bleu": score}
+
+
+def test_scores(run: Run, params: Any, tag: str, *, replicated: bool = False) -> dict[str, Any]:
+  """Decodes the test set greedily and with the configured beam, and scores both both ways.
+
+  Every process decodes its share and scores the whole set; process 0 writes
+  `<workdir>/eval/test_<tag>_<greedy|beamK>.{hyp.txt,scores.json}`.
+  """
+  pairs = run.data.pairs("test")
+  sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+  if not replicated:
+    params, replicated = parallel.replicate(params), True  # once for both searches
+  out: dict[str, Any] = {}
+  for beam in sorted({1, run.config.decode.beam_size}):
+    start = time.monotonic()
+    hyps = translate.translate_lines(
+      sources,
+      run.tokenizer,
+      run.model,
+      params,
+      run.config.decode,
+      max_src_len=run.config.data.max_len,
+      replicated=replicated,
+      beam_size=beam,
+    )
+    name = "greedy" if beam == 1 else f"beam{beam}"
+    scores = score_and_write(
+      hyps,
+      refs,
+      os.path.join(run.workdir, "eval"),
+      f"test_{tag}_{name}",
+      run.config.data.tgt_lang,
+      write=parallel.is_main_process(),
+    )
+    logging.info(
+      "test %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f, %d sentences in %.1fs",
+      name,
+      scores["sacrebleu"],
+      scores["sacrebleu_signature"],
+      scores["tokenized_bleu"],
+      len(hyps),
+      time.monotonic() - start,
+    )
+    out[f"test_sacrebleu_{name}"] = scores["sacrebleu"]
+    out[f"test_tokenized_bleu_{name}"] = scores["tokenized_bleu"]
+    out["sacrebleu_signature"] = scores["sacrebleu_signature"]
+  return out

@@ -3,11 +3,20 @@
 Everything here is pure Flax linen: parameters in, activations out. Attention keeps its decode cache
 in the `cache` collection (self-attention keys/values grow one step at a time; cross-attention
 keys/values are projected from the encoder output once, at the first step, and reused).
+
+Einsum letters and shape comments mean the same in this file and model.py (gemma's style):
+
+  B  batch (rows)                      D  d_model
+  T  query positions (the target, or   N  heads (h)
+     the source in the encoder)        H  one head's width (d_k = d_v = D / N)
+  S  key/value positions               F  d_ff
+  L  a decode cache's length           V  vocabulary
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -16,7 +25,6 @@ import numpy as np
 
 Array = jax.Array
 Dtype = Any
-
 
 
 def _upcast_on_cpu(*xs: Array) -> tuple[Array, ...]:
@@ -36,13 +44,19 @@ def einsum_f32(subscripts: str, a: Array, b: Array) -> Array:
   return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
 
 
-def dot_general_f32(lhs: Array, rhs: Array, dimension_numbers: Any, precision: Any = None,
-                    preferred_element_type: Any = None) -> Array:
+def dot_general_f32(
+  lhs: Array,
+  rhs: Array,
+  dimension_numbers: Any,
+  precision: Any = None,
+  preferred_element_type: Any = None,
+) -> Array:
   """`lax.dot_general` returning float32, as `einsum_f32` (for nn.Dense's `dot_general`)."""
   del preferred_element_type  # always float32
   lhs, rhs = _upcast_on_cpu(lhs, rhs)
-  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 def mask_value(dtype: Dtype) -> Array:
@@ -91,34 +105,32 @@ class PositionalEncoding(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, positions: Array | None = None, decode: bool = False) -> Array:
-    # x: [batch, length, d_model]
+    # x: [B, T, D]
     length = x.shape[1]
     if decode:
       index = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
-      positions = jnp.broadcast_to(index.value, x.shape[:2])  # [batch, 1]
+      positions = jnp.broadcast_to(index.value, x.shape[:2])  # [B, 1]
       if not self.is_initializing():
         index.value = index.value + length
     elif positions is None:
-      positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])  # [batch, length]
+      positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])  # [B, T]
     if self.kind == "sinusoidal":
       pe = sinusoidal_encoding(positions, self.d_model)
-    elif self.kind == "learned":
+    else:  # "learned" (config_lib.validate allows no other)
       table = self.param(
-          "pos_embedding", nn.initializers.normal(stddev=0.02), (self.max_len, self.d_model)
+        "pos_embedding", nn.initializers.normal(stddev=0.02), (self.max_len, self.d_model)
       )
       pe = jnp.take(table, positions, axis=0)
-    else:
-      raise ValueError(f"model.positional must be 'sinusoidal' or 'learned', got {self.kind!r}.")
     return x + pe.astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
-# Masks. Shapes are [batch, 1, queries, keys] (broadcast over heads); True = may attend.
+# Masks. Shapes are [B, 1, T, S] (broadcast over heads); True = may attend.
 
 
 def padding_mask(query_tokens: Array, key_tokens: Array) -> Array:
   """Attention allowed only between non-padding (id != 0) positions."""
-  # query_tokens: [batch, q], key_tokens: [batch, k] -> [batch, 1, q, k]
+  # query_tokens: [B, T], key_tokens: [B, S] -> [B, 1, T, S]
   return (query_tokens > 0)[:, None, :, None] & (key_tokens > 0)[:, None, None, :]
 
 
@@ -128,7 +140,7 @@ def causal_mask(length: int) -> Array:
 
 
 def segment_mask(query_segments: Array, key_segments: Array) -> Array:
-  """Packed rows: a token attends only within its own sentence pair. [batch, 1, q, k]."""
+  """Packed rows: a token attends only within its own sentence pair. [B, 1, T, S]."""
   return query_segments[:, None, :, None] == key_segments[:, None, None, :]
 
 
@@ -137,39 +149,39 @@ def segment_mask(query_segments: Array, key_segments: Array) -> Array:
 
 
 def dot_product_attention(
-    query: Array,
-    key: Array,
-    value: Array,
-    mask: Array | None,
-    *,
-    dropout_rate: float = 0.0,
-    dropout_rng: Array | None = None,
-    deterministic: bool = True,
+  query: Array,
+  key: Array,
+  value: Array,
+  mask: Array | None,
+  *,
+  dropout_rate: float = 0.0,
+  dropout_rng: Array | None = None,
+  deterministic: bool = True,
 ) -> Array:
   """softmax(Q K^T / sqrt(d_k)) V, per head (Eq. 1 of the paper).
 
   Args:
-    query: [batch, q, heads, d_k]
-    key: [batch, k, heads, d_k]
-    value: [batch, k, heads, d_v]
-    mask: boolean, broadcastable to [batch, heads, q, k]; True = may attend.
+    query: [B, T, N, H]
+    key: [B, S, N, H]
+    value: [B, S, N, H]
+    mask: boolean, broadcastable to [B, N, T, S]; True = may attend.
 
   Returns:
-    [batch, q, heads, d_v]
+    [B, T, N, H]
 
   The scores Q K^T are accumulated and kept in float32 whatever the inputs' dtype, and the
   softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on.
   """
   d_k = query.shape[-1]
-  logits = einsum_f32("bqhd,bkhd->bhqk", query, key)
-  logits = logits / np.float32(np.sqrt(d_k))  # [batch, heads, q, k] float32
+  logits = einsum_f32("BTNH,BSNH->BNTS", query, key)
+  logits = logits / np.float32(np.sqrt(d_k))  # [B, N, T, S] float32
   if mask is not None:
     logits = jnp.where(mask, logits, mask_value(logits.dtype))
   weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(value.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+  return jnp.einsum("BNTS,BSNH->BTNH", weights, value)
 
 
 class MultiHeadAttention(nn.Module):
@@ -179,7 +191,7 @@ class MultiHeadAttention(nn.Module):
 
   Decode mode:
     - self-attention (`cross=False`): keys/values of each new token are written into a
-      [batch, max_len, heads, d_k] cache at `cache_index`; queries see positions <= index.
+      [B, L, N, H] cache at `cache_index`; queries see positions <= index.
     - cross-attention (`cross=True`): keys/values of the encoder output are projected at the
       first step and kept in the cache; later steps reuse them instead of recomputing.
   """
@@ -197,54 +209,55 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(
-      self,
-      inputs_q: Array,
-      inputs_kv: Array,
-      mask: Array | None,
-      *,
-      deterministic: bool = True,
-      decode: bool = False,
-      cross: bool = False,
+    self,
+    inputs_q: Array,
+    inputs_kv: Array,
+    mask: Array | None,
+    *,
+    deterministic: bool = True,
+    decode: bool = False,
+    cross: bool = False,
   ) -> Array:
-    # inputs_q: [batch, q, d_model]; inputs_kv: [batch, k, d_model]
-    if self.d_model % self.num_heads:
-      raise ValueError(
-          f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}."
-      )
-    d_head = self.d_model // self.num_heads
-    w_q = self._kernel("query", (self.d_model, self.num_heads, d_head))
-    w_k = self._kernel("key", (self.d_model, self.num_heads, d_head))
-    w_v = self._kernel("value", (self.d_model, self.num_heads, d_head))
+    # inputs_q: [B, T, D]; inputs_kv: [B, S, D]
+    head_dim = self.d_model // self.num_heads
+    w_q = self._kernel("query", (self.d_model, self.num_heads, head_dim))
+    w_k = self._kernel("key", (self.d_model, self.num_heads, head_dim))
+    w_v = self._kernel("value", (self.d_model, self.num_heads, head_dim))
     w_o = self.param("out", self.kernel_init, (self.d_model, self.d_model)).astype(self.dtype)
 
     # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
-    query = jnp.einsum("bqd,dhe->bqhe", inputs_q.astype(self.dtype), w_q)  # [batch, q, heads, d_h]
+    query = jnp.einsum("BTD,DNH->BTNH", inputs_q.astype(self.dtype), w_q)
 
     def project_kv(kv: Array) -> tuple[Array, Array]:
-      # kv: [batch, k, d_model] -> keys, values: [batch, k, heads, d_head]
+      # kv: [B, S, D] -> keys, values: [B, S, N, H]
       kv = kv.astype(self.dtype)
-      return jnp.einsum("bsd,dhe->bshe", kv, w_k), jnp.einsum("bsd,dhe->bshe", kv, w_v)
+      return jnp.einsum("BSD,DNH->BSNH", kv, w_k), jnp.einsum("BSD,DNH->BSNH", kv, w_v)
 
     if decode and cross:
       key, value = self._cached_cross_kv(inputs_kv, project_kv)
     elif decode:
-      key, value = project_kv(inputs_kv)  # [batch, 1, heads, d_head]
+      key, value = project_kv(inputs_kv)  # [B, 1, N, H]
       key, value, mask = self._update_self_cache(key, value, mask)
     else:
-      key, value = project_kv(inputs_kv)  # [batch, k, heads, d_head]
+      key, value = project_kv(inputs_kv)  # [B, S, N, H]
 
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
     out = dot_product_attention(
-        query, key, value, mask,
-        dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic,
-    )  # [batch, q, heads, d_head]
-    out = out.reshape(*out.shape[:2], self.d_model)  # concat heads: [batch, q, d_model]
+      query,
+      key,
+      value,
+      mask,
+      dropout_rate=self.dropout_rate,
+      dropout_rng=dropout_rng,
+      deterministic=deterministic,
+    )  # [B, T, N, H]
+    out = out.reshape(*out.shape[:2], self.d_model)  # heads concatenated: [B, T, D]
     return out @ w_o
 
   def _update_self_cache(
-      self, key: Array, value: Array, mask: Array | None
+    self, key: Array, value: Array, mask: Array | None
   ) -> tuple[Array, Array, Array]:
     """Writes this step's key/value at the cache index; returns the full cache and its mask."""
     initialized = self.has_variable("cache", "cached_key")
@@ -254,25 +267,25 @@ class MultiHeadAttention(nn.Module):
     if not initialized:
       # `init` is called with the full target length: only the cache's shape is made here.
       return key, value, mask
-    batch, max_len, heads, d_head = cached_key.value.shape
-    if key.shape != (batch, 1, heads, d_head):
+    batch, max_len, heads, head_dim = cached_key.value.shape
+    if key.shape != (batch, 1, heads, head_dim):
       raise ValueError(f"decode expects one token per step, got keys of shape {key.shape}.")
     i = index.value
     key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
     value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
     cached_key.value, cached_value.value, index.value = key, value, i + 1
     # The new query (at position i) sees cache positions 0..i: causal masking, incrementally.
-    step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
+    step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, L]
     mask = step_mask if mask is None else mask & step_mask
     return key, value, mask
 
   def _cached_cross_kv(
-      self, inputs_kv: Array, project_kv: Callable[[Array], tuple[Array, Array]]
+    self, inputs_kv: Array, project_kv: Callable[[Array], tuple[Array, Array]]
   ) -> tuple[Array, Array]:
     """Encoder keys/values, projected at the first decode step only."""
     batch, src_len, _ = inputs_kv.shape
-    d_head = self.d_model // self.num_heads
-    shape = (batch, src_len, self.num_heads, d_head)
+    head_dim = self.d_model // self.num_heads
+    shape = (batch, src_len, self.num_heads, head_dim)
     ready = self.variable("cache", "cross_ready", lambda: jnp.array(False))
     cached_key = self.variable("cache", "cross_key", jnp.zeros, shape, self.dtype)
     cached_value = self.variable("cache", "cross_value", jnp.zeros, shape, self.dtype)
@@ -280,9 +293,7 @@ class MultiHeadAttention(nn.Module):
       return project_kv(inputs_kv)
     # lax.cond runs one branch: after step 0 the projection is skipped, not masked out.
     old_key, old_value = cached_key.value, cached_value.value
-    key, value = jax.lax.cond(
-        ready.value, lambda kv: (old_key, old_value), project_kv, inputs_kv
-    )
+    key, value = jax.lax.cond(ready.value, lambda kv: (old_key, old_value), project_kv, inputs_kv)
     cached_key.value, cached_value.value, ready.value = key, value, jnp.array(True)
     return key, value
 
@@ -297,9 +308,9 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
-    # x: [batch, length, d_model]
+    # x: [B, T, D]
     init = nn.initializers.xavier_uniform()
     h = nn.Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
-    h = nn.relu(h)  # [batch, length, d_ff]
+    h = nn.relu(h)  # [B, T, F]
     h = nn.Dropout(self.relu_dropout_rate)(h, deterministic=deterministic)
     return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)

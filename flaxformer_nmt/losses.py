@@ -26,7 +26,7 @@ def smoothed_targets(targets: Array, vocab_size: int, label_smoothing: float) ->
 
 
 def label_smoothed_cross_entropy(
-    logits: Array, targets: Array, weights: Array, label_smoothing: float
+  logits: Array, targets: Array, weights: Array, label_smoothing: float
 ) -> tuple[Array, Array, Array]:
   """Cross entropy against smoothed targets, over positions with weight 1 (non-padding).
 
@@ -54,5 +54,8 @@ def _entropy(label_smoothing: float, vocab_size: int) -> float:
   """Entropy of the smoothed target distribution: the smallest value the loss can take."""
   eps = label_smoothing
   off = eps / (vocab_size - 1)
-  xlogx = lambda p: p * math.log(p) if p > 0 else 0.0
+
+  def xlogx(p: float) -> float:
+    return p * math.log(p) if p > 0 else 0.0
+
   return -(xlogx(1.0 - eps) + (vocab_size - 1) * xlogx(off))

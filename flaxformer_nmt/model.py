@@ -29,7 +29,6 @@ from flaxformer_nmt import layers
 Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-DTYPE_CHOICES = ("auto", *_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,36 +52,14 @@ class TransformerConfig:
 
   @classmethod
   def from_config(
-      cls, model: ml_collections.ConfigDict, vocab_size: int, auto_dtype: str = "float32"
-  ) -> "TransformerConfig":
-    """Builds the model's config from `config.model`, validating what a user could mistype.
+    cls, model: ml_collections.ConfigDict, vocab_size: int, auto_dtype: str = "float32"
+  ) -> TransformerConfig:
+    """Builds the model's config from `config.model` (checked by `config_lib.validate`).
 
     `auto_dtype` is what `model.dtype="auto"` resolves to on this machine
     (`parallel.auto_dtype()`: bfloat16 on TPUs and recent GPUs, float32 on CPUs).
     """
-    if model.dtype == "float16":
-      raise ValueError(
-          "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "
-          "which this trainer does not do. Use 'bfloat16' (TPU, A100/H100 and newer GPUs) or "
-          "'float32' (T4, V100, CPU), or 'auto' to pick between them."
-      )
-    if model.dtype not in DTYPE_CHOICES:
-      raise ValueError(
-          f"config.model.dtype must be one of {list(DTYPE_CHOICES)}, got {model.dtype!r}."
-      )
-    if model.positional not in ("sinusoidal", "learned"):
-      raise ValueError(
-          f"config.model.positional must be 'sinusoidal' or 'learned', got {model.positional!r}."
-      )
-    if model.d_model % model.num_heads:
-      raise ValueError(
-          f"config.model.d_model={model.d_model} is not divisible by "
-          f"config.model.num_heads={model.num_heads}."
-      )
-    for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
-      if not 0.0 <= model[name] < 1.0:
-        raise ValueError(f"config.model.{name} must be in [0, 1), got {model[name]}.")
-    # Every other field carries over by name, so a field added to both places needs no code here.
+    # Fields carry over by name, so a field added to both places needs no code here.
     copied = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
     dtype = auto_dtype if model.dtype == "auto" else model.dtype
     return cls(vocab_size=vocab_size, dtype=_DTYPES[dtype], **{k: model[k] for k in copied})
@@ -100,7 +77,7 @@ class Residual(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, sublayer, *, deterministic: bool) -> Array:
-    # x: [batch, length, d_model]; sublayer: [batch, length, d_model] -> same
+    # x: [B, T, D]; sublayer: [B, T, D] -> same
     dropout = nn.Dropout(self.cfg.dropout_rate)
     if self.cfg.pre_ln:
       return x + dropout(sublayer(_layer_norm("ln")(x)), deterministic=deterministic)
@@ -112,17 +89,17 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
-    # x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len]
+    # x: [B, S, D]; mask: [B, 1, S, S]
     cfg = self.cfg
     attn = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
+      cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
     )
     ffn = layers.FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, name="ffn")
     x = Residual(cfg, name="attention_block")(
-        x, lambda h: attn(h, h, mask, deterministic=deterministic), deterministic=deterministic
+      x, lambda h: attn(h, h, mask, deterministic=deterministic), deterministic=deterministic
     )
     return Residual(cfg, name="ffn_block")(
-        x, lambda h: ffn(h, deterministic=deterministic), deterministic=deterministic
+      x, lambda h: ffn(h, deterministic=deterministic), deterministic=deterministic
     )
 
 
@@ -131,37 +108,37 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(
-      self,
-      y: Array,
-      encoded: Array,
-      self_mask: Array | None,
-      cross_mask: Array,
-      deterministic: bool,
-      decode: bool,
+    self,
+    y: Array,
+    encoded: Array,
+    self_mask: Array | None,
+    cross_mask: Array,
+    deterministic: bool,
+    decode: bool,
   ) -> Array:
-    # y: [batch, tgt_len, d_model]; encoded: [batch, src_len, d_model]
+    # y: [B, T, D]; encoded: [B, S, D]
     cfg = self.cfg
     self_attn = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
+      cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
     )
     cross_attn = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="cross_attention"
+      cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="cross_attention"
     )
     ffn = layers.FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, name="ffn")
     y = Residual(cfg, name="self_attention_block")(
-        y,
-        lambda h: self_attn(h, h, self_mask, deterministic=deterministic, decode=decode),
-        deterministic=deterministic,
+      y,
+      lambda h: self_attn(h, h, self_mask, deterministic=deterministic, decode=decode),
+      deterministic=deterministic,
     )
     y = Residual(cfg, name="cross_attention_block")(
-        y,
-        lambda h: cross_attn(
-            h, encoded, cross_mask, deterministic=deterministic, decode=decode, cross=True
-        ),
-        deterministic=deterministic,
+      y,
+      lambda h: cross_attn(
+        h, encoded, cross_mask, deterministic=deterministic, decode=decode, cross=True
+      ),
+      deterministic=deterministic,
     )
     return Residual(cfg, name="ffn_block")(
-        y, lambda h: ffn(h, deterministic=deterministic), deterministic=deterministic
+      y, lambda h: ffn(h, deterministic=deterministic), deterministic=deterministic
     )
 
 
@@ -184,15 +161,17 @@ class Transformer(nn.Module):
   def setup(self) -> None:
     cfg = self.cfg
     self.embedding = nn.Embed(
-        cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model), name="embedding"
+      cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model), name="embedding"
     )
     if not cfg.share_embeddings:
       self.target_embedding = nn.Embed(
-          cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model)
+        cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model)
       )
       self.logits_dense = nn.Dense(
-          cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
-          dot_general=layers.dot_general_f32,
+        cfg.vocab_size,
+        use_bias=False,
+        dtype=cfg.dtype,
+        dot_general=layers.dot_general_f32,
       )
     self.encoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
     self.decoder_positions = layers.PositionalEncoding(cfg.d_model, cfg.max_len, cfg.positional)
@@ -206,27 +185,27 @@ class Transformer(nn.Module):
       self.decoder_norm = _layer_norm("decoder_norm")
 
   def _embed(self, table: nn.Embed, tokens: Array) -> Array:
-    # tokens: [batch, length] -> [batch, length, d_model] float32, scaled by sqrt(d_model) (3.4).
+    # tokens: [B, T] -> [B, T, D] float32, scaled by sqrt(d_model) (3.4).
     return table(tokens) * jnp.sqrt(self.cfg.d_model).astype(jnp.float32)
 
   def _logits(self, y: Array) -> Array:
-    """[batch, length, d_model] -> [batch, length, vocab] float32: a `dtype` product, accumulated
+    """[B, T, D] -> [B, T, V] float32: a `dtype` product, accumulated
     and returned in float32 (rounding logits to bfloat16 would coarsen the loss)."""
     if not self.cfg.share_embeddings:
       return self.logits_dense(y)
     table = self.embedding.embedding  # [vocab, d_model] float32 parameter
     dtype = self.cfg.dtype
-    return layers.einsum_f32("bld,vd->blv", y.astype(dtype), table.astype(dtype))
+    return layers.einsum_f32("BTD,VD->BTV", y.astype(dtype), table.astype(dtype))
 
   def encode(
-      self,
-      inputs: Array,
-      inputs_position: Array | None = None,
-      inputs_segmentation: Array | None = None,
-      *,
-      train: bool = False,
+    self,
+    inputs: Array,
+    inputs_position: Array | None = None,
+    inputs_segmentation: Array | None = None,
+    *,
+    train: bool = False,
   ) -> Array:
-    """inputs: [batch, src_len] ids (0 = padding) -> [batch, src_len, d_model]."""
+    """inputs: [B, S] ids (0 = padding) -> [B, S, D]."""
     deterministic = not train
     mask = layers.padding_mask(inputs, inputs)
     if inputs_segmentation is not None:
@@ -238,35 +217,35 @@ class Transformer(nn.Module):
     return self.encoder_norm(x) if self.cfg.pre_ln else x
 
   def decode(
-      self,
-      encoded: Array,
-      inputs: Array,
-      targets: Array,
-      targets_position: Array | None = None,
-      inputs_segmentation: Array | None = None,
-      targets_segmentation: Array | None = None,
-      *,
-      train: bool = False,
-      decode: bool = False,
+    self,
+    encoded: Array,
+    inputs: Array,
+    targets: Array,
+    targets_position: Array | None = None,
+    inputs_segmentation: Array | None = None,
+    targets_segmentation: Array | None = None,
+    *,
+    train: bool = False,
+    decode: bool = False,
   ) -> Array:
     """Logits for each target position.
 
-    Training / scoring (`decode=False`): `targets` [batch, tgt_len] are the reference ids; the
+    Training / scoring (`decode=False`): `targets` [B, T] are the reference ids; the
     decoder input is `targets` shifted right by one with 0 in front (per packed segment), so
     position t predicts targets[t] from targets[:t].
 
-    Incremental decoding (`decode=True`, mutable `cache`): `targets` [batch, 1] is the previous
+    Incremental decoding (`decode=True`, mutable `cache`): `targets` [B, 1] is the previous
     token (0 at the first step); returns the logits for the next one.
 
     Returns:
-      [batch, tgt_len, vocab] float32 logits.
+      [B, T, V] float32 logits.
     """
     cfg = self.cfg
     deterministic = not train
     if decode:
       decoder_input = targets
       self_mask = None  # the cache builds the causal mask step by step
-      cross_mask = (inputs > 0)[:, None, None, :]  # [batch, 1, 1, src_len]
+      cross_mask = (inputs > 0)[:, None, None, :]  # [B, 1, 1, S]
     else:
       decoder_input = shift_right(targets, targets_segmentation)
       self_mask = layers.padding_mask(targets, targets) & layers.causal_mask(targets.shape[1])
@@ -284,27 +263,32 @@ class Transformer(nn.Module):
     return self._logits(y)
 
   def __call__(
-      self,
-      inputs: Array,
-      targets: Array,
-      inputs_position: Array | None = None,
-      targets_position: Array | None = None,
-      inputs_segmentation: Array | None = None,
-      targets_segmentation: Array | None = None,
-      *,
-      train: bool = False,
+    self,
+    inputs: Array,
+    targets: Array,
+    inputs_position: Array | None = None,
+    targets_position: Array | None = None,
+    inputs_segmentation: Array | None = None,
+    targets_segmentation: Array | None = None,
+    *,
+    train: bool = False,
   ) -> Array:
-    """Teacher-forced forward pass: [batch, src_len], [batch, tgt_len] -> [batch, tgt_len, vocab]."""
+    """Teacher-forced forward pass: [B, S], [B, T] -> [B, T, V]."""
     encoded = self.encode(inputs, inputs_position, inputs_segmentation, train=train)
     return self.decode(
-        encoded, inputs, targets, targets_position, inputs_segmentation, targets_segmentation,
-        train=train,
+      encoded,
+      inputs,
+      targets,
+      targets_position,
+      inputs_segmentation,
+      targets_segmentation,
+      train=train,
     )
 
 
 def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
   """Decoder inputs: targets shifted right by one, 0 (the start symbol) at each segment start."""
-  # targets: [batch, length]
+  # targets: [B, T]
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   if segmentation is not None:
     # In a packed row, the first token of each pair must not see the previous pair's last token.
@@ -322,7 +306,7 @@ def init_params(cfg: TransformerConfig, rng: Array, src_len: int = 8, tgt_len: i
 
 
 def init_decode_cache(
-    model: Transformer, batch_size: int, max_decode_len: int, src_len: int
+  model: Transformer, batch_size: int, max_decode_len: int, src_len: int
 ) -> Any:
   """An all-zero decode cache for `batch_size` rows and up to `max_decode_len` steps.
 
@@ -335,7 +319,7 @@ def init_decode_cache(
   def make(src, tgt):
     encoded = jnp.zeros((batch_size, src_len, model.cfg.d_model), jnp.float32)  # as encode()
     return model.init(
-        jax.random.PRNGKey(0), encoded, src, tgt, decode=True, method=Transformer.decode
+      jax.random.PRNGKey(0), encoded, src, tgt, decode=True, method=Transformer.decode
     )["cache"]
 
   shapes = jax.eval_shape(make, dummy_src, dummy_tgt)

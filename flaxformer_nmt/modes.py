@@ -1,18 +1,17 @@
-"""What each `--mode` of main.py does, in terms of the library's pieces."""
+"""What each `--mode` of main.py does, in terms of the library's pieces.
+
+Each mode validates the config and checks its inputs before any expensive work, reads only the
+data it needs (`Run(data=...)`), and ends by writing its figures (`reporting.write_result`).
+"""
 
 from __future__ import annotations
 
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import averaging, checkpoint, parallel, reporting
+from flaxformer_nmt import averaging, config_lib, files, parallel, reporting
+from flaxformer_nmt import evaluate as evaluate_lib
 from flaxformer_nmt import train as train_lib
-
-# Exceptions a user can cause and fix (bad file, bad config value, wrong checkpoint): main.py
-# prints these as one line instead of a traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError, FileNotFoundError, train_lib.NonFiniteLossError, checkpoint.CheckpointError,
-)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -20,9 +19,14 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> None:
   reporting.write_result(workdir, result)
 
 
-def _inference_run(config, workdir: str, which: str) -> tuple[train_lib.Run, object, str]:
+def _inference_run(
+  config: ml_collections.ConfigDict, workdir: str, which: str, data: str
+) -> tuple[train_lib.Run, object, str]:
+  config_lib.validate(config)
+  train_lib.check_workdir(workdir)
   which = averaging.resolve_inference_source(workdir, which)  # none: fail before any work
-  run = train_lib.Run(config, workdir, need_train=False)
+  train_lib.check_checkpoint_fits(config, workdir, averaging.inference_dir(workdir, which))
+  run = train_lib.Run(config, workdir, data=data)
   params, description = averaging.load_inference_params(workdir, run.abstract_params(), which)
   logging.info("Using %s.", description)
   return run, params, description
@@ -30,10 +34,10 @@ def _inference_run(config, workdir: str, which: str) -> tuple[train_lib.Run, obj
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> None:
   """BLEU of the test set (greedy and the configured beam), both flavours; last line JSON."""
-  run, params, description = _inference_run(config, workdir, which)
+  run, params, description = _inference_run(config, workdir, which, data="eval")
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
   result = {"mode": "eval", "checkpoint": description}
-  result.update(train_lib.test_scores(run, params, tag=tag))
+  result.update(evaluate_lib.test_scores(run, params, tag=tag))
   reporting.write_result(workdir, result)
 
 
@@ -46,30 +50,33 @@ def translate(config, workdir: str, which: str, input_path: str, output_path: st
   """
   from flaxformer_nmt import translate as translate_lib
 
-  lines = translate_lib.read_lines(input_path)  # fails on a bad file before the model loads
-  run, params, description = _inference_run(config, workdir, which)
+  lines = files.read_lines(input_path)  # a bad file fails before the model loads
+  run, params, description = _inference_run(config, workdir, which, data="none")
   translator = translate_lib.make_translator(
-      run.tokenizer, run.model, params, config.decode, max_src_len=config.data.max_len
+    run.tokenizer, run.model, params, config.decode, max_src_len=config.data.max_len
   )
   hyps = translator.translate(lines)
   if parallel.is_main_process():
-    translate_lib.write_lines(output_path, hyps)
+    files.write_lines(output_path, hyps)
   logging.info("Translated %d lines in %.1fs.", len(lines), translator.stats.seconds)
-  result = {"mode": "translate", "input": input_path, "output": output_path,
-            "checkpoint": description, **translator.stats.as_dict()}
-  reporting.write_result(workdir, result, echo=output_path != "-")
+  result = {
+    "mode": "translate",
+    "input": input_path,
+    "output": output_path,
+    "checkpoint": description,
+    **translator.stats.as_dict(),
+  }
+  reporting.write_result(workdir, result, echo=output_path != files.STDIO)
 
 
 def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
-  available = averaging.training_steps(workdir)
-  if num_checkpoints < 1 or num_checkpoints > len(available):
-    raise ValueError(
-        f"--num_checkpoints={num_checkpoints}, but {checkpoint.checkpoint_dir(workdir)} holds "
-        f"{len(available)} checkpoints (steps {available}); raise keep_checkpoints to keep more."
-    )
-  run = train_lib.Run(config, workdir, need_train=False)
+  config_lib.validate(config)
+  train_lib.check_workdir(workdir)
+  averaging.check_num_checkpoints(workdir, num_checkpoints)  # before any work
+  run = train_lib.Run(config, workdir, data="none")
   params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
   path = averaging.save_averaged(workdir, params, steps)
-  reporting.write_result(workdir, {"mode": "average", "steps": steps, "path": path,
-                                   "num_checkpoints": len(steps)})
+  reporting.write_result(
+    workdir, {"mode": "average", "steps": steps, "path": path, "num_checkpoints": len(steps)}
+  )

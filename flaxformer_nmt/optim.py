@@ -13,8 +13,6 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
 
   optax passes the number of updates already applied (0 for the first), hence `count + 1`.
   """
-  if warmup_steps < 1:
-    raise ValueError(f"config.optim.warmup_steps must be >= 1, got {warmup_steps}.")
 
   def schedule(count: jax.Array) -> jax.Array:
     step = jnp.asarray(count, jnp.float32) + 1.0
@@ -24,7 +22,7 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
 
 
 def make_optimizer(
-    optim: ml_collections.ConfigDict, d_model: int
+  optim: ml_collections.ConfigDict, d_model: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Adam with the paper's hyper-parameters and schedule; returns (optimizer, schedule)."""
   schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)

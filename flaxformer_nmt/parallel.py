@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from absl import logging
+
+from flaxformer_nmt import errors
 
 AXIS = "batch"
 DISTRIBUTED_MODES = ("auto", "on", "off")
@@ -69,18 +72,18 @@ def maybe_initialize_distributed(mode: str = "auto") -> None:
   if os.environ.get("JAX_COORDINATOR_ADDRESS"):
     missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if v not in os.environ]
     if missing:
-      raise ValueError(
-          f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} not: a hand-launched "
-          "multi-process run needs all three."
+      raise errors.ConfigError(
+        f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} not: a hand-launched "
+        "multi-process run needs all three."
       )
     _quiet_unless_main(int(os.environ["JAX_PROCESS_ID"]))
     # Must not touch a backend before initialize(); gloo only matters to CPU collectives.
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-        process_id=int(os.environ["JAX_PROCESS_ID"]),
+      coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+      num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+      process_id=int(os.environ["JAX_PROCESS_ID"]),
     )
   elif mode == "on":
     jax.distributed.initialize()
@@ -93,8 +96,11 @@ def maybe_initialize_distributed(mode: str = "auto") -> None:
     jax.distributed.initialize()
   _quiet_unless_main(jax.process_index())
   logging.info(
-      "Process %d of %d; %d local / %d global devices.",
-      jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
+    "Process %d of %d; %d local / %d global devices.",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
   )
 
 
@@ -134,22 +140,23 @@ def auto_dtype() -> str:
 
 
 def pmap_train_step(
-    step_fn: Callable[..., Any], devices: Sequence[jax.Device] | None = None, **static: Any
+  step_fn: Callable[..., Any], devices: Sequence[jax.Device] | None = None, **static: Any
 ) -> Callable[..., Any]:
   """pmapped train step; the incoming state's buffers are donated (updated in place)."""
   return jax.pmap(
-      functools.partial(step_fn, axis_name=AXIS, **static),
-      axis_name=AXIS,
-      devices=devices,
-      donate_argnums=(0,),
+    functools.partial(step_fn, axis_name=AXIS, **static),
+    axis_name=AXIS,
+    devices=devices,
+    donate_argnums=(0,),
   )
 
 
 def pmap_eval_step(
-    step_fn: Callable[..., Any], devices: Sequence[jax.Device] | None = None, **static: Any
+  step_fn: Callable[..., Any], devices: Sequence[jax.Device] | None = None, **static: Any
 ) -> Callable[..., Any]:
-  return jax.pmap(functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS,
-                  devices=devices)
+  return jax.pmap(
+    functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS, devices=devices
+  )
 
 
 def pmap_rows(fn: Callable[[Any, jax.Array], Any]) -> Callable[[Any, np.ndarray], np.ndarray]:

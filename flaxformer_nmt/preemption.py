@@ -32,7 +32,8 @@ import signal
 import sys
 import threading
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from absl import logging
@@ -93,9 +94,9 @@ class PreemptionGuard:
     # absl logging takes locks, which a handler interrupting a log call would deadlock on; a
     # plain write to stderr is safe here.
     sys.stderr.write(
-        f"Received {name}: saving a checkpoint at the end of this step, then exiting"
-        + (" (Ctrl-C again to exit now)" if signum == signal.SIGINT else "")
-        + ".\n"
+      f"Received {name}: saving a checkpoint at the end of this step, then exiting"
+      + (" (Ctrl-C again to exit now)" if signum == signal.SIGINT else "")
+      + ".\n"
     )
 
   def should_stop(self, step: int) -> bool:
@@ -111,5 +112,5 @@ class PreemptionGuard:
     """The line the loop logs on its way out."""
     cause = self._signal_name or "a preemption notice"
     return (
-        f"Stopped by {cause} after step {step}; checkpoint saved. Rerun the same command to resume."
+      f"Stopped by {cause} after step {step}; checkpoint saved. Rerun the same command to resume."
     )

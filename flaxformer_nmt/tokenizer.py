@@ -13,11 +13,13 @@ import io
 import os
 import random
 import time
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from absl import logging
 import ml_collections
 import sentencepiece as spm
+from absl import logging
+
+from flaxformer_nmt import errors
 
 PAD_ID: int = 0
 EOS_ID: int = 1
@@ -35,7 +37,7 @@ class Tokenizer:
 
   def __init__(self, model_path: str) -> None:
     if not os.path.isfile(model_path):
-      raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
+      raise errors.DataError(f"{model_path}: no such SentencePiece model.")
     self.model_path = model_path
     with open(model_path, "rb") as f:
       proto = f.read()
@@ -44,9 +46,9 @@ class Tokenizer:
     self.fingerprint = hashlib.sha256(proto).hexdigest()[:16]
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise ValueError(
-          f"{model_path}: (pad, eos, unk, bos) ids are {ids}; this code needs "
-          f"{(PAD_ID, EOS_ID, UNK_ID, -1)} (train it with train_tokenizer)."
+      raise errors.DataError(
+        f"{model_path}: (pad, eos, unk, bos) ids are {ids}; this code needs "
+        f"{(PAD_ID, EOS_ID, UNK_ID, -1)} (train it with train_tokenizer)."
       )
 
   @property
@@ -72,20 +74,17 @@ class Tokenizer:
         out.append(i)
     return self._sp.decode(out)
 
-  def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
-    return [self.decode(row) for row in ids]
-
   def id_to_piece(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))
 
 
 def train_tokenizer(
-    sentences: Iterable[str],
-    model_prefix: str,
-    vocab_size: int,
-    model_type: str = "bpe",
-    character_coverage: float = 1.0,
-    num_threads: int = 0,
+  sentences: Iterable[str],
+  model_prefix: str,
+  vocab_size: int,
+  model_type: str = "bpe",
+  character_coverage: float = 1.0,
+  num_threads: int = 0,
 ) -> Tokenizer:
   """Trains a SentencePiece model on `sentences` and saves it as `<model_prefix>.model`.
 
@@ -95,36 +94,34 @@ def train_tokenizer(
   `character_coverage=1.0` keeps every character (umlauts, accents); the input is already sampled,
   so SentencePiece's own sampling is off (deterministic for the same sentences).
   """
-  if model_type not in ("bpe", "unigram", "char", "word"):
-    raise ValueError(f"data.vocab_model_type: unknown SentencePiece model type {model_type!r}.")
-  if vocab_size < 8:
-    raise ValueError(f"data.vocab_size must be >= 8, got {vocab_size}.")
   sentences = [s for s in sentences if s and not s.isspace()]
   if not sentences:
-    raise ValueError(f"No non-empty sentences to train the vocabulary {model_prefix}.model on.")
+    raise errors.DataError(
+      f"No non-empty sentences to train the vocabulary {model_prefix}.model on."
+    )
   logging.info(
-      "Training a %s SentencePiece vocabulary of %d pieces on %d sentences...",
-      model_type,
-      vocab_size,
-      len(sentences),
+    "Training a %s SentencePiece vocabulary of %d pieces on %d sentences...",
+    model_type,
+    vocab_size,
+    len(sentences),
   )
   start = time.time()
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences),
-      model_writer=model,
-      vocab_size=vocab_size,
-      model_type=model_type,
-      pad_id=PAD_ID,
-      eos_id=EOS_ID,
-      unk_id=UNK_ID,
-      bos_id=-1,
-      hard_vocab_limit=False,
-      character_coverage=character_coverage,
-      input_sentence_size=0,
-      max_sentence_length=1 << 16,
-      num_threads=num_threads or os.cpu_count() or 1,
-      minloglevel=2,
+    sentence_iterator=iter(sentences),
+    model_writer=model,
+    vocab_size=vocab_size,
+    model_type=model_type,
+    pad_id=PAD_ID,
+    eos_id=EOS_ID,
+    unk_id=UNK_ID,
+    bos_id=-1,
+    hard_vocab_limit=False,
+    character_coverage=character_coverage,
+    input_sentence_size=0,
+    max_sentence_length=1 << 16,
+    num_threads=num_threads or os.cpu_count() or 1,
+    minloglevel=2,
   )
   path = model_prefix + ".model"
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -135,20 +132,18 @@ def train_tokenizer(
   tokenizer = Tokenizer(path)
   if tokenizer.vocab_size != vocab_size:
     logging.warning(
-        "Asked for %d pieces but the data supports only %d; using %d (data.vocab_size).",
-        vocab_size,
-        tokenizer.vocab_size,
-        tokenizer.vocab_size,
+      "Asked for %d pieces but the data supports only %d; using %d (data.vocab_size).",
+      vocab_size,
+      tokenizer.vocab_size,
+      tokenizer.vocab_size,
     )
   logging.info(
-      "Trained vocabulary %s (%d pieces) in %.1fs.", path, tokenizer.vocab_size, time.time() - start
+    "Trained vocabulary %s (%d pieces) in %.1fs.", path, tokenizer.vocab_size, time.time() - start
   )
   return tokenizer
 
 
-def sample_sentences(
-    pairs: Iterable[tuple[str, str]], sample_size: int, seed: int
-) -> list[str]:
+def sample_sentences(pairs: Iterable[tuple[str, str]], sample_size: int, seed: int) -> list[str]:
   """A seeded uniform sample of `sample_size` pairs (both sides), in one streaming pass.
 
   Reservoir sampling keeps memory at the sample size, whatever the corpus size (4.5M WMT pairs).
@@ -166,18 +161,32 @@ def sample_sentences(
         reservoir[j] = pair
     if (i + 1) % 1_000_000 == 0:
       logging.info(
-          "Vocabulary sample: read %d pairs (%.0f pairs/s).", i + 1, (i + 1) / (time.time() - start)
+        "Vocabulary sample: read %d pairs (%.0f pairs/s).", i + 1, (i + 1) / (time.time() - start)
       )
   logging.info("Vocabulary sample: %d of %d pairs.", len(reservoir), i + 1)
   return [s for pair in reservoir for s in pair]
 
 
+def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
+  """The run's existing vocabulary (`data.vocab_path`, else `<workdir>/spm.model`), never trained.
+
+  For modes that read no corpora (average, translate): they need the vocabulary's size and pieces.
+  """
+  path = data_config.vocab_path or os.path.join(workdir, MODEL_FILENAME)
+  if not os.path.isfile(path):
+    what = "config.data.vocab_path=" if data_config.vocab_path else ""
+    raise errors.CheckpointError(
+      f"{what}{path}: no such vocabulary; train with --workdir={workdir} first."
+    )
+  return Tokenizer(path)
+
+
 def load_or_train_tokenizer(
-    data_config: ml_collections.ConfigDict,
-    workdir: str,
-    train_pairs_fn: Callable[[], Iterable[tuple[str, str]]],
-    seed: int = 0,
-    process_index: int | None = None,
+  data_config: ml_collections.ConfigDict,
+  workdir: str,
+  train_pairs_fn: Callable[[], Iterable[tuple[str, str]]],
+  seed: int = 0,
+  process_index: int | None = None,
 ) -> Tokenizer:
   """The run's vocabulary: `data.vocab_path`, else `<workdir>/spm.model`, else trained and saved.
 
@@ -186,7 +195,7 @@ def load_or_train_tokenizer(
   """
   if data_config.vocab_path:
     if not os.path.isfile(data_config.vocab_path):
-      raise FileNotFoundError(f"data.vocab_path: no such file: {data_config.vocab_path}")
+      raise errors.DataError(f"config.data.vocab_path={data_config.vocab_path}: no such file.")
     logging.info("Using the vocabulary %s (data.vocab_path).", data_config.vocab_path)
     return Tokenizer(data_config.vocab_path)
   path = os.path.join(workdir, MODEL_FILENAME)
@@ -202,13 +211,16 @@ def load_or_train_tokenizer(
     deadline = time.time() + _WAIT_TIMEOUT_S
     while not os.path.isfile(path):
       if time.time() > deadline:
-        raise TimeoutError(f"Process {process_index}: {path} did not appear; is workdir shared?")
+        raise errors.ConfigError(
+          f"Process {process_index}: {path} did not appear; is --workdir on a filesystem all "
+          "processes share?"
+        )
       time.sleep(_WAIT_POLL_S)
     return Tokenizer(path)
   sentences = sample_sentences(train_pairs_fn(), data_config.vocab_sample_size, seed)
   return train_tokenizer(
-      sentences,
-      os.path.join(workdir, MODEL_FILENAME[: -len(".model")]),
-      data_config.vocab_size,
-      model_type=data_config.vocab_model_type,
+    sentences,
+    os.path.join(workdir, MODEL_FILENAME[: -len(".model")]),
+    data_config.vocab_size,
+    model_type=data_config.vocab_model_type,
   )

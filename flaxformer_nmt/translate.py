@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import sys
 import time
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from absl import logging
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
-from flaxformer_nmt import decode, parallel
+from flaxformer_nmt import decode, files, parallel, reporting
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
 # [batch, src_len] int32 source ids -> [batch, out_len] int32 output ids (EOS, then PAD).
@@ -72,29 +71,20 @@ def _bucket(length: int, buckets: Sequence[int]) -> int:
   return next(b for b in buckets if b >= length)
 
 
-def _format_eta(seconds: float) -> str:
-  seconds = int(round(seconds))
-  return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 class Translator:
   """Lines in, lines out, around a batch decode function (the model, or a stub in tests)."""
 
   def __init__(
-      self,
-      tokenizer: TextTokenizer,
-      decode_fn: BatchDecodeFn,
-      *,
-      batch_size: int,
-      max_src_len: int,
-      num_shards: int = 1,
-      log_every_secs: float = 10.0,
+    self,
+    tokenizer: TextTokenizer,
+    decode_fn: BatchDecodeFn,
+    *,
+    batch_size: int,
+    max_src_len: int,
+    num_shards: int = 1,
+    log_every_secs: float = 10.0,
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences."""
-    if batch_size < 1:
-      raise ValueError(f"decode.batch_size must be >= 1, got {batch_size}.")
-    if max_src_len < 2:
-      raise ValueError(f"The maximum source length must be >= 2 (a token and EOS): {max_src_len}.")
     self.tokenizer = tokenizer
     self.decode_fn = decode_fn
     self.batch_size = batch_size
@@ -117,7 +107,7 @@ class Translator:
     outputs = [""] * len(lines)
     todo = [i for i, line in enumerate(lines) if line.strip()]
     self.stats.num_empty = len(lines) - len(todo)
-    sources = dict(zip(todo, self._encode([lines[i] for i in todo])))
+    sources = dict(zip(todo, self._encode([lines[i] for i in todo]), strict=True))
 
     truncated = [i for i in todo if len(sources[i]) > self.max_src_len]
     for i in truncated:
@@ -127,8 +117,12 @@ class Translator:
       named = ", ".join(str(i + 1) for i in truncated[:_NAMED_TRUNCATIONS])
       more = "" if len(truncated) <= _NAMED_TRUNCATIONS else ", ..."
       logging.warning(
-          "%d of %d lines are longer than %d tokens (EOS included) and were truncated: line %s%s.",
-          len(truncated), len(lines), self.max_src_len, named, more,
+        "%d of %d lines are longer than %d tokens (EOS included) and were truncated: line %s%s.",
+        len(truncated),
+        len(lines),
+        self.max_src_len,
+        named,
+        more,
       )
 
     # Longest first: a batch that does not fit in memory fails at once, and the ETA errs long.
@@ -148,17 +142,19 @@ class Translator:
         inputs[row, : len(sources[i])] = sources[i]
       tokens = np.asarray(self.decode_fn(inputs))  # [batch, out_len]
       for row, i in enumerate(batch):
-        text = self.tokenizer.decode(tokens[row].tolist())
         # A line break inside a translation would shift every later line.
-        outputs[i] = text.replace("\r", " ").replace("\n", " ")
+        outputs[i] = files.one_line(self.tokenizer.decode(tokens[row].tolist()))
       self.stats.num_batches += 1
       done += len(batch)
       now = time.time()
       if now - last_log >= self.log_every_secs or done == len(order):
         rate = done / max(now - start, 1e-9)
         logging.info(
-            "Translated %d/%d sentences (%.1f sentences/s, ETA %s).",
-            done, len(order), rate, _format_eta((len(order) - done) / rate),
+          "Translated %d/%d sentences (%.1f sentences/s, ETA %s).",
+          done,
+          len(order),
+          rate,
+          reporting.format_seconds((len(order) - done) / rate),
         )
         last_log = now
     self.stats.seconds = time.time() - start
@@ -180,7 +176,7 @@ def _sharded_decoder(model: Any, search: decode.SearchConfig) -> Callable[[Any, 
 
 
 def make_decode_fn(
-    model: Any, params: Any, search: decode.SearchConfig, *, replicated: bool = False
+  model: Any, params: Any, search: decode.SearchConfig, *, replicated: bool = False
 ) -> BatchDecodeFn:
   """The model's batch decode over all devices as a numpy-in, numpy-out function.
 
@@ -195,34 +191,37 @@ def make_decode_fn(
 
 
 def make_translator(
-    tokenizer: TextTokenizer,
-    model: Any,
-    params: Any,
-    decode_config: ml_collections.ConfigDict,
-    max_src_len: int,
-    *,
-    replicated: bool = False,
+  tokenizer: TextTokenizer,
+  model: Any,
+  params: Any,
+  decode_config: ml_collections.ConfigDict,
+  max_src_len: int,
+  *,
+  replicated: bool = False,
+  beam_size: int | None = None,
 ) -> Translator:
-  """A Translator for `model` with the beam, alpha, length rule and batch size of config.decode."""
-  search = decode.SearchConfig.from_config(decode_config)
+  """A Translator for `model` with the beam, alpha, length rule and batch size of config.decode
+  (`beam_size` overrides the beam, e.g. greedy dev BLEU during training)."""
+  search = decode.SearchConfig.from_config(decode_config, beam_size=beam_size)
   return Translator(
-      tokenizer,
-      make_decode_fn(model, params, search, replicated=replicated),
-      batch_size=int(decode_config.batch_size),
-      max_src_len=max_src_len,
-      num_shards=jax.device_count(),
+    tokenizer,
+    make_decode_fn(model, params, search, replicated=replicated),
+    batch_size=int(decode_config.batch_size),
+    max_src_len=max_src_len,
+    num_shards=jax.device_count(),
   )
 
 
 def translate_lines(
-    lines: Sequence[str],
-    tokenizer: TextTokenizer,
-    model: Any,
-    params: Any,
-    decode_config: ml_collections.ConfigDict,
-    max_src_len: int,
-    *,
-    replicated: bool = False,
+  lines: Sequence[str],
+  tokenizer: TextTokenizer,
+  model: Any,
+  params: Any,
+  decode_config: ml_collections.ConfigDict,
+  max_src_len: int,
+  *,
+  replicated: bool = False,
+  beam_size: int | None = None,
 ) -> list[str]:
   """Translates `lines` with config.decode's settings; see the module docstring.
 
@@ -230,76 +229,12 @@ def translate_lines(
   min(config.model.max_len, config.data.max_len). `replicated`: see `make_decode_fn`.
   """
   translator = make_translator(
-      tokenizer, model, params, decode_config, max_src_len, replicated=replicated
+    tokenizer,
+    model,
+    params,
+    decode_config,
+    max_src_len,
+    replicated=replicated,
+    beam_size=beam_size,
   )
   return translator.translate(lines)
-
-
-# ------------------------------------------------------------------------------------------------
-# Files and standard streams.
-
-
-def read_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 file, or of stdin for "-", without their line ends.
-
-  Splits on "\\n" only: str.splitlines would also split on U+2028, U+0085 and others that occur
-  inside real sentences, changing the number of lines. A bad byte is reported as path:line.
-  """
-  if path == "-":
-    data = sys.stdin.buffer.read()
-    name = "<stdin>"
-  else:
-    with open(path, "rb") as f:
-      data = f.read()
-    name = path
-  raw = data.split(b"\n")
-  if raw and raw[-1] == b"":
-    raw.pop()  # the final line end
-  lines = []
-  for number, line in enumerate(raw, start=1):
-    try:
-      text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason} at byte {e.start}).") from e
-    if number == 1:
-      text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
-    lines.append(text.removesuffix("\r"))
-  return lines
-
-
-def write_lines(path: str, lines: Sequence[str]) -> None:
-  """Writes lines as UTF-8 to a file (via a temporary name, so no half file remains) or stdout."""
-  data = "".join(line + "\n" for line in lines).encode("utf-8")
-  if path == "-":
-    sys.stdout.flush()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
-    return
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
-
-
-def translate_file(
-    input_path: str,
-    output_path: str,
-    tokenizer: TextTokenizer,
-    model: Any,
-    params: Any,
-    decode_config: ml_collections.ConfigDict,
-    max_src_len: int,
-) -> dict[str, float | int]:
-  """`--mode=translate`: reads --input (file or -), writes --output (file or -); returns stats.
-
-  The stats (lines, empty, truncated, sentences/s) are what main.py prints as its JSON line.
-  """
-  lines = read_lines(input_path)
-  logging.info("Translating %d lines from %s.", len(lines), input_path)
-  translator = make_translator(tokenizer, model, params, decode_config, max_src_len)
-  write_lines(output_path, translator.translate(lines))
-  stats = translator.stats.as_dict()
-  logging.info("Wrote %d lines to %s (%s).", len(lines), output_path, stats)
-  return stats

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import matplotlib
@@ -10,13 +9,14 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from flaxformer_nmt import errors, reporting  # noqa: E402
+
 
 def read_dev_metrics(workdir: str) -> list[dict[str, float]]:
-  path = os.path.join(workdir, "dev_metrics.jsonl")
+  path = reporting.metrics_path(workdir, "dev")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} does not exist: no evaluation has run in {workdir}.")
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    raise errors.DataError(f"{path} does not exist: no evaluation has run in {workdir}.")
+  return reporting.read_jsonl(path)
 
 
 def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[dict[str, float]]:
@@ -35,5 +35,11 @@ def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[di
   fig.tight_layout()
   fig.savefig(out_path, dpi=120)
   plt.close(fig)
-  return [{"minutes": round(r["train_minutes"], 2), "step": r["step"],
-           "dev_bleu": round(r["dev_bleu"], 2)} for r in records]
+  return [
+    {
+      "minutes": round(r["train_minutes"], 2),
+      "step": r["step"],
+      "dev_bleu": round(r["dev_bleu"], 2),
+    }
+    for r in records
+  ]

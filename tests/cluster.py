@@ -41,9 +41,9 @@ class Job:
     for proc in self.procs:
       try:
         codes.append(proc.wait(timeout=max(deadline - time.monotonic(), 1)))
-      except subprocess.TimeoutExpired:
+      except subprocess.TimeoutExpired as e:
         self.kill()
-        raise AssertionError(f"job timed out after {timeout}s; log:\n{self.log()[-4000:]}")
+        raise AssertionError(f"job timed out after {timeout}s; log:\n{self.log()[-4000:]}") from e
     return codes
 
   def wait_for(self, text: str, timeout: float) -> None:
@@ -69,12 +69,12 @@ class Job:
 
 
 def launch(
-    args: list[str],
-    *,
-    processes: int,
-    devices: int,
-    log_prefix: pathlib.Path,
-    cache_dir: pathlib.Path | None = None,
+  args: list[str],
+  *,
+  processes: int,
+  devices: int,
+  log_prefix: pathlib.Path,
+  cache_dir: pathlib.Path | None = None,
 ) -> Job:
   """Starts `python main.py *args` as `processes` processes of `devices` CPU devices each."""
   port = free_port()
@@ -83,17 +83,31 @@ def launch(
     env = dict(os.environ)
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
       env.pop(var, None)
-    env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(
+      JAX_PLATFORMS="cpu",
+      TF_CPP_MIN_LOG_LEVEL="3",
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
     if cache_dir is not None:
       # Later launches load their programs instead of compiling them (most of a launch's time).
       env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+      env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny model compiles in < 1 s
     if processes > 1:
-      env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-                 JAX_PROCESS_ID=str(p))
+      env.update(
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        JAX_NUM_PROCESSES=str(processes),
+        JAX_PROCESS_ID=str(p),
+      )
     log = pathlib.Path(f"{log_prefix}.p{p}.log")
     logs.append(log)
     with open(log, "ab") as out:
-      procs.append(subprocess.Popen([sys.executable, "main.py", *args], cwd=REPO, env=env,
-                                    stdout=out, stderr=subprocess.STDOUT))
+      procs.append(
+        subprocess.Popen(
+          [sys.executable, "main.py", *args],
+          cwd=REPO,
+          env=env,
+          stdout=out,
+          stderr=subprocess.STDOUT,
+        )
+      )
   return Job(procs, logs)

@@ -6,6 +6,50 @@ XLA reads the flag once, when jax is first imported, so it must be set before an
 import os
 
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+  # Registered in pyproject.toml too; repeated here so a bare `pytest tests/x.py` knows it.
+  config.addinivalue_line("markers", "slow: starts subprocesses (main.py, several processes)")
+
+
+@pytest.fixture
+def tiny_config():
+  """The shared tiny config: configs/demo.py cut to 60 steps and 40-sentence dev and test sets."""
+  import helpers  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS is set)
+
+  return helpers.demo_config()
+
+
+@pytest.fixture(scope="session")
+def trained_demo(tmp_path_factory) -> tuple[dict, pathlib.Path]:
+  """The tiny config trained to step 60 in float32, once per test session: (result, workdir).
+
+  Checkpoints at steps 30 and 60, dev figures at step 60, test BLEU greedy and beam 2. Tests that
+  change the workdir copy it first. Under pytest-xdist the workers share one run: the first to
+  get here trains, the others wait on a file lock and read its result.
+  """
+  import fcntl
+  import json
+
+  from flaxformer_nmt import train  # pylint: disable=g-import-not-at-top
+
+  import helpers  # pylint: disable=g-import-not-at-top
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's folder, shared by its workers
+  workdir, done = root / "trained_demo", root / "trained_demo.json"
+  with open(root / "trained_demo.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      config = helpers.demo_config(model__dtype="float32")
+      done.write_text(json.dumps(train.train_and_evaluate(config, str(workdir))))
+  return json.loads(done.read_text()), workdir

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pathlib
@@ -11,12 +12,10 @@ import signal
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
-from flaxformer_nmt import averaging
-from flaxformer_nmt import checkpoint
-from flaxformer_nmt import parallel
-from flaxformer_nmt import preemption
+from flaxformer_nmt import averaging, checkpoint, errors, parallel, preemption
 from flaxformer_nmt.steps import TrainState
 
 
@@ -24,16 +23,22 @@ def make_state(seed: int, step: int = 3, width: int = 8) -> TrainState:
   """A TrainState with Adam moments that are not all zero, all leaves host numpy."""
   rng = np.random.default_rng(seed)
   params = {
-      "embed": {"embedding": rng.standard_normal((11, width)).astype(np.float32)},
-      "dense": {"kernel": rng.standard_normal((width, 4)).astype(np.float32),
-                "bias": rng.standard_normal((4,)).astype(np.float32)},
+    "embed": {"embedding": rng.standard_normal((11, width)).astype(np.float32)},
+    "dense": {
+      "kernel": rng.standard_normal((width, 4)).astype(np.float32),
+      "bias": rng.standard_normal((4,)).astype(np.float32),
+    },
   }
   tx = optax.adam(1e-3)
   opt_state = tx.init(params)
   grads = jax.tree.map(lambda p: rng.standard_normal(p.shape).astype(np.float32), params)
   _, opt_state = tx.update(grads, opt_state, params)
-  state = TrainState(step=np.int32(step), params=params, opt_state=opt_state,
-                     rng=np.asarray(jax.random.PRNGKey(seed)))
+  state = TrainState(
+    step=np.int32(step),
+    params=params,
+    opt_state=opt_state,
+    rng=np.asarray(jax.random.PRNGKey(seed)),
+  )
   return jax.device_get(state)
 
 
@@ -45,22 +50,23 @@ def assert_bitwise_equal(a, b) -> None:
   leaves_a, tree_a = jax.tree.flatten(a)
   leaves_b, tree_b = jax.tree.flatten(b)
   assert tree_a == tree_b
-  for x, y in zip(leaves_a, leaves_b):
+  for x, y in zip(leaves_a, leaves_b, strict=True):
     x, y = np.asarray(x), np.asarray(y)
     assert x.dtype == y.dtype and x.shape == y.shape
     assert x.tobytes() == y.tobytes()
 
 
 def new_ckpt(path: pathlib.Path, keep: int = 3, every_steps: int = 0, every_secs: float = 0.0):
-  return checkpoint.Checkpointer(str(path), keep=keep, every_steps=every_steps,
-                                 every_secs=every_secs)
+  return checkpoint.Checkpointer(
+    str(path), keep=keep, every_steps=every_steps, every_secs=every_secs
+  )
 
 
 def save_steps(ckpt: checkpoint.Checkpointer, steps, width: int = 8) -> dict[int, TrainState]:
   states = {}
   for s in steps:
     states[s] = make_state(seed=s, step=s, width=width)
-    assert ckpt.save(s, states[s], {"epoch": 0, "index": 100 * s}, force=True)
+    assert ckpt.save(s, lambda: (states[s], {"epoch": 0, "index": 100 * s}), force=True)
   ckpt.wait_until_finished()
   return states
 
@@ -69,7 +75,7 @@ def test_round_trip_is_bitwise_with_data_position_and_rng(tmp_path):
   state = make_state(seed=7, step=3)
   with new_ckpt(tmp_path) as ckpt:
     assert ckpt.restore(abstract(state)) is None  # nothing saved yet
-    assert ckpt.save(3, state, {"epoch": 1, "index": 12345}, force=True)
+    assert ckpt.save(3, lambda: (state, {"epoch": 1, "index": 12345}), force=True)
   with new_ckpt(tmp_path) as ckpt:  # a fresh process's view
     assert ckpt.latest_step() == 3
     for template in (abstract(state), make_state(seed=99, step=0)):
@@ -84,21 +90,40 @@ def test_keeps_last_k_and_does_not_save_a_step_twice(tmp_path):
   with new_ckpt(tmp_path, keep=2) as ckpt:
     save_steps(ckpt, [1, 2, 3, 4])
     assert ckpt.all_steps() == [3, 4]
-    assert not ckpt.save(4, make_state(0, step=4), {}, force=True)  # already saved: no-op
-    assert not ckpt.save(2, make_state(0, step=2), {}, force=True)  # older than the newest
+    assert not ckpt.save(4, lambda: (make_state(0, step=4), {}), force=True)  # already saved: no-op
+    assert not ckpt.save(
+      2, lambda: (make_state(0, step=2), {}), force=True
+    )  # older than the newest
 
 
-def test_should_save_every_n_steps_or_every_s_seconds(tmp_path, monkeypatch):
+def test_one_save_decision_every_n_steps_or_every_s_seconds(tmp_path, monkeypatch):
   clock = [1000.0]
   monkeypatch.setattr(checkpoint.time, "monotonic", lambda: clock[0])
-  with new_ckpt(tmp_path, every_steps=5, every_secs=600) as ckpt:
-    assert [s for s in range(0, 12) if ckpt.should_save(s)] == [5, 10]
+  made = []
+
+  def make(step):
+    def state_and_data():
+      made.append(step)
+      return make_state(0, step=step), {}
+
+    return state_and_data
+
+  with new_ckpt(tmp_path, keep=5, every_steps=5, every_secs=600) as ckpt:
+    assert [s for s in range(0, 12) if ckpt.save(s, make(s))] == [5, 10]
+    assert made == [5, 10]  # the state is copied to the host only for a save
+    clock[0] += 599
+    assert not ckpt.save(12, make(12))
+    clock[0] += 2
+    assert not ckpt.save(12, make(12), check_clock=False)  # not every process asks here
+    assert ckpt.save(12, make(12))  # 601 s since the save of step 10
     clock[0] += 601
-    assert ckpt.should_save(7)
-    assert ckpt.save(7, make_state(0, step=7), {})
-    assert not ckpt.should_save(8)  # the clock restarted at the save
-    assert not ckpt.should_save(5)  # not behind the newest checkpoint
+    assert not ckpt.save(12, make(12), force=True)  # saved already
+    assert not ckpt.save(11, make(11), force=True)  # behind the newest checkpoint
+    assert ckpt.save(13, make(13), force=True)
+    assert not ckpt.save(14, make(14))  # the clock restarted at the forced save
+    assert made == [5, 10, 12, 13]
     ckpt.wait_until_finished()
+  assert checkpoint.CheckpointDir(str(tmp_path)).steps() == [5, 10, 12, 13]
 
 
 # Orbax's asyncio loop reports, at garbage collection, the tensorstore error it already raised.
@@ -131,9 +156,39 @@ def test_unreadable_latest_falls_back_with_a_warning_naming_it(tmp_path, caplog,
     # Moved aside, not deleted, and the resumed run can save step 2 again.
     assert (tmp_path / "unreadable" / "2").is_dir() and not bad.exists()
     assert ckpt.all_steps() == [1]
-    assert ckpt.save(2, make_state(5, step=2), {"epoch": 0, "index": 5}, force=True)
+    assert ckpt.save(2, lambda: (make_state(5, step=2), {"epoch": 0, "index": 5}), force=True)
   with new_ckpt(tmp_path) as ckpt:
     assert ckpt.restore(abstract(states[1]))[2] == 2
+
+
+def test_a_failed_read_is_retried_and_moves_nothing(tmp_path, monkeypatch, caplog):
+  """NFS/GCS have bad seconds: an I/O error is not evidence that the checkpoint is corrupt."""
+  monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.0, 0.0))
+  with new_ckpt(tmp_path) as ckpt:
+    states = save_steps(ckpt, [1, 2])
+  real_restore = ocp.CheckpointManager.restore
+  failures = [2]
+
+  def flaky_restore(self, step, *args, **kwargs):
+    if failures[0]:
+      failures[0] -= 1
+      raise OSError(errno.EIO, "Input/output error", str(tmp_path / str(step)))
+    return real_restore(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", flaky_restore)
+  with new_ckpt(tmp_path) as ckpt, caplog.at_level(logging.WARNING):
+    restored, _, step = ckpt.restore(abstract(states[2]))
+  assert step == 2 and failures == [0]
+  assert_bitwise_equal(restored, states[2])
+  assert "attempt 3 of 3" in caplog.text
+
+  failures[0] = 100  # the storage stays down: one line, and the good checkpoint stays put
+  with new_ckpt(tmp_path) as ckpt:
+    with pytest.raises(errors.CheckpointError, match="nothing was moved") as info:
+      ckpt.restore(abstract(states[2]))
+    assert "\n" not in str(info.value) and str(tmp_path / "2") in str(info.value)
+    assert ckpt.all_steps() == [1, 2]
+  assert not (tmp_path / "unreadable").exists()
 
 
 def test_no_readable_checkpoint_is_one_clear_error(tmp_path):
@@ -167,14 +222,12 @@ def test_save_rejects_a_replicated_state_or_a_step_mismatch(tmp_path):
   state = make_state(0, step=3)
   with new_ckpt(tmp_path) as ckpt:
     with pytest.raises(ValueError, match="replicated state"):
-      ckpt.save(3, jax.tree.map(lambda x: np.stack([x, x]), state), {}, force=True)
+      ckpt.save(3, lambda: (jax.tree.map(lambda x: np.stack([x, x]), state), {}), force=True)
     with pytest.raises(ValueError, match="step is 3"):
-      ckpt.save(4, state, {}, force=True)
+      ckpt.save(4, lambda: (state, {}), force=True)
     with pytest.raises(ValueError, match="JSON"):
-      ckpt.save(3, state, {"position": object()}, force=True)
+      ckpt.save(3, lambda: (state, {"position": object()}), force=True)
     assert ckpt.all_steps() == []
-  with pytest.raises(ValueError, match="keep_checkpoints"):
-    checkpoint.Checkpointer(str(tmp_path), keep=0, every_steps=1)
 
 
 def test_averaging_identical_and_different_checkpoints(tmp_path):
@@ -182,34 +235,36 @@ def test_averaging_identical_and_different_checkpoints(tmp_path):
   state = make_state(1, step=1)
   with new_ckpt(ckpt_dir, keep=5) as ckpt:
     for step in (1, 2, 3):
-      ckpt.save(step, state.replace(step=np.int32(step)), {}, force=True)
+      ckpt.save(step, lambda: (state.replace(step=np.int32(step)), {}), force=True)
   params, steps = averaging.average_checkpoints(str(tmp_path), 3, abstract(state))
   assert steps == [1, 2, 3]
   assert_bitwise_equal(params, state.params)
 
   other = make_state(2, step=4)
   with new_ckpt(ckpt_dir, keep=5) as ckpt:
-    ckpt.save(4, other, {}, force=True)
-  params, steps = averaging.average_checkpoints(str(ckpt_dir), 2, abstract(state).params)
+    ckpt.save(4, lambda: (other, {}), force=True)
+  params, steps = averaging.average_checkpoints(str(tmp_path), 2, abstract(state).params)
   assert steps == [3, 4]
   expected = jax.tree.map(
-      lambda a, b: ((a.astype(np.float64) + b) / 2).astype(np.float32), state.params, other.params
+    lambda a, b: ((a.astype(np.float64) + b) / 2).astype(np.float32), state.params, other.params
   )
   assert_bitwise_equal(params, expected)
   kernels = state.params["dense"]["kernel"], other.params["dense"]["kernel"]
   np.testing.assert_allclose(params["dense"]["kernel"], (kernels[0] + kernels[1]) / 2, rtol=1e-6)
 
-  with pytest.raises(ValueError, match=r"--num_checkpoints=5 but .* holds 4 checkpoint\(s\)"):
+  with pytest.raises(
+    errors.CheckpointError, match=r"--num_checkpoints=5, but .* holds 4 checkpoints"
+  ):
     averaging.average_checkpoints(str(tmp_path), 5, abstract(state))
 
 
 def test_inference_params_prefer_a_fresh_average(tmp_path, caplog):
   template = abstract(make_state(0)).params
-  with pytest.raises(ValueError, match="No checkpoint in"):
+  with pytest.raises(errors.CheckpointError, match="No checkpoint in"):
     averaging.load_inference_params(str(tmp_path), template)
   with new_ckpt(tmp_path / checkpoint.CHECKPOINTS, keep=5) as ckpt:
     states = save_steps(ckpt, [1, 2])
-  with pytest.raises(ValueError, match="--mode=average"):
+  with pytest.raises(errors.CheckpointError, match="--mode=average"):
     averaging.load_inference_params(str(tmp_path), template, which="averaged")
 
   params, description = averaging.load_inference_params(str(tmp_path), template)
@@ -241,7 +296,7 @@ def test_restore_across_device_counts(tmp_path, save_devices, restore_devices):
   state = make_state(3, step=5)
   replicated = parallel.replicate(state, jax.local_devices()[:save_devices])
   with new_ckpt(tmp_path) as ckpt:
-    ckpt.save(5, parallel.local_replica(replicated), {"epoch": 0, "index": 9}, force=True)
+    ckpt.save(5, lambda: (parallel.local_replica(replicated), {"epoch": 0, "index": 9}), force=True)
   with new_ckpt(tmp_path) as ckpt:
     restored, _, _ = ckpt.restore(abstract(state))
   on_devices = parallel.replicate(restored, jax.local_devices()[:restore_devices])
@@ -267,7 +322,7 @@ def test_preemption_guard_sets_a_flag_and_restores_handlers():
   assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
-_WORKER = r'''
+_WORKER = r"""
 import os, signal, sys, time
 import numpy as np
 import jax
@@ -282,9 +337,9 @@ state = {"params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "step": 
 with checkpoint.Checkpointer(directory, keep=3, every_steps=0, every_secs=0.5) as ckpt:
   assert ckpt.restore(state) is None
   time.sleep(0.6 if pid == 0 else 0.0)  # only process 0's clock says a save is due...
-  print("due", ckpt.should_save(1), flush=True)  # ...and process 1 must agree
-  ckpt.save(4, state, {"epoch": 0, "index": 4}, force=True)
-  ckpt.save(6, dict(state, step=np.int32(6)), {"epoch": 0, "index": 6}, force=True)
+  saved = ckpt.save(4, lambda: (state, {"epoch": 0, "index": 4}))
+  print("due", saved, flush=True)  # ...and process 1 must agree
+  ckpt.save(6, lambda: (dict(state, step=np.int32(6)), {"epoch": 0, "index": 6}), force=True)
   ckpt.wait_until_finished()
 ocp.multihost.sync_global_processes("saved")
 if pid == 0:  # damage the newest checkpoint; both processes must fall back in step
@@ -304,7 +359,7 @@ with preemption.PreemptionGuard() as guard:
       break
     time.sleep(0.01)
 jax.distributed.shutdown()
-'''
+"""
 
 
 def test_two_processes_agree_write_once_and_fall_back_together(tmp_path):
@@ -320,24 +375,37 @@ def test_two_processes_agree_write_once_and_fall_back_together(tmp_path):
   script.write_text(_WORKER)
   procs = []
   for pid in range(2):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1",
-               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_PROCESS_ID=str(pid))
-    procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt")], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS="--xla_force_host_platform_device_count=1",
+      JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+      JAX_PROCESS_ID=str(pid),
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
   outputs = []
   for proc in procs:
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    outputs.append([line for line in out.splitlines() if line.split(" ")[0] in
-                    ("due", "restored", "stop")])
+    outputs.append(
+      [line for line in out.splitlines() if line.split(" ")[0] in ("due", "restored", "stop")]
+    )
   assert outputs[0] == outputs[1], outputs
   due, restored, stop = outputs[0]
   assert due == "due True" and restored == "restored 4 4 15.0" and stop.startswith("stop")
   assert (tmp_path / "ckpt" / "unreadable" / "6").is_dir()
   # Arrays and JSON were written once, by process 0.
   assert [p.name for p in (tmp_path / "ckpt" / "4" / "state").glob("ocdbt.process_*")] == [
-      "ocdbt.process_0"]
+    "ocdbt.process_0"
+  ]
 
 
 def test_a_save_in_flight_lands_when_the_program_exits_by_an_exception(tmp_path):
@@ -346,20 +414,27 @@ def test_a_save_in_flight_lands_when_the_program_exits_by_an_exception(tmp_path)
   import sys
 
   script = (
-      "import sys, numpy as np\n"
-      "from flaxformer_nmt import checkpoint\n"
-      "ckpt = checkpoint.Checkpointer(sys.argv[1], keep=1, every_steps=0)\n"
-      "state = {'params': {'w': np.ones((2048, 2048), np.float32)}, 'step': np.int32(1)}\n"
-      "ckpt.save(1, state, {'index': 1}, force=True)\n"
-      "raise SystemExit(3)  # no close(): the exit hook must finish the save\n"
+    "import sys, numpy as np\n"
+    "from flaxformer_nmt import checkpoint\n"
+    "ckpt = checkpoint.Checkpointer(sys.argv[1], keep=1, every_steps=0)\n"
+    "state = {'params': {'w': np.ones((2048, 2048), np.float32)}, 'step': np.int32(1)}\n"
+    "ckpt.save(1, lambda: (state, {'index': 1}), force=True)\n"
+    "raise SystemExit(3)  # no close(): the exit hook must finish the save\n"
   )
-  proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
-                        text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  proc = subprocess.run(
+    [sys.executable, "-c", script, str(tmp_path)],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 3, proc.stderr[-3000:]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["1"], proc.stderr[-3000:]
   with new_ckpt(tmp_path) as ckpt:
-    state = {"params": {"w": jax.ShapeDtypeStruct((2048, 2048), np.float32)},
-             "step": jax.ShapeDtypeStruct((), np.int32)}
+    state = {
+      "params": {"w": jax.ShapeDtypeStruct((2048, 2048), np.float32)},
+      "step": jax.ShapeDtypeStruct((), np.int32),
+    }
     restored, data, step = ckpt.restore(state)
   assert step == 1 and data == {"index": 1} and restored["params"]["w"].min() == 1.0
 
@@ -369,10 +444,11 @@ def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   state = {"step": np.array(3, np.int32), "params": {"w": np.arange(4, dtype=np.float32)}}
   ckpt = checkpoint.Checkpointer("runs/demo/checkpoints", keep=2, every_steps=1)
-  ckpt.save(3, state, {"epoch": 0, "index": 5}, force=True)
+  ckpt.save(3, lambda: (state, {"epoch": 0, "index": 5}), force=True)
   ckpt.wait_until_finished()
   restored, data_state, step = checkpoint.Checkpointer(
-      "runs/demo/checkpoints", keep=2, every_steps=1).restore(state)
+    "runs/demo/checkpoints", keep=2, every_steps=1
+  ).restore(state)
   assert step == 3 and data_state == {"epoch": 0, "index": 5}
   np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
   assert (tmp_path / "runs/demo/checkpoints/3").is_dir()

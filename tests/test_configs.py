@@ -1,11 +1,12 @@
 """Every experiment config loads, picks the paper's values, and overrides reach the model."""
 
-import runpy
 import pathlib
+import re
+import runpy
 
 import pytest
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt import config_lib, errors
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -14,19 +15,30 @@ def load(name: str):
   return runpy.run_path(str(CONFIGS / f"{name}.py"))["get_config"]()
 
 
-@pytest.mark.parametrize("name,size,tfds,tgt,vocab,dropout,steps", [
+@pytest.mark.parametrize(
+  "name,size,tfds,tgt,vocab,dropout,steps",
+  [
     ("wmt14_ende_base", "base", "wmt14_translate/de-en", "de", 37_000, 0.1, 100_000),
     ("wmt14_ende_big", "big", "wmt14_translate/de-en", "de", 37_000, 0.3, 300_000),
     ("wmt14_enfr_big", "big", "wmt14_translate/fr-en", "fr", 32_000, 0.1, 300_000),
-])
+  ],
+)
 def test_wmt14_configs_follow_the_paper(name, size, tfds, tgt, vocab, dropout, steps):
   c = load(name)
   s = config_lib.SIZES[size]
   assert (c.model.num_layers, c.model.d_model, c.model.d_ff, c.model.num_heads) == (
-      s.num_layers, s.d_model, s.d_ff, s.num_heads)
+    s.num_layers,
+    s.d_model,
+    s.d_ff,
+    s.num_heads,
+  )
   assert c.model.d_model // c.model.num_heads == 64  # d_k = d_v = 64 for both sizes
   assert (c.data.source, c.data.tfds_name, c.data.src_lang, c.data.tgt_lang) == (
-      "tfds", tfds, "en", tgt)
+    "tfds",
+    tfds,
+    "en",
+    tgt,
+  )
   assert c.data.vocab_size == vocab and c.model.dropout_rate == dropout
   assert c.num_train_steps == steps and c.checkpoint_every_secs == 600
   assert c.label_smoothing == 0.1 and c.optim.warmup_steps == 4000
@@ -43,7 +55,48 @@ def test_small_configs_load(name):
 
 
 def test_unknown_size_or_pair_is_one_clear_error():
-  with pytest.raises(ValueError, match="Unknown model size 'huge'"):
+  with pytest.raises(errors.ConfigError, match="Unknown model size 'huge'"):
     config_lib.base_config("huge")
-  with pytest.raises(ValueError, match="Unknown WMT14 pair 'en-xx'"):
+  with pytest.raises(errors.ConfigError, match="Unknown WMT14 pair 'en-xx'"):
     config_lib.wmt14_config("base", "en-xx")
+
+
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
+    ("num_train_steps", 0, "config.num_train_steps must be >= 1, got 0"),
+    ("checkpoint_every_steps", -1, "config.checkpoint_every_steps must be >= 0"),
+    ("keep_checkpoints", 0, "config.keep_checkpoints must be >= 1"),
+    ("label_smoothing", 1.0, "config.label_smoothing must be in [0, 1), got 1.0"),
+    ("model.num_heads", 3, "config.model.d_model=128 is not divisible by config.model.num_heads=3"),
+    ("model.dropout_rate", -0.1, "config.model.dropout_rate must be in [0, 1)"),
+    ("model.positional", "rotary", "config.model.positional must be one of"),
+    ("model.dtype", "float16", "config.model.dtype='float16' is not supported"),
+    ("model.dtype", "fp8", "config.model.dtype must be one of"),
+    ("optim.accumulate_steps", 0, "config.optim.accumulate_steps must be >= 1"),
+    ("optim.lr_scale", 0.0, "config.optim.lr_scale must be > 0"),
+    ("data.source", "web", "config.data.source must be one of ['demo', 'tfds', 'files']"),
+    ("data.tokens_per_batch", 10, "config.data.tokens_per_batch=10 is smaller than"),
+    ("data.tgt_lang", "en", "config.data.src_lang and config.data.tgt_lang are both 'en'"),
+    ("decode.beam_size", 0, "config.decode.beam_size must be >= 1"),
+    ("decode.batch_size", 0, "config.decode.batch_size must be >= 1"),
+  ],
+)
+def test_validate_names_the_field(field, value, message):
+  c = config_lib.base_config("tiny")
+  config_lib.validate(c)  # the defaults are valid
+  *groups, name = field.split(".")
+  node = c
+  for group in groups:
+    node = node[group]
+  node[name] = value
+  with pytest.raises(errors.ConfigError, match=re.escape(message)) as info:
+    config_lib.validate(c)
+  assert "\n" not in str(info.value)
+
+
+def test_validate_files_source_needs_a_folder():
+  c = config_lib.base_config("tiny")
+  c.data.source = "files"
+  with pytest.raises(errors.ConfigError, match="config.data.dir is empty"):
+    config_lib.validate(c)

@@ -16,8 +16,8 @@ def test_deterministic() -> None:
 
 def test_splits_are_disjoint() -> None:
   sources = {
-      split: {src for src, _ in demo.make_demo_split(split, size, seed=0)}
-      for split, size in (("train", 5000), ("dev", 500), ("test", 500))
+    split: {src for src, _ in demo.make_demo_split(split, size, seed=0)}
+    for split, size in (("train", 5000), ("dev", 500), ("test", 500))
   }
   assert not sources["train"] & sources["dev"]
   assert not sources["train"] & sources["test"]
@@ -33,8 +33,18 @@ def test_split_follows_hash() -> None:
 def test_varied_and_short() -> None:
   pairs = demo.make_demo_split("train", 3000, seed=0)
   sources = [src for src, _ in pairs]
-  for marker in ("apples", "chairs", "books", "years old", "day", "house", "time", "born",
-                 "year", "o'clock"):
+  for marker in (
+    "apples",
+    "chairs",
+    "books",
+    "years old",
+    "day",
+    "house",
+    "time",
+    "born",
+    "year",
+    "o'clock",
+  ):
     assert any(marker in s for s in sources), marker
   assert any("thousand" in s for s in sources)  # large numbers
   assert any(s in ("three", "five", "seven") for s in sources)  # small bare numbers

@@ -11,7 +11,7 @@ import pathlib
 import ml_collections
 import pytest
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt import config_lib, errors
 from flaxformer_nmt.data import sources
 
 _EN = ["A dog runs.", "Two men talk.", "", "A red car."]
@@ -27,7 +27,9 @@ def _config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
 
 
 def _write(path: pathlib.Path, lines: list[str] | bytes) -> None:
-  data = lines if isinstance(lines, bytes) else "".join(l + "\n" for l in lines).encode("utf-8")
+  data = (
+    lines if isinstance(lines, bytes) else "".join(line + "\n" for line in lines).encode("utf-8")
+  )
   if path.suffix == ".gz":
     with gzip.open(path, "wb") as f:
       f.write(data)
@@ -42,7 +44,7 @@ def _write_splits(d: pathlib.Path, suffix: str = "") -> None:
 
 
 def _one_line_error(fn, match: str) -> str:
-  with pytest.raises(sources.DataError, match=match) as e:
+  with pytest.raises(errors.DataError, match=match) as e:
     fn()
   assert "\n" not in str(e.value)
   return str(e.value)
@@ -53,36 +55,42 @@ def test_aligned_files(tmp_path: pathlib.Path, suffix: str) -> None:
   _write_splits(tmp_path, suffix)
   source = sources.make_source(_config(tmp_path))
   source.check()
-  assert list(source.iter_pairs("dev")) == list(zip(_EN, _DE))  # empty lines kept, in order
-  reverse = sources.load_pairs(_config(tmp_path, src_lang="de", tgt_lang="en"), "test")
-  assert reverse == list(zip(_DE, _EN))
+  # Empty lines are kept, in order.
+  assert list(source.iter_pairs("dev")) == list(zip(_EN, _DE, strict=True))
+  reverse = list(
+    sources.make_source(_config(tmp_path, src_lang="de", tgt_lang="en")).iter_pairs("test")
+  )
+  assert reverse == list(zip(_DE, _EN, strict=True))
 
 
 def test_tsv_and_crlf(tmp_path: pathlib.Path) -> None:
   _write_splits(tmp_path)
-  (tmp_path / "train.tsv").write_bytes("A dog.\tEin Hund.\r\n\r\nA cat. \t Eine Katze.\n".encode())
-  pairs = sources.load_pairs(_config(tmp_path), "train")
+  (tmp_path / "train.tsv").write_bytes(b"A dog.\tEin Hund.\r\n\r\nA cat. \t Eine Katze.\n")
+  pairs = list(sources.make_source(_config(tmp_path)).iter_pairs("train"))
   assert pairs == [("A dog.", "Ein Hund."), ("", ""), ("A cat.", "Eine Katze.")]
 
 
 def test_tsv_wrong_field_count(tmp_path: pathlib.Path) -> None:
   _write_splits(tmp_path)
   (tmp_path / "train.tsv").write_text("a\tb\nno tab here\n")
-  _one_line_error(lambda: sources.load_pairs(_config(tmp_path), "train"), r"train.tsv:2: expected")
+  _one_line_error(
+    lambda: list(sources.make_source(_config(tmp_path)).iter_pairs("train")),
+    r"train.tsv:2: expected",
+  )
 
 
 def test_mismatched_line_counts(tmp_path: pathlib.Path) -> None:
   _write_splits(tmp_path)
   _write(tmp_path / "train.de", _DE + ["Noch einer.", "Und noch einer."])
-  load = lambda: sources.load_pairs(_config(tmp_path), "train")
+  load = lambda: list(sources.make_source(_config(tmp_path)).iter_pairs("train"))
   msg = _one_line_error(load, "Line counts differ")
   assert "train.en has 4 lines" in msg and "train.de has 6" in msg
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path: pathlib.Path) -> None:
   _write_splits(tmp_path, ".gz")
-  _write(tmp_path / "val.de.gz", "Gut.\nAuch gut.\n".encode() + b"Schlecht \xff\n")
-  load = lambda: sources.load_pairs(_config(tmp_path), "dev")
+  _write(tmp_path / "val.de.gz", b"Gut.\nAuch gut.\n" + b"Schlecht \xff\n")
+  load = lambda: list(sources.make_source(_config(tmp_path)).iter_pairs("dev"))
   _one_line_error(load, r"val.de.gz:3: invalid UTF-8")
 
 
@@ -97,7 +105,7 @@ def test_empty_file(tmp_path: pathlib.Path) -> None:
 def test_empty_gz_file(tmp_path: pathlib.Path) -> None:
   _write_splits(tmp_path, ".gz")
   _write(tmp_path / "train.de.gz", b"")  # a valid gzip stream of zero bytes
-  load = lambda: sources.load_pairs(_config(tmp_path), "train")
+  load = lambda: list(sources.make_source(_config(tmp_path)).iter_pairs("train"))
   _one_line_error(load, r"train.de.gz: file is empty")
 
 
@@ -109,13 +117,8 @@ def test_missing_file(tmp_path: pathlib.Path) -> None:
   assert "val.en" not in msg.split("missing")[1].split("(")[0]
 
 
-def test_missing_dir_and_unset_dir(tmp_path: pathlib.Path) -> None:
-  _one_line_error(lambda: sources.make_source(_config(tmp_path / "nope")).check(), "no such folder")
-  _one_line_error(lambda: sources.make_source(_config(tmp_path, dir="")), "data.dir is empty")
-
-
-def test_unknown_source_kind(tmp_path: pathlib.Path) -> None:
-  _one_line_error(lambda: sources.make_source(_config(tmp_path, source="web")), "data.source='web'")
+def test_missing_dir(tmp_path: pathlib.Path) -> None:
+  _one_line_error(sources.make_source(_config(tmp_path / "nope")).check, "no such folder")
 
 
 def test_fingerprint_changes_with_content(tmp_path: pathlib.Path) -> None:
@@ -148,7 +151,7 @@ def test_tfds_mock_random_examples() -> None:
 
 
 @pytest.mark.parametrize(
-    "name,src,tgt", [("wmt14_translate/de-en", "en", "de"), ("wmt14_translate/fr-en", "en", "fr")]
+  "name,src,tgt", [("wmt14_translate/de-en", "en", "de"), ("wmt14_translate/fr-en", "en", "fr")]
 )
 def test_tfds_direction_follows_src_tgt_lang(name: str, src: str, tgt: str) -> None:
   other = "de" if tgt == "de" else "fr"
@@ -173,16 +176,16 @@ def test_tfds_direction_follows_src_tgt_lang(name: str, src: str, tgt: str) -> N
 
 def test_tfds_unknown_names() -> None:
   _one_line_error(
-      sources.make_source(_tfds_config(tfds_name="wmt99_translate/de-en")).check,
-      "data.tfds_name='wmt99_translate/de-en': unknown TFDS dataset 'wmt99_translate'",
+    sources.make_source(_tfds_config(tfds_name="wmt99_translate/de-en")).check,
+    "data.tfds_name='wmt99_translate/de-en': unknown TFDS dataset 'wmt99_translate'",
   )
   _one_line_error(
-      sources.make_source(_tfds_config(tfds_name="wmt14_translate/xx-en")).check,
-      "unknown config 'xx-en'",
+    sources.make_source(_tfds_config(tfds_name="wmt14_translate/xx-en")).check,
+    "unknown config 'xx-en'",
   )
   _one_line_error(
-      sources.make_source(_tfds_config(tgt_lang="fr")).check,
-      "data.tgt_lang='fr' is not a language of wmt14_translate/de-en",
+    sources.make_source(_tfds_config(tgt_lang="fr")).check,
+    "data.tgt_lang='fr' is not a language of wmt14_translate/de-en",
   )
 
 

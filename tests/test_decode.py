@@ -59,9 +59,9 @@ def _trigram_step(log_table: np.ndarray) -> decode.StepFn:
 def _trigram_cache(bias: np.ndarray, beam: int) -> dict:
   rows = np.repeat(bias, beam, axis=0)  # sentence-major: row b * beam + j
   return {
-      "prev": jnp.zeros((rows.shape[0],), jnp.int32),
-      "bias": jnp.asarray(rows, jnp.float32),
-      "index": jnp.array(0, jnp.int32),
+    "prev": jnp.zeros((rows.shape[0],), jnp.int32),
+    "bias": jnp.asarray(rows, jnp.float32),
+    "index": jnp.array(0, jnp.int32),
   }
 
 
@@ -134,20 +134,29 @@ def test_outputs_stop_at_each_sentences_max_length(beam):
   for allow_eos in (False, True):
     if beam == 1:
       result = decode.greedy_search(
-          step, {"index": jnp.array(0)}, max_lengths, max_decode_len=6, alpha=0.6,
-          allow_eos=allow_eos,
+        step,
+        {"index": jnp.array(0)},
+        max_lengths,
+        max_decode_len=6,
+        alpha=0.6,
+        allow_eos=allow_eos,
       )
     else:
       result = decode.beam_search(
-          step, {"index": jnp.array(0)}, max_lengths, beam_size=beam, alpha=0.6,
-          max_decode_len=6, allow_eos=allow_eos,
+        step,
+        {"index": jnp.array(0)},
+        max_lengths,
+        beam_size=beam,
+        alpha=0.6,
+        max_decode_len=6,
+        allow_eos=allow_eos,
       )
     tokens = np.asarray(result.tokens)
     lengths = np.asarray(result.lengths)
     assert int(result.num_steps) <= 5  # the loop stops at the longest cap, not the buffer (6)
     assert np.all(lengths <= np.asarray(max_lengths))
     assert np.all(tokens[:, 5:] == PAD_ID)
-    for row, n in zip(tokens, lengths):
+    for row, n in zip(tokens, lengths, strict=True):
       assert np.all(row[:n] != PAD_ID) and np.all(row[n:] == PAD_ID)
     if not allow_eos:
       np.testing.assert_array_equal(lengths, max_lengths)
@@ -163,7 +172,7 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
   step = _bigram_step(np.log(probs + 1e-30))
   max_lengths = jnp.array([40, 50], jnp.int32)
   result = decode.beam_search(
-      step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=50
+    step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=50
   )
   assert int(result.num_steps) == 1
   np.testing.assert_array_equal(result.tokens[:, :2], [[EOS_ID, PAD_ID]] * 2)
@@ -178,10 +187,10 @@ def test_beam_finds_what_greedy_misses():
   step = _bigram_step(_known_bigram())
   max_lengths = jnp.array([10], jnp.int32)
   greedy = decode.greedy_search(
-      step, {"index": jnp.array(0)}, max_lengths, max_decode_len=10, alpha=0.6
+    step, {"index": jnp.array(0)}, max_lengths, max_decode_len=10, alpha=0.6
   )
   beam = decode.beam_search(
-      step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=10
+    step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=10
   )
   np.testing.assert_array_equal(greedy.tokens[0, :4], [A, C, EOS_ID, PAD_ID])
   np.testing.assert_array_equal(beam.tokens[0, :3], [B, EOS_ID, PAD_ID])
@@ -190,7 +199,7 @@ def test_beam_finds_what_greedy_misses():
   np.testing.assert_array_equal(greedy.lengths, [3])
   np.testing.assert_array_equal(beam.lengths, [2])
   np.testing.assert_allclose(
-      beam.normalized_scores, math.log(0.45 * 0.95) / (7 / 6) ** 0.6, rtol=1e-4
+    beam.normalized_scores, math.log(0.45 * 0.95) / (7 / 6) ** 0.6, rtol=1e-4
   )
 
 
@@ -205,8 +214,12 @@ def test_wide_beam_equals_brute_force(alpha):
   max_lengths = np.array([3, 4, 2])
   beam = 4**3  # prefixes of content tokens alive after 3 steps
   result = decode.beam_search(
-      _trigram_step(log_table), _trigram_cache(bias, beam), jnp.asarray(max_lengths),
-      beam_size=beam, alpha=alpha, max_decode_len=4,
+    _trigram_step(log_table),
+    _trigram_cache(bias, beam),
+    jnp.asarray(max_lengths),
+    beam_size=beam,
+    alpha=alpha,
+    max_decode_len=4,
   )
   for b in range(3):
     normalized, tokens, score = _brute_force(log_table, bias[b], int(max_lengths[b]), alpha)
@@ -224,11 +237,15 @@ def test_beam_one_is_greedy_on_a_trigram_chain():
   bias = rng.normal(size=(5, V))
   max_lengths = jnp.array([6, 8, 3, 8, 1], jnp.int32)
   greedy = decode.greedy_search(
-      _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, max_decode_len=8, alpha=0.6
+    _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, max_decode_len=8, alpha=0.6
   )
   beam = decode.beam_search(
-      _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, beam_size=1, alpha=0.6,
-      max_decode_len=8,
+    _trigram_step(log_table),
+    _trigram_cache(bias, 1),
+    max_lengths,
+    beam_size=1,
+    alpha=0.6,
+    max_decode_len=8,
   )
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
   np.testing.assert_array_equal(beam.lengths, greedy.lengths)
@@ -300,7 +317,7 @@ def test_cached_decoding_matches_full_forward_pass(trained_tiny):
   full = jax.jit(model.apply)({"params": params}, inputs, targets)  # [batch, tgt_len, vocab]
 
   encoded = jax.jit(functools.partial(model.apply, method=Transformer.encode))(
-      {"params": params}, inputs
+    {"params": params}, inputs
   )
   step = jax.jit(decode.model_step_fn(model, params, encoded, jnp.asarray(inputs)))
   cache = init_decode_cache(model, batch_size=3, max_decode_len=6, src_len=7)

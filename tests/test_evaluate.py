@@ -1,4 +1,4 @@
-"""Both BLEU flavours against sacrebleu and sacremoses called directly, and the ##AT## split by hand."""
+"""Both BLEU flavours against sacrebleu and sacremoses called directly, and ##AT## split by hand."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from flaxformer_nmt import evaluate
 
 # German hypotheses and references with compounds, punctuation, quotes and umlauts.
 HYPS = [
-    "Die E-Mail-Adresse ist gültig.",
-    "Der Preis ist 5,50 € für \"Wein-Proben\".",
-    "Sie wurde 1999 in Köln geboren.",
-    "Das ist ein Test-Fall.",
+  "Die E-Mail-Adresse ist gültig.",
+  'Der Preis ist 5,50 € für "Wein-Proben".',
+  "Sie wurde 1999 in Köln geboren.",
+  "Das ist ein Test-Fall.",
 ]
 REFS = [
-    "Die E-Mail-Adresse ist nicht gültig.",
-    "Der Preis beträgt 5,50 € für \"Wein-Proben\".",
-    "Sie wurde 1999 in Köln geboren.",
-    "Das ist ein Prüf-Fall.",
+  "Die E-Mail-Adresse ist nicht gültig.",
+  'Der Preis beträgt 5,50 € für "Wein-Proben".',
+  "Sie wurde 1999 in Köln geboren.",
+  "Das ist ein Prüf-Fall.",
 ]
 
 
@@ -40,21 +40,21 @@ def test_compound_split_matches_t2t_perl_by_hand():
   # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' on Moses output, written out by hand. Matches do
   # not overlap ("a-b-c" splits once); a hyphen next to a space is left alone.
   assert (
-      evaluate.tokenize_for_paper_bleu("Die E-Mail-Adresse ist gültig.", "de")
-      == "Die E ##AT##-##AT## Mail ##AT##-##AT## Adresse ist gültig ."
+    evaluate.tokenize_for_paper_bleu("Die E-Mail-Adresse ist gültig.", "de")
+    == "Die E ##AT##-##AT## Mail ##AT##-##AT## Adresse ist gültig ."
   )
   assert evaluate.tokenize_for_paper_bleu("a-b-c x -y z- w", "de") == (
-      "a ##AT##-##AT## b-c x -y z- w"
+    "a ##AT##-##AT## b-c x -y z- w"
   )
   assert evaluate.tokenize_for_paper_bleu("über-all 3-4", "de") == (
-      "über ##AT##-##AT## all 3 ##AT##-##AT## 4"
+    "über ##AT##-##AT## all 3 ##AT##-##AT## 4"
   )
   # Moses escaping (tokenizer.perl's default) and language-aware rules.
   assert evaluate.tokenize_for_paper_bleu('"Wein-Proben" & Käse', "de") == (
-      "&quot; Wein ##AT##-##AT## Proben &quot; &amp; Käse"
+    "&quot; Wein ##AT##-##AT## Proben &quot; &amp; Käse"
   )
   assert evaluate.tokenize_for_paper_bleu("It's well-known.", "en") == (
-      "It &apos;s well ##AT##-##AT## known ."
+    "It &apos;s well ##AT##-##AT## known ."
   )
 
 
@@ -66,16 +66,21 @@ def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
     return evaluate._COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tok)
 
   expected = sacrebleu.corpus_bleu(
-      [paper_tok(h) for h in HYPS], [[paper_tok(r) for r in REFS]],
-      tokenize="none", smooth_method="none", force=True,
+    [paper_tok(h) for h in HYPS],
+    [[paper_tok(r) for r in REFS]],
+    tokenize="none",
+    smooth_method="none",
+    force=True,
   ).score
   assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") == pytest.approx(expected, abs=1e-9)
   # The split is applied to both sides: "Test-Fall" vs "Prüf-Fall" share "##AT##-##AT##" and
   # "Fall" only once split, so the paper's flavour scores higher than without the split.
   unsplit = sacrebleu.corpus_bleu(
-      [moses.tokenize(h, return_str=True, escape=True) for h in HYPS],
-      [[moses.tokenize(r, return_str=True, escape=True) for r in REFS]],
-      tokenize="none", smooth_method="none", force=True,
+    [moses.tokenize(h, return_str=True, escape=True) for h in HYPS],
+    [[moses.tokenize(r, return_str=True, escape=True) for r in REFS]],
+    tokenize="none",
+    smooth_method="none",
+    force=True,
   ).score
   assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") > unsplit
 

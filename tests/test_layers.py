@@ -65,12 +65,14 @@ def test_self_attention_cache_after_one_step():
   cache = jax.tree.map(jnp.zeros_like, variables["cache"])
   params = variables["params"]
   step_input = x[:, :1]
-  _, mutated = mha.apply({"params": params, "cache": cache}, step_input, step_input, None,
-                         decode=True, mutable=["cache"])
+  _, mutated = mha.apply(
+    {"params": params, "cache": cache}, step_input, step_input, None, decode=True, mutable=["cache"]
+  )
   new = mutated["cache"]
   assert int(new["cache_index"]) == 1
-  want_key = np.einsum("bsd,dhe->bshe", np.asarray(step_input),
-                       np.asarray(params["key"]).reshape(8, 2, 4))
+  want_key = np.einsum(
+    "bsd,dhe->bshe", np.asarray(step_input), np.asarray(params["key"]).reshape(8, 2, 4)
+  )
   np.testing.assert_allclose(np.asarray(new["cached_key"])[:, :1], want_key, rtol=1e-5, atol=1e-6)
   assert not np.asarray(new["cached_key"])[:, 1:].any()
 

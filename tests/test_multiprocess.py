@@ -20,46 +20,50 @@ import orbax.checkpoint as ocp
 import pytest
 
 import cluster  # tests/cluster.py (pytest puts tests/ on the path)
+import helpers
+
+pytestmark = pytest.mark.slow  # several main.py processes
 
 TOTAL = 24
 TIMEOUT_S = 300
 
 TINY = [
-    "--config=configs/demo.py",
-    "--config.data.demo_train_size=2000",
-    "--config.data.demo_dev_size=16",
-    "--config.data.demo_test_size=16",
-    "--config.data.vocab_size=120",
-    "--config.data.vocab_sample_size=2000",
-    "--config.data.max_len=32",
-    "--config.data.tokens_per_batch=512",  # 16 rows: 2 per device
-    "--config.model.num_layers=1",
-    "--config.model.d_model=32",
-    "--config.model.d_ff=64",
-    "--config.model.num_heads=2",
-    "--config.model.max_len=64",
-    "--config.model.dropout_rate=0.1",  # on: dropout keys must follow the device, not the process
-    "--config.optim.warmup_steps=10",
-    f"--config.num_train_steps={TOTAL}",
-    "--config.log_every_steps=1",
-    "--config.eval_every_steps=12",  # dev loss and dev BLEU at steps 12 and 24
-    "--config.checkpoint_every_steps=4",
-    "--config.keep_checkpoints=10",
-    "--config.eval.dev_bleu_sentences=8",
-    "--config.decode.beam_size=2",
-    "--config.decode.max_len_offset=5",
+  "--config=configs/demo.py",
+  "--config.data.demo_train_size=2000",
+  "--config.data.demo_dev_size=16",
+  "--config.data.demo_test_size=16",
+  "--config.data.vocab_size=120",
+  "--config.data.vocab_sample_size=2000",
+  "--config.data.max_len=32",
+  "--config.data.tokens_per_batch=512",  # 16 rows: 2 per device
+  "--config.model.num_layers=1",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_heads=2",
+  "--config.model.max_len=64",
+  "--config.model.dropout_rate=0.1",  # on: dropout keys must follow the device, not the process
+  "--config.optim.warmup_steps=10",
+  f"--config.num_train_steps={TOTAL}",
+  "--config.log_every_steps=1",
+  "--config.eval_every_steps=12",  # dev loss and dev BLEU at steps 12 and 24
+  "--config.checkpoint_every_steps=4",
+  "--config.keep_checkpoints=10",
+  "--config.eval.dev_bleu_sentences=8",
+  "--config.decode.beam_size=2",
+  "--config.decode.max_len_offset=5",
 ]
 
 
-def _losses(log: str) -> dict[int, float]:
-  """Per-step training loss from the log; a step run again after a kill keeps its last value."""
-  return {int(s): float(v) for s, v in re.findall(rf"step (\d+)/{TOTAL}  loss ([\d.]+)", log)}
+def _losses(workdir: pathlib.Path) -> dict[int, float]:
+  """Per-step training loss (train_metrics.jsonl); a step run again after a kill: its last value."""
+  return {r["step"]: r["loss"] for r in helpers.read_metrics(workdir, "train")}
 
 
 def _read_checkpoint(workdir: pathlib.Path, step: int) -> tuple[dict, dict]:
   with ocp.CheckpointManager(workdir / "checkpoints", item_names=("state", "data")) as manager:
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore()))
+    restored = manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore())
+    )
   return restored["state"], restored["data"]
 
 
@@ -80,8 +84,13 @@ def base(tmp_path_factory) -> pathlib.Path:
 def reference(base) -> pathlib.Path:
   """The uninterrupted single-process run (8 devices) every comparison is made against."""
   workdir = base / "one"
-  job = cluster.launch([f"--workdir={workdir}", *TINY], processes=1, devices=8,
-                       log_prefix=base / "one", cache_dir=base / "jax_cache")
+  job = cluster.launch(
+    [f"--workdir={workdir}", *TINY],
+    processes=1,
+    devices=8,
+    log_prefix=base / "one",
+    cache_dir=base / "jax_cache",
+  )
   assert job.wait(TIMEOUT_S) == [0], job.log()[-4000:]
   return workdir
 
@@ -89,8 +98,9 @@ def reference(base) -> pathlib.Path:
 def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
   workdir = base / "two"
   args = [f"--workdir={workdir}", *TINY]
-  launch = lambda: cluster.launch(args, processes=2, devices=4, log_prefix=base / "two",
-                                  cache_dir=base / "jax_cache")
+  launch = lambda: cluster.launch(
+    args, processes=2, devices=4, log_prefix=base / "two", cache_dir=base / "jax_cache"
+  )
 
   # 1. SIGTERM to every process mid-run: they agree on a step, save it and exit cleanly.
   job = launch()
@@ -113,7 +123,7 @@ def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
   assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
 
   # Same losses at every step, same final parameters, Adam moments and input positions.
-  want, got = _losses(cluster.Job([], [base / "one.p0.log"]).log()), _losses(job.log())
+  want, got = _losses(reference), _losses(workdir)
   assert sorted(got) == sorted(want) == list(range(1, TOTAL + 1))
   np.testing.assert_allclose([got[s] for s in want], list(want.values()), atol=2e-4)
   (state_1, data_1), (state_2, data_2) = (_read_checkpoint(w, TOTAL) for w in (reference, workdir))
@@ -124,15 +134,16 @@ def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
     np.testing.assert_allclose(flat_2[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
   # Dev loss and dev BLEU at both evaluations, and the test BLEU of the final report.
   # Dev figures by step (a step run again after the kill is evaluated again: its last record).
-  dev_1, dev_2 = ({json.loads(l)["step"]: json.loads(l)
-                   for l in (w / "dev_metrics.jsonl").read_text().splitlines()}
-                  for w in (reference, workdir))
+  dev_1, dev_2 = (
+    {r["step"]: r for r in helpers.read_metrics(w, "dev")} for w in (reference, workdir)
+  )
   assert sorted(dev_2) == [12, 24] == sorted(dev_1)
   for d1, d2 in ((dev_1[s], dev_2[s]) for s in (12, 24)):
     np.testing.assert_allclose(d2["dev_loss"], d1["dev_loss"], rtol=1e-5)
     assert d2["dev_bleu"] == pytest.approx(d1["dev_bleu"], abs=1e-6)
-  result_1, result_2 = (json.loads((w / "train_result.json").read_text())
-                        for w in (reference, workdir))
+  result_1, result_2 = (
+    json.loads((w / "train_result.json").read_text()) for w in (reference, workdir)
+  )
   for key in ("test_sacrebleu_greedy", "test_sacrebleu_beam2", "test_tokenized_bleu_beam2"):
     assert result_2[key] == pytest.approx(result_1[key], abs=1e-6), key
   # One log, one set of results: process 1 reports only warnings.
@@ -147,8 +158,12 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   outputs = {}
   for processes, devices in ((2, 4), (1, 8)):
     run = lambda *args: cluster.launch(
-        [f"--workdir={reference}", *TINY, *args], processes=processes, devices=devices,
-        log_prefix=tmp_path / f"p{processes}", cache_dir=base / "jax_cache")
+      [f"--workdir={reference}", *TINY, *args],
+      processes=processes,
+      devices=devices,
+      log_prefix=tmp_path / f"p{processes}",
+      cache_dir=base / "jax_cache",
+    )
     job = run("--mode=eval", "--checkpoint=latest")
     assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
     evaluation = json.loads((reference / "eval_result.json").read_text())
@@ -161,16 +176,22 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   assert len(translations) == 4 and translations[1] == "" and all(translations[i] for i in (0, 2))
 
   # Averaging under 2 processes: the mean of the last 2 checkpoints, written once.
-  job = cluster.launch([f"--workdir={reference}", *TINY, "--mode=average", "--num_checkpoints=2"],
-                       processes=2, devices=4, log_prefix=tmp_path / "average",
-                       cache_dir=base / "jax_cache")
+  job = cluster.launch(
+    [f"--workdir={reference}", *TINY, "--mode=average", "--num_checkpoints=2"],
+    processes=2,
+    devices=4,
+    log_prefix=tmp_path / "average",
+    cache_dir=base / "jax_cache",
+  )
   assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
   with ocp.CheckpointManager(reference / "averaged", item_names=("state", "data")) as manager:
-    averaged = manager.restore(TOTAL, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore()))
+    averaged = manager.restore(
+      TOTAL, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore())
+    )
   assert averaged["data"]["averaged_steps"] == [TOTAL - 4, TOTAL]
-  last, before = (dict(_flat(_read_checkpoint(reference, s)[0]["params"]))
-                  for s in (TOTAL, TOTAL - 4))
+  last, before = (
+    dict(_flat(_read_checkpoint(reference, s)[0]["params"])) for s in (TOTAL, TOTAL - 4)
+  )
   for name, value in dict(_flat(averaged["state"]["params"])).items():
     np.testing.assert_allclose(value, (last[name] + before[name]) / 2, rtol=1e-6, err_msg=name)
   shutil.rmtree(reference / "averaged")  # leave the reference workdir as it was

@@ -13,8 +13,8 @@ def _packed_batch(rows: int, length: int, vocab: int) -> dict[str, np.ndarray]:
   rs = np.random.RandomState(0)
   batch = {k: rs.randint(3, vocab, (rows, length)).astype(np.int32) for k in ("inputs", "targets")}
   for r in range(rows):
-    batch["inputs"][r, rs.randint(3, length):] = 0
-    batch["targets"][r, rs.randint(2, length):] = 0
+    batch["inputs"][r, rs.randint(3, length) :] = 0
+    batch["targets"][r, rs.randint(2, length) :] = 0
   return batch
 
 
@@ -27,14 +27,16 @@ def test_eight_devices_equal_one_device():
   # Plain SGD with rate 1: the update *is* the gradient, so any cross-device error shows in the
   # parameters at full size (Adam would hide a scale error and magnify rounding on ~0 gradients).
   tx, schedule = optax.sgd(1.0), optim.paper_schedule(cfg.d_model, c.optim.warmup_steps)
-  state = steps.create_train_state(init_params(cfg, jax.random.PRNGKey(0)), tx,
-                                   jax.random.PRNGKey(1))
+  state = steps.create_train_state(
+    init_params(cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
+  )
   batches = [_packed_batch(16, 12, 64) for _ in range(2)]
   results = {}
   for n in (1, 8):
     devices = jax.local_devices()[:n]
-    step = parallel.pmap_train_step(steps.train_step, devices=devices, model=model, tx=tx,
-                                    schedule=schedule, label_smoothing=0.1)
+    step = parallel.pmap_train_step(
+      steps.train_step, devices=devices, model=model, tx=tx, schedule=schedule, label_smoothing=0.1
+    )
     p_state = parallel.replicate(state, devices)
     for batch in batches:
       p_state, metrics = step(p_state, parallel.shard(batch, n))
@@ -45,8 +47,9 @@ def test_eight_devices_equal_one_device():
   # Adam is invariant to a gradient's scale, so compare the gradient itself (via its norm) too.
   np.testing.assert_allclose(m1["grad_norm"], m8["grad_norm"], rtol=1e-5)
   assert int(s1.step) == int(s8.step) == 2
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               s1.params, s8.params)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), s1.params, s8.params
+  )
   # And the update did something: parameters moved away from the initial ones.
   moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), s1.params, state.params)
   assert max(jax.tree.leaves(moved)) > 1e-4
@@ -61,9 +64,14 @@ def test_shard_rejects_uneven_split():
 
 def _run_steps(state, batches, tx, model, devices, accumulate_steps):
   step = parallel.pmap_train_step(
-      steps.train_step, devices=devices, model=model, tx=tx,
-      schedule=optim.paper_schedule(model.cfg.d_model, 10), label_smoothing=0.1,
-      accumulate_steps=accumulate_steps)
+    steps.train_step,
+    devices=devices,
+    model=model,
+    tx=tx,
+    schedule=optim.paper_schedule(model.cfg.d_model, 10),
+    label_smoothing=0.1,
+    accumulate_steps=accumulate_steps,
+  )
   p_state = parallel.replicate(state, devices)
   for batch in batches:
     p_state, metrics = step(p_state, parallel.shard(batch, len(devices)))
@@ -89,7 +97,8 @@ def test_accumulating_four_micro_batches_equals_one_large_step():
     # Summation order differs (4 partial sums), so entries near 0 differ in relative terms:
     # tolerances are relative to each array's scale.
     close = lambda a, b: np.testing.assert_allclose(
-        a, b, rtol=1e-4, atol=1e-3 * float(np.abs(b).max()) + 1e-12)
+      a, b, rtol=1e-4, atol=1e-3 * float(np.abs(b).max()) + 1e-12
+    )
     jax.tree.map(close, accumulated.params, whole.params)
     jax.tree.map(close, accumulated.opt_state, whole.opt_state)
     # The steps did move the parameters (Adam by about its learning rate, ~1e-6 this early).
@@ -103,8 +112,9 @@ def test_accumulate_steps_must_divide_the_rows():
   c = config_lib.base_config("tiny")
   model = Transformer(TransformerConfig.from_config(c.model, 64))
   tx = optax.sgd(1.0)
-  state = steps.create_train_state(init_params(model.cfg, jax.random.PRNGKey(0)), tx,
-                                   jax.random.PRNGKey(1))
+  state = steps.create_train_state(
+    init_params(model.cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
+  )
   with pytest.raises(ValueError, match="do not split into optim.accumulate_steps=3"):
     _run_steps(state, [_packed_batch(16, 12, 64)], tx, model, jax.local_devices()[:2], 3)
 
@@ -112,7 +122,8 @@ def test_accumulate_steps_must_divide_the_rows():
 def test_local_replica_and_rows_read_this_process_shards():
   devices = jax.local_devices()
   out = jax.pmap(lambda x: (x * 2, jax.lax.psum(x, "i")), axis_name="i")(
-      np.arange(len(devices), dtype=np.float32))
+    np.arange(len(devices), dtype=np.float32)
+  )
   rows, total = out
   np.testing.assert_array_equal(parallel.local_rows(rows), 2 * np.arange(len(devices)))
   assert parallel.local_replica(total) == sum(range(len(devices)))
@@ -136,8 +147,9 @@ def test_distributed_start_up_follows_the_cluster(monkeypatch):
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     monkeypatch.delenv(var, raising=False)
-  slurm = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="node[001-002]", SLURM_PROCID="0",
-               SLURM_LOCALID="0")
+  slurm = dict(
+    SLURM_JOB_ID="7", SLURM_STEP_NODELIST="node[001-002]", SLURM_PROCID="0", SLURM_LOCALID="0"
+  )
   for name, value in slurm.items():
     monkeypatch.setenv(name, value)
 

@@ -3,86 +3,51 @@
 import json
 import logging
 import os
+import pathlib
 import re
 
 import jax
 import pytest
 
-from flaxformer_nmt import config_lib, train
+from flaxformer_nmt import config_lib, errors, train
 
-DEMO = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
+import helpers
 
-
-def short_demo_config():
-  import runpy
-
-  c = runpy.run_path(DEMO)["get_config"]()
-  c.num_train_steps = 60
-  c.log_every_steps = 10
-  c.eval_every_steps = 60
-  c.checkpoint_every_steps = 30
-  c.data.demo_train_size = 5_000
-  c.data.demo_dev_size = 40
-  c.data.demo_test_size = 40
-  c.eval.dev_bleu_sentences = 20
-  c.decode.beam_size = 2
-  return c
+pytestmark = pytest.mark.slow  # whole (short) training runs
 
 
-class _Lines(logging.Handler):
-  def __init__(self) -> None:
-    super().__init__(logging.INFO)
-    self.lines: list[str] = []
-
-  def emit(self, record: logging.LogRecord) -> None:
-    self.lines.append(record.getMessage())
+def _train_losses(workdir) -> list[float]:
+  return [m["loss"] for m in helpers.read_metrics(pathlib.Path(workdir), "train")]
 
 
-def _run(config, workdir) -> tuple[dict, str]:
-  """train_and_evaluate, with the log lines it wrote."""
-  handler = _Lines()
-  root = logging.getLogger()
-  level = root.level
-  root.addHandler(handler)
-  root.setLevel(logging.INFO)
-  try:
-    result = train.train_and_evaluate(config, str(workdir))
-  finally:
-    root.removeHandler(handler)
-    root.setLevel(level)
-  return result, "\n".join(handler.lines)
-
-
-@pytest.fixture(scope="module")
-def float32_demo(tmp_path_factory):
-  """The shortened demo in float32 (what "auto" means on a CPU): (result, log, workdir)."""
-  workdir = tmp_path_factory.mktemp("demo_float32")
-  c = short_demo_config()
-  c.model.dtype = "float32"
-  return (*_run(c, workdir), workdir)
-
-
-def test_short_demo_run_lowers_loss_and_writes_checkpoints(float32_demo):
-  result, log, tmp_path = float32_demo
-  losses = [float(m.group(1)) for m in re.finditer(r"step \d+/60  loss ([\d.]+)", log)]
-  assert len(losses) == 6, log[-2000:]
+def test_short_demo_run_lowers_loss_and_writes_checkpoints(trained_demo):
+  result, tmp_path = trained_demo
+  train_metrics = helpers.read_metrics(tmp_path, "train")
+  assert [m["step"] for m in train_metrics] == [10, 20, 30, 40, 50, 60]
+  losses = [m["loss"] for m in train_metrics]
   assert losses[-1] < 0.6 * losses[0], losses
+  assert all(m["target_tokens_per_s"] > 0 and m["learning_rate"] > 0 for m in train_metrics)
 
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["30", "60"]
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path))
   assert (tmp_path / "spm.model").exists()
   # The final report: dev figures and both decoding flavours on the test split.
   assert result["step"] == 60
-  for key in ("dev_loss", "dev_bleu", "test_sacrebleu_greedy", "test_sacrebleu_beam2",
-              "test_tokenized_bleu_beam2", "train_minutes"):
+  for key in (
+    "dev_loss",
+    "dev_bleu",
+    "test_sacrebleu_greedy",
+    "test_sacrebleu_beam2",
+    "test_tokenized_bleu_beam2",
+    "train_minutes",
+  ):
     assert key in result, result
   assert os.path.exists(tmp_path / "eval" / "test_step60_beam2.hyp.txt")
   json.dumps(result)  # the JSON line main.py prints
 
 
-
-def test_time_budget_stops_early_with_a_checkpoint(tmp_path):
-  c = short_demo_config()
+def test_time_budget_stops_early_with_a_checkpoint(tmp_path, tiny_config):
+  c = tiny_config
   c.max_train_minutes = 1e-4  # 6 ms: stops after the first step
   c.data.demo_test_size = 5
   result = train.train_and_evaluate(c, str(tmp_path))
@@ -90,19 +55,24 @@ def test_time_budget_stops_early_with_a_checkpoint(tmp_path):
   assert os.listdir(tmp_path / "checkpoints") == ["1"]
 
 
-@pytest.mark.parametrize("field,value,message", [
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
     ("num_train_steps", 0, "config.num_train_steps must be >= 1"),
     ("label_smoothing", 1.0, "config.label_smoothing must be in [0, 1)"),
-])
+  ],
+)
 def test_bad_config_values_fail_before_any_work(tmp_path, field, value, message):
   c = config_lib.base_config("tiny")
   c[field] = value
-  with pytest.raises(ValueError, match=re.escape(message)):
+  with pytest.raises(errors.ConfigError, match=re.escape(message)):
     train.train_and_evaluate(c, str(tmp_path / "w"))
   assert not (tmp_path / "w").exists()  # nothing was created
 
 
-def test_bfloat16_demo_trains_close_to_float32_with_float32_state(float32_demo, tmp_path):
+def test_bfloat16_demo_trains_close_to_float32_with_float32_state(
+  trained_demo, tmp_path, tiny_config, caplog
+):
   """Mixed precision: bfloat16 products, float32 parameters and Adam moments on disk.
 
   The same 60 steps in both: the bfloat16 loss falls as the float32 one does; the test allows 5%
@@ -111,16 +81,19 @@ def test_bfloat16_demo_trains_close_to_float32_with_float32_state(float32_demo, 
   import numpy as np
   import orbax.checkpoint as ocp
 
-  full, _, _ = float32_demo
-  c = short_demo_config()
+  full, _ = trained_demo
+  c = tiny_config
   c.model.dtype = "bfloat16"
   c.decode.beam_size = 1
-  low, log = _run(c, tmp_path / "bfloat16")
-  assert "bfloat16 matrix products" in log
-  losses = [float(m.group(1)) for m in re.finditer(r"step \d+/60  loss ([\d.]+)", log)]
+  with caplog.at_level(logging.INFO):
+    low = train.train_and_evaluate(c, str(tmp_path / "bfloat16"))
+  assert "bfloat16 matrix products" in caplog.text
+  losses = _train_losses(tmp_path / "bfloat16")
   assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
-  print(f"dev loss {full['dev_loss']:.4f} (float32) / {low['dev_loss']:.4f} (bfloat16); greedy "
-        f"test sacreBLEU {full['test_sacrebleu_greedy']:.2f} / {low['test_sacrebleu_greedy']:.2f}")
+  print(
+    f"dev loss {full['dev_loss']:.4f} (float32) / {low['dev_loss']:.4f} (bfloat16); greedy "
+    f"test sacreBLEU {full['test_sacrebleu_greedy']:.2f} / {low['test_sacrebleu_greedy']:.2f}"
+  )
   assert abs(low["dev_loss"] - full["dev_loss"]) <= 0.05 * full["dev_loss"], (low, full)
   assert abs(low["test_sacrebleu_greedy"] - full["test_sacrebleu_greedy"]) <= 5.0, (low, full)
   with ocp.CheckpointManager(tmp_path / "bfloat16" / "checkpoints") as manager:
@@ -130,23 +103,44 @@ def test_bfloat16_demo_trains_close_to_float32_with_float32_state(float32_demo, 
 
 
 def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
-    float32_demo, tmp_path):
+  trained_demo, tmp_path, tiny_config, caplog
+):
   """A run killed between saving step 60 and evaluating it: rerunning fills the hole."""
   import shutil
 
-  result, _, done = float32_demo
+  result, done = trained_demo
   workdir = tmp_path / "w"
   shutil.copytree(done, workdir)
-  lines = (workdir / "dev_metrics.jsonl").read_text().splitlines()
-  assert [json.loads(l)["step"] for l in lines] == [60]
+  assert [r["step"] for r in helpers.read_metrics(workdir, "dev")] == [60]
   (workdir / "dev_metrics.jsonl").write_text("")  # as if killed before the evaluation
-  c = short_demo_config()
+  c = tiny_config
   c.model.dtype = "float32"
-  redone, log = _run(c, workdir)
-  assert "Evaluating step 60, which the interrupted run did not." in log
-  dev = [json.loads(l) for l in (workdir / "dev_metrics.jsonl").read_text().splitlines()]
+  with caplog.at_level(logging.INFO):
+    redone = train.train_and_evaluate(c, str(workdir))
+  assert "Evaluating step 60, which the interrupted run did not." in caplog.text
+  dev = helpers.read_metrics(workdir, "dev")
   assert [d["step"] for d in dev] == [60]
   assert dev[0]["dev_loss"] == pytest.approx(result["dev_loss"], rel=1e-6)
   # Training time continues from the checkpoint instead of restarting at 0.
   assert dev[0]["train_minutes"] == pytest.approx(result["train_minutes"], abs=0.02)
   assert redone["test_sacrebleu_greedy"] == pytest.approx(result["test_sacrebleu_greedy"])
+
+
+def test_average_and_translate_read_no_corpus(trained_demo, tmp_path):
+  """Modes that need only the vocabulary and a checkpoint work with the corpus gone."""
+  import shutil
+
+  from flaxformer_nmt import modes
+
+  _, done = trained_demo
+  workdir = tmp_path / "w"
+  shutil.copytree(done, workdir)
+  c = helpers.demo_config(data__source="files", data__dir=str(tmp_path / "gone"))
+  run = train.Run(c, str(workdir), data="none")
+  assert run.data is None and run.tokenizer.vocab_size == c.data.vocab_size
+  modes.average(c, str(workdir), 2)
+  assert json.loads((workdir / "average_result.json").read_text())["steps"] == [30, 60]
+  (tmp_path / "in.txt").write_text("three hundred and five\n\ntwelve\n")
+  modes.translate(c, str(workdir), "auto", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"))
+  out = (tmp_path / "out.txt").read_text().split("\n")
+  assert len(out) == 4 and out[0] and out[1] == "" and out[2] and out[3] == ""

@@ -1,14 +1,10 @@
-"""translate: one output line per input line, in order, through sorting, bucketing and truncation."""
+"""translate: one output line per input line, in order, through sorting, bucketing, truncation."""
 
 from __future__ import annotations
-
-import io
-import sys
 
 import jax
 import ml_collections
 import numpy as np
-import pytest
 
 from flaxformer_nmt import config_lib, translate
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
@@ -67,17 +63,17 @@ class ReversingDecoder:
 
 
 LINES = [
-    "Hello world.",
-    "",
-    "Grüße aus Köln — 東京 und Zürich!",
-    "   ",
-    "x" * 50 + "END",  # longer than the model takes
-    "a",
-    "naïve café\u2028second part",  # U+2028 is inside a line, not a line break
-    "Ünïcödé ",
-    "",
-    "mid-length line of text",
-    "b" * 30,
+  "Hello world.",
+  "",
+  "Grüße aus Köln — 東京 und Zürich!",
+  "   ",
+  "x" * 50 + "END",  # longer than the model takes
+  "a",
+  "naïve café\u2028second part",  # U+2028 is inside a line, not a line break
+  "Ünïcödé ",
+  "",
+  "mid-length line of text",
+  "b" * 30,
 ]
 
 
@@ -86,7 +82,7 @@ def test_order_count_empty_and_truncation_with_a_stub_model():
   translator = translate.Translator(CharTokenizer(), decoder, batch_size=3, max_src_len=20)
   out = translator.translate(LINES)
   assert len(out) == len(LINES)
-  for line, got in zip(LINES, out):
+  for line, got in zip(LINES, out, strict=True):
     if not line.strip():
       assert got == ""
     elif len(line) + 1 > 20:
@@ -107,7 +103,9 @@ def test_order_count_empty_and_truncation_with_a_stub_model():
 def test_sorted_batches_are_length_homogeneous():
   lines = [("w" * n) for n in (1, 40, 2, 39, 3, 38, 4, 37)]
   decoder = ReversingDecoder()
-  out = translate.Translator(CharTokenizer(), decoder, batch_size=4, max_src_len=64).translate(lines)
+  out = translate.Translator(CharTokenizer(), decoder, batch_size=4, max_src_len=64).translate(
+    lines
+  )
   assert out == [s[::-1] for s in lines]
   assert sorted(s[1] for s in decoder.shapes) == [8, 48]  # short ones together, long ones together
 
@@ -115,39 +113,9 @@ def test_sorted_batches_are_length_homogeneous():
 def test_bucket_lengths():
   assert translate.bucket_lengths(20) == [8, 12, 16, 20]
   assert translate.bucket_lengths(256) == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
-  with pytest.raises(ValueError, match="batch_size"):
-    translate.Translator(CharTokenizer(), ReversingDecoder(), batch_size=0, max_src_len=8)
 
 
-def test_read_write_lines_round_trip(tmp_path):
-  path = tmp_path / "in.txt"
-  path.write_bytes(
-      "\ufeffErste Zeile\r\n\nGrüße\u2028noch dieselbe Zeile\n東京\n  \nletzte".encode("utf-8")
-  )
-  lines = translate.read_lines(str(path))
-  assert lines == ["Erste Zeile", "", "Grüße\u2028noch dieselbe Zeile", "東京", "  ", "letzte"]
-  translate.write_lines(str(tmp_path / "sub" / "out.txt"), lines)
-  assert translate.read_lines(str(tmp_path / "sub" / "out.txt")) == lines
-  assert (tmp_path / "sub" / "out.txt").read_bytes().endswith("letzte\n".encode())
-
-
-def test_bad_utf8_names_the_line(tmp_path):
-  path = tmp_path / "bad.txt"
-  path.write_bytes(b"ok\n\xff\xfe broken\n")
-  with pytest.raises(ValueError, match=r"bad\.txt:2: not valid UTF-8"):
-    translate.read_lines(str(path))
-
-
-def test_stdin_and_stdout(monkeypatch):
-  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("ä\n\nb\n".encode("utf-8"))))
-  assert translate.read_lines("-") == ["ä", "", "b"]
-  out = io.BytesIO()
-  monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
-  translate.write_lines("-", ["ö", "", "東京"])
-  assert out.getvalue().decode("utf-8") == "ö\n\n東京\n"
-
-
-def test_translate_lines_and_file_with_the_tiny_model(tmp_path):
+def test_translate_lines_with_the_tiny_model(tmp_path):
   """The real (untrained) model: count, order and empties survive; a line's translation does not
   depend on where it stands in the input or on its batch-mates."""
   c = config_lib.base_config("tiny")
@@ -156,26 +124,28 @@ def test_translate_lines_and_file_with_the_tiny_model(tmp_path):
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=vocab))
   params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(0))
   decode_config = ml_collections.ConfigDict(
-      dict(beam_size=2, alpha=0.6, max_len_offset=3, batch_size=4)
+    dict(beam_size=2, alpha=0.6, max_len_offset=3, batch_size=4)
   )
   tokenizer = CharTokenizer(vocab_size=vocab)
   lines = ["Grüße", "", "東京 und Zürich", "ab", "   ", "eine sehr lange Zeile!", "c", "naïve"]
   out = translate.translate_lines(lines, tokenizer, model, params, decode_config, max_src_len=8)
   assert len(out) == len(lines)
   assert [o == "" for o in out] == [not s.strip() for s in lines]
-  assert all(o for o, s in zip(out, lines) if s.strip())  # the untrained model never says EOS first
+  # The untrained model never says EOS first.
+  assert all(o for o, s in zip(out, lines, strict=True) if s.strip())
   assert all(len(o) <= 8 + 3 for o in out)  # source (cut to 8) + max_len_offset
 
   perm = [7, 4, 2, 0, 6, 1, 5, 3]
   shuffled = translate.translate_lines(
-      [lines[i] for i in perm], tokenizer, model, params, decode_config, max_src_len=8
+    [lines[i] for i in perm], tokenizer, model, params, decode_config, max_src_len=8
   )
   assert shuffled == [out[i] for i in perm]
 
-  (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-  stats = translate.translate_file(
-      str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), tokenizer, model, params,
-      decode_config, max_src_len=8,
-  )
-  assert translate.read_lines(str(tmp_path / "out.txt")) == out
+  translator = translate.make_translator(tokenizer, model, params, decode_config, max_src_len=8)
+  assert translator.translate(lines) == out
+  stats = translator.stats.as_dict()
   assert stats["num_lines"] == 8 and stats["num_empty"] == 2 and stats["num_truncated"] == 2
+  greedy = translate.translate_lines(
+    lines, tokenizer, model, params, decode_config, max_src_len=8, beam_size=1
+  )
+  assert len(greedy) == len(lines) and [o == "" for o in greedy] == [o == "" for o in out]

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from absl import logging
 import ml_collections
 import numpy as np
+from absl import logging
 
+from flaxformer_nmt import errors
 from flaxformer_nmt import tokenizer as tokenizer_lib
-from flaxformer_nmt.data import packing
-from flaxformer_nmt.data import sources
-from flaxformer_nmt.data import tokenized
+from flaxformer_nmt.data import packing, sources, tokenized
 
 Batch = packing.Batch
 
@@ -54,8 +54,8 @@ def _process_defaults(process_index: int | None, process_count: int | None) -> t
 
 def _drop_note(kept: int, total: int, too_long: int, empty: int, max_len: int) -> str:
   return (
-      f"{kept} of {total} pairs; dropped {too_long} with a side longer than "
-      f"data.max_len={max_len} tokens (with EOS) and {empty} with an empty side"
+    f"{kept} of {total} pairs; dropped {too_long} with a side longer than "
+    f"data.max_len={max_len} tokens (with EOS) and {empty} with an empty side"
   )
 
 
@@ -63,15 +63,15 @@ class TrainIterator(Iterator[Batch]):
   """One stream of endless packed training batches; `get_state`/`set_state` save its position."""
 
   def __init__(
-      self,
-      data: tokenized.TokenizedSplit,
-      rows: int,
-      max_len: int,
-      seed: int,
-      *,
-      stream: int = 0,
-      indices: np.ndarray | None = None,
-      verbose: bool = True,
+    self,
+    data: tokenized.TokenizedSplit,
+    rows: int,
+    max_len: int,
+    seed: int,
+    *,
+    stream: int = 0,
+    indices: np.ndarray | None = None,
+    verbose: bool = True,
   ) -> None:
     """A stream over `data[indices]` (default: all of `data`) packed into `rows` rows.
 
@@ -93,11 +93,15 @@ class TrainIterator(Iterator[Batch]):
     self._src_lens = src_lens + 1  # [n] with EOS
     self._tgt_lens = tgt_lens + 1
     self.num_too_long, self.num_empty, self.num_pairs = (
-        int(too_long.sum()), int(empty.sum()), len(indices))
+      int(too_long.sum()),
+      int(empty.sum()),
+      len(indices),
+    )
     self._drop_note = _drop_note(
-        len(self._kept), len(indices), self.num_too_long, self.num_empty, max_len)
+      len(self._kept), len(indices), self.num_too_long, self.num_empty, max_len
+    )
     if not len(self._kept):
-      raise sources.DataError(f"No training pairs left: {self._drop_note}.")
+      raise errors.DataError(f"No training pairs left: {self._drop_note}.")
     self._epoch = -1
     self._set_epoch(0, 0)
 
@@ -110,8 +114,9 @@ class TrainIterator(Iterator[Batch]):
       self._order_tgt = self._tgt_lens[order]
       self._epoch = epoch
       if self._verbose:
-        logging.info("Training epoch %d of data stream %d: %s.", epoch, self._stream,
-                     self._drop_note)
+        logging.info(
+          "Training epoch %d of data stream %d: %s.", epoch, self._stream, self._drop_note
+        )
     self._index = index
 
   @property
@@ -125,9 +130,9 @@ class TrainIterator(Iterator[Batch]):
   def set_state(self, state: dict[str, Any]) -> None:
     epoch, index = int(state["epoch"]), int(state["index"])
     if epoch < 0 or not 0 <= index <= len(self._kept):
-      raise ValueError(
-          f"Data position {state} does not fit this data ({len(self._kept)} pairs per epoch); "
-          "was the checkpoint made with other data or data.max_len?"
+      raise errors.CheckpointError(
+        f"Data position {state} does not fit this data ({len(self._kept)} pairs per epoch); "
+        "was the checkpoint made with other data or data.max_len?"
       )
     self._set_epoch(epoch, index)
 
@@ -146,7 +151,7 @@ class TrainIterator(Iterator[Batch]):
       order = self._order[i:stop].tolist()
       src_lens = self._order_src[i:stop].tolist()
       tgt_lens = self._order_tgt[i:stop].tolist()
-      for example, src_len, tgt_len in zip(order, src_lens, tgt_lens):
+      for example, src_len, tgt_len in zip(order, src_lens, tgt_lens, strict=True):
         if not packer.add(example, src_len, tgt_len):
           return packer.batch(self._data)
         self._index += 1
@@ -161,34 +166,39 @@ class DeviceStreams(Iterator[Batch]):
   """
 
   def __init__(
-      self,
-      data: tokenized.TokenizedSplit,
-      *,
-      num_local: int,
-      first_stream: int,
-      rows_per_device: int,
-      max_len: int,
-      seed: int,
+    self,
+    data: tokenized.TokenizedSplit,
+    *,
+    num_local: int,
+    first_stream: int,
+    rows_per_device: int,
+    max_len: int,
+    seed: int,
   ) -> None:
     """`data`: this process's pairs in global order (local stream j takes every num_local-th)."""
     self._streams = [
-        TrainIterator(
-            data, rows_per_device, max_len, seed, stream=first_stream + j,
-            indices=np.arange(j, len(data), num_local), verbose=j == 0 and first_stream == 0,
-        )
-        for j in range(num_local)
+      TrainIterator(
+        data,
+        rows_per_device,
+        max_len,
+        seed,
+        stream=first_stream + j,
+        indices=np.arange(j, len(data), num_local),
+        verbose=j == 0 and first_stream == 0,
+      )
+      for j in range(num_local)
     ]
     self.first_stream = first_stream
     logging.info(
-        "Training data of this process: %d streams (one per local device), %s.",
-        num_local,
-        _drop_note(
-            self.examples_per_epoch,
-            sum(s.num_pairs for s in self._streams),
-            sum(s.num_too_long for s in self._streams),
-            sum(s.num_empty for s in self._streams),
-            max_len,
-        ),
+      "Training data of this process: %d streams (one per local device), %s.",
+      num_local,
+      _drop_note(
+        self.examples_per_epoch,
+        sum(s.num_pairs for s in self._streams),
+        sum(s.num_too_long for s in self._streams),
+        sum(s.num_empty for s in self._streams),
+        max_len,
+      ),
     )
 
   @property
@@ -210,7 +220,7 @@ class DeviceStreams(Iterator[Batch]):
   def set_state(self, positions: list[dict[str, Any]]) -> None:
     if len(positions) != len(self._streams):
       raise ValueError(f"{len(positions)} stream positions for {len(self._streams)} streams.")
-    for stream, position in zip(self._streams, positions):
+    for stream, position in zip(self._streams, positions, strict=True):
       stream.set_state(position)
 
   @property
@@ -229,7 +239,7 @@ class DeviceStreams(Iterator[Batch]):
 
 
 def resume_positions(
-    saved: dict[str, Any], first_stream: int, stream_sizes: list[int], num_streams: int
+  saved: dict[str, Any], first_stream: int, stream_sizes: list[int], num_streams: int
 ) -> tuple[list[dict[str, int]], bool]:
   """This process's stream positions from a checkpoint's data item; (positions, exact).
 
@@ -242,26 +252,27 @@ def resume_positions(
   streams = saved.get("streams")
   if streams is not None and len(streams) == num_streams:
     mine = streams[first_stream : first_stream + len(stream_sizes)]
-    if all(int(p.get("size", -1)) == size for p, size in zip(mine, stream_sizes)):
+    if all(int(p.get("size", -1)) == size for p, size in zip(mine, stream_sizes, strict=True)):
       return [{"epoch": int(p["epoch"]), "index": int(p["index"])} for p in mine], True
   old = streams if streams is not None else saved.get("processes", [])
   if not old:
     return [{"epoch": 0, "index": 0} for _ in stream_sizes], False
   epoch = min(int(p["epoch"]) for p in old)
   fractions = [
-      int(p["index"]) / int(p["size"]) if int(p.get("size", 0)) > 0 else 0.0
-      for p in old if int(p["epoch"]) == epoch
+    int(p["index"]) / int(p["size"]) if int(p.get("size", 0)) > 0 else 0.0
+    for p in old
+    if int(p["epoch"]) == epoch
   ]
   fraction = min(fractions) if fractions else 0.0
   return [{"epoch": epoch, "index": int(fraction * size)} for size in stream_sizes], False
 
 
 def eval_batches(
-    data: tokenized.TokenizedSplit,
-    global_rows: int,
-    max_len: int,
-    process_index: int = 0,
-    process_count: int = 1,
+  data: tokenized.TokenizedSplit,
+  global_rows: int,
+  max_len: int,
+  process_index: int = 0,
+  process_count: int = 1,
 ) -> Iterator[Batch]:
   """Packed batches of all pairs in order; this process's `global_rows / process_count` rows."""
   local = global_rows // process_count
@@ -272,7 +283,7 @@ def eval_batches(
   truncated = int(((data.src_lens >= max_len) | (data.tgt_lens >= max_len)).sum())
   if truncated:
     logging.info(
-        "Evaluation: truncated %d of %d pairs to data.max_len=%d.", truncated, len(data), max_len
+      "Evaluation: truncated %d of %d pairs to data.max_len=%d.", truncated, len(data), max_len
     )
   for i in range(len(data)):
     if not packer.add(i, int(src_lens[i]), int(tgt_lens[i])):
@@ -303,7 +314,7 @@ class Data:
     if split not in self._eval:
       raise ValueError(f"Unknown evaluation split {split!r}; choose 'dev' or 'test'.")
     return eval_batches(
-        self._eval[split], self.eval_rows, self.max_len, self.process_index, self.process_count
+      self._eval[split], self.eval_rows, self.max_len, self.process_index, self.process_count
     )
 
   def pairs(self, split: str) -> list[tuple[str, str]]:
@@ -314,13 +325,13 @@ class Data:
 
 
 def make_data(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    num_devices: int,
-    process_index: int | None = None,
-    process_count: int | None = None,
-    need_train: bool = True,
-    accumulate_steps: int = 1,
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  num_devices: int,
+  process_index: int | None = None,
+  process_count: int | None = None,
+  need_train: bool = True,
+  accumulate_steps: int = 1,
 ) -> Data:
   """Checks the data, loads or trains the vocabulary, tokenizes (or loads the cache), batches.
 
@@ -338,19 +349,19 @@ def make_data(
   global_rows = packing.num_rows(dc.tokens_per_batch, dc.max_len, num_devices * accumulate_steps)
   if global_rows * dc.max_len > dc.tokens_per_batch:
     logging.warning(
-        "data.tokens_per_batch=%d is below one row of data.max_len=%d per device and micro-batch; "
-        "using %d rows.",
-        dc.tokens_per_batch,
-        dc.max_len,
-        global_rows,
+      "data.tokens_per_batch=%d is below one row of data.max_len=%d per device and micro-batch; "
+      "using %d rows.",
+      dc.tokens_per_batch,
+      dc.max_len,
+      global_rows,
     )
   logging.info(
-      "Batches: %d rows x %d tokens per step (%d per device%s), budget %d tokens per side.",
-      global_rows,
-      dc.max_len,
-      global_rows // num_devices,
-      f", in {accumulate_steps} micro-batches" if accumulate_steps > 1 else "",
-      dc.tokens_per_batch,
+    "Batches: %d rows x %d tokens per step (%d per device%s), budget %d tokens per side.",
+    global_rows,
+    dc.max_len,
+    global_rows // num_devices,
+    f", in {accumulate_steps} micro-batches" if accumulate_steps > 1 else "",
+    dc.tokens_per_batch,
   )
   source = sources.make_source(dc)
   source.check(sources.SPLITS if need_train else ("dev", "test"))
@@ -359,35 +370,35 @@ def make_data(
     logging.info("%s: %d pairs.", split, len(split_pairs))
   os.makedirs(workdir, exist_ok=True)
   tokenizer = tokenizer_lib.load_or_train_tokenizer(
-      dc, workdir, lambda: source.iter_pairs("train"), seed=_VOCAB_SEED, process_index=process_index
+    dc, workdir, lambda: source.iter_pairs("train"), seed=_VOCAB_SEED, process_index=process_index
   )
   train = None
   if need_train:
     # This process's devices' streams: pairs i with (i // num_local) % process_count == index.
     train_split = tokenized.load_or_tokenize(
-        source,
-        "train",
-        tokenizer,
-        os.path.join(workdir, "data_cache"),
-        shard=tokenized.Shard(process_index, process_count, block=num_local),
+      source,
+      "train",
+      tokenizer,
+      os.path.join(workdir, "data_cache"),
+      shard=tokenized.Shard(process_index, process_count, block=num_local),
     )
     train = DeviceStreams(
-        train_split,
-        num_local=num_local,
-        first_stream=process_index * num_local,
-        rows_per_device=global_rows // num_devices,
-        max_len=dc.max_len,
-        seed=config.seed,
+      train_split,
+      num_local=num_local,
+      first_stream=process_index * num_local,
+      rows_per_device=global_rows // num_devices,
+      max_len=dc.max_len,
+      seed=config.seed,
     )
   return Data(
-      tokenizer=tokenizer,
-      train=train,
-      global_rows=global_rows,
-      eval_rows=global_rows // accumulate_steps,
-      num_devices=num_devices,
-      max_len=dc.max_len,
-      process_index=process_index,
-      process_count=process_count,
-      _eval={s: tokenized.tokenize_pairs(p, tokenizer, name=s) for s, p in pairs.items()},
-      _pairs=pairs,
+    tokenizer=tokenizer,
+    train=train,
+    global_rows=global_rows,
+    eval_rows=global_rows // accumulate_steps,
+    num_devices=num_devices,
+    max_len=dc.max_len,
+    process_index=process_index,
+    process_count=process_count,
+    _eval={s: tokenized.tokenize_pairs(p, tokenizer, name=s) for s, p in pairs.items()},
+    _pairs=pairs,
   )

@@ -10,24 +10,21 @@ Empty lines are passed through: training drops (and counts) them, evaluation kee
 from __future__ import annotations
 
 import abc
-import gzip
 import hashlib
 import itertools
 import os
-from typing import BinaryIO, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-from absl import logging
 import ml_collections
+from absl import logging
 
+from flaxformer_nmt import files
 from flaxformer_nmt.data import demo
+from flaxformer_nmt.errors import DataError
 
 SPLITS = ("train", "dev", "test")
 
 Pair = tuple[str, str]
-
-
-class DataError(ValueError):
-  """A problem with the user's data or data config; the message is one line naming the culprit."""
 
 
 class Source(abc.ABC):
@@ -64,18 +61,16 @@ class DemoSource(Source):
 
   def __init__(self, data_config: ml_collections.ConfigDict) -> None:
     self._sizes = {
-        "train": int(data_config.demo_train_size),
-        "dev": int(data_config.demo_dev_size),
-        "test": int(data_config.demo_test_size),
+      "train": int(data_config.demo_train_size),
+      "dev": int(data_config.demo_dev_size),
+      "test": int(data_config.demo_test_size),
     }
     self._seed = int(data_config.get("demo_seed", 0))
     # Generated once per split (seconds for 200k pairs): the vocabulary and tokenization both read.
     self._generated: dict[str, list[Pair]] = {}
 
   def check(self, splits: Sequence[str] = SPLITS) -> None:
-    for split in splits:
-      if (size := self._sizes[split]) <= 0:
-        raise DataError(f"data.demo_{split}_size must be > 0, got {size}.")
+    del splits  # generated in code: the sizes are checked by config_lib.validate
 
   def iter_pairs(self, split: str) -> Iterator[Pair]:
     _check_split(split)
@@ -93,33 +88,14 @@ class DemoSource(Source):
 # -------------------------------------------------------------------------------------- files
 
 
-def _open_binary(path: str) -> BinaryIO:
-  if path.endswith(".gz"):
-    return gzip.open(path, "rb")  # type: ignore[return-value]
-  return open(path, "rb")
-
-
 def read_lines(path: str) -> Iterator[str]:
-  """Lines of a UTF-8 text file (.gz accepted) without line endings; errors name file and line."""
-  try:
-    f = _open_binary(path)
-  except FileNotFoundError:
-    raise DataError(f"{path}: no such file.") from None
-  with f:
-    lineno = 0
-    try:
-      for lineno, raw in enumerate(f, start=1):
-        try:
-          line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          raise DataError(
-              f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})."
-          ) from None
-        yield line.rstrip("\r\n")
-    except (OSError, EOFError) as e:  # A corrupt or truncated .gz.
-      raise DataError(f"{path}: unreadable after line {lineno}: {e}.") from None
-    if lineno == 0:
-      raise DataError(f"{path}: file is empty.")
+  """Lines of a corpus file (files.iter_lines), and a DataError if there are none."""
+  empty = True
+  for line in files.iter_lines(path):
+    empty = False
+    yield line
+  if empty:
+    raise DataError(f"{path}: file is empty.")
 
 
 def _count_rest(lines: Iterator[str]) -> int:
@@ -134,13 +110,11 @@ class FilesSource(Source):
   """
 
   def __init__(self, data_config: ml_collections.ConfigDict) -> None:
-    if not data_config.dir:
-      raise DataError("data.dir is empty; data.source='files' needs the folder of the text files.")
     self._dir = data_config.dir
     self._prefixes = {
-        "train": data_config.train_prefix,
-        "dev": data_config.dev_prefix,
-        "test": data_config.test_prefix,
+      "train": data_config.train_prefix,
+      "dev": data_config.dev_prefix,
+      "test": data_config.test_prefix,
     }
     self._src_lang = data_config.src_lang
     self._tgt_lang = data_config.tgt_lang
@@ -165,8 +139,8 @@ class FilesSource(Source):
     found = ((self._src_lang, src), (self._tgt_lang, tgt))
     missing = [f"{stem}.{lang}[.gz]" for lang, path in found if not path]
     raise DataError(
-        f"data.{split}_prefix={self._prefixes[split]!r}: missing {' and '.join(missing)} "
-        f"(and no {stem}.tsv[.gz])."
+      f"data.{split}_prefix={self._prefixes[split]!r}: missing {' and '.join(missing)} "
+      f"(and no {stem}.tsv[.gz])."
     )
 
   def check(self, splits: Sequence[str] = SPLITS) -> None:
@@ -191,7 +165,7 @@ class FilesSource(Source):
           yield "", ""  # An empty line: dropped and counted by training like any empty pair.
           continue
         raise DataError(
-            f"{path}:{lineno}: expected 'source<TAB>target', found {len(fields)} fields."
+          f"{path}:{lineno}: expected 'source<TAB>target', found {len(fields)} fields."
         )
       yield fields[0].strip(), fields[1].strip()
 
@@ -203,7 +177,7 @@ class FilesSource(Source):
         n_src = n + (src is not None) + _count_rest(src_lines)
         n_tgt = n + (tgt is not None) + _count_rest(tgt_lines)
         raise DataError(
-            f"Line counts differ: {src_path} has {n_src} lines but {tgt_path} has {n_tgt}."
+          f"Line counts differ: {src_path} has {n_src} lines but {tgt_path} has {n_tgt}."
         )
       n += 1
       yield src.strip(), tgt.strip()
@@ -244,9 +218,9 @@ class TfdsSource(Source):
     self._name = data_config.tfds_name
     self._data_dir = data_config.tfds_data_dir or None
     self._splits = {
-        "train": data_config.train_split,
-        "dev": data_config.dev_split,
-        "test": data_config.test_split,
+      "train": data_config.train_split,
+      "dev": data_config.dev_split,
+      "test": data_config.test_split,
     }
     self._src_lang = data_config.src_lang
     self._tgt_lang = data_config.tgt_lang
@@ -263,15 +237,15 @@ class TfdsSource(Source):
     configs = {c.name: c for c in getattr(builder_cls, "BUILDER_CONFIGS", [])}
     if configs and config not in configs:
       raise DataError(
-          f"data.tfds_name={self._name!r}: unknown config {config!r}; "
-          f"choose one of {sorted(configs)}."
+        f"data.tfds_name={self._name!r}: unknown config {config!r}; "
+        f"choose one of {sorted(configs)}."
       )
     pair = getattr(configs.get(config), "language_pair", None)
     if pair is not None:
       for field, lang in (("src_lang", self._src_lang), ("tgt_lang", self._tgt_lang)):
         if lang not in pair:
           raise DataError(
-              f"data.{field}={lang!r} is not a language of {self._name} (languages: {pair})."
+            f"data.{field}={lang!r} is not a language of {self._name} (languages: {pair})."
           )
 
   def _load(self, split: str):  # -> Sequence[dict] or an iterable of dicts
@@ -285,16 +259,16 @@ class TfdsSource(Source):
     if not builder.is_prepared():
       data_dir = f" --data_dir={self._data_dir}" if self._data_dir else ""
       raise DataError(
-          f"data.tfds_name={self._name!r}: not prepared in {builder.data_dir} (nothing is "
-          f"downloaded during training); run once: tfds build {self._name} "
-          f"--file_format=array_record{data_dir}"
+        f"data.tfds_name={self._name!r}: not prepared in {builder.data_dir} (nothing is "
+        f"downloaded during training); run once: tfds build {self._name} "
+        f"--file_format=array_record{data_dir}"
       )
     try:
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
     except ImportError:
       raise DataError(
-          f"data.tfds_name={self._name!r} split {name!r}: cannot read it without TensorFlow "
-          f"({first_error}); prepare it with file_format=array_record in data.tfds_data_dir."
+        f"data.tfds_name={self._name!r} split {name!r}: cannot read it without TensorFlow "
+        f"({first_error}); prepare it with file_format=array_record in data.tfds_data_dir."
       ) from None
     logging.info("tfds.data_source failed (%s); falling back to tfds.load.", first_error)
     try:
@@ -311,8 +285,8 @@ class TfdsSource(Source):
         src, tgt = example[self._src_lang], example[self._tgt_lang]
       except KeyError:
         raise DataError(
-            f"{self._name} {self._splits[split]}: examples have keys {sorted(example)}, not "
-            f"data.src_lang={self._src_lang!r} and data.tgt_lang={self._tgt_lang!r}."
+          f"{self._name} {self._splits[split]}: examples have keys {sorted(example)}, not "
+          f"data.src_lang={self._src_lang!r} and data.tgt_lang={self._tgt_lang!r}."
         ) from None
       yield _text(src, self._name, i).strip(), _text(tgt, self._name, i).strip()
 
@@ -358,13 +332,6 @@ def _text(value: str | bytes, name: str, index: int) -> str:
 
 
 def make_source(data_config: ml_collections.ConfigDict) -> Source:
-  """The source named by `data.source`."""
+  """The source named by `data.source` (one of config_lib.SOURCES)."""
   kinds = {"demo": DemoSource, "files": FilesSource, "tfds": TfdsSource}
-  if data_config.source not in kinds:
-    raise DataError(f"data.source={data_config.source!r}: choose one of {sorted(kinds)}.")
   return kinds[data_config.source](data_config)
-
-
-def load_pairs(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
-  """Raw (source, reference) text of `split` in file order, e.g. for BLEU."""
-  return list(make_source(data_config).iter_pairs(split))

@@ -14,10 +14,10 @@ import hashlib
 import itertools
 import os
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
-from absl import logging
 import numpy as np
+from absl import logging
 
 from flaxformer_nmt import tokenizer as tokenizer_lib
 from flaxformer_nmt.data import sources
@@ -75,10 +75,10 @@ def _offsets(lens: list[np.ndarray]) -> np.ndarray:
 
 
 def tokenize_pairs(
-    pairs: Iterable[tuple[str, str]],
-    tokenizer: tokenizer_lib.Tokenizer,
-    name: str = "",
-    size_hint: int | None = None,
+  pairs: Iterable[tuple[str, str]],
+  tokenizer: tokenizer_lib.Tokenizer,
+  name: str = "",
+  size_hint: int | None = None,
 ) -> TokenizedSplit:
   """Encodes a stream of pairs chunk by chunk; logs progress with rate and ETA on long inputs."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
@@ -87,7 +87,7 @@ def tokenize_pairs(
   done = 0
   it: Iterator[tuple[str, str]] = iter(pairs)
   while chunk := list(itertools.islice(it, _CHUNK)):
-    srcs, tgts = zip(*chunk)
+    srcs, tgts = zip(*chunk, strict=True)
     ids, lens = _flatten(tokenizer.encode_batch(srcs), dtype)
     src_ids.append(ids)
     src_lens.append(lens)
@@ -103,18 +103,18 @@ def tokenize_pairs(
       logging.info("Tokenizing %s: %d pairs (%.0f pairs/s%s).", name, done, rate, eta)
   empty = np.zeros([0], dtype)
   result = TokenizedSplit(
-      src_ids=np.concatenate(src_ids) if src_ids else empty,
-      src_offsets=_offsets(src_lens),
-      tgt_ids=np.concatenate(tgt_ids) if tgt_ids else empty,
-      tgt_offsets=_offsets(tgt_lens),
+    src_ids=np.concatenate(src_ids) if src_ids else empty,
+    src_offsets=_offsets(src_lens),
+    tgt_ids=np.concatenate(tgt_ids) if tgt_ids else empty,
+    tgt_offsets=_offsets(tgt_lens),
   )
   logging.info(
-      "Tokenized %s: %d pairs, %d source and %d target tokens in %.1fs.",
-      name,
-      len(result),
-      len(result.src_ids),
-      len(result.tgt_ids),
-      time.time() - start,
+    "Tokenized %s: %d pairs, %d source and %d target tokens in %.1fs.",
+    name,
+    len(result),
+    len(result.src_ids),
+    len(result.tgt_ids),
+    time.time() - start,
   )
   return result
 
@@ -150,11 +150,11 @@ class Shard:
 
 
 def load_or_tokenize(
-    source: sources.Source,
-    split: str,
-    tokenizer: tokenizer_lib.Tokenizer,
-    cache_dir: str | None,
-    shard: Shard = Shard(),
+  source: sources.Source,
+  split: str,
+  tokenizer: tokenizer_lib.Tokenizer,
+  cache_dir: str | None,
+  shard: Shard = Shard(),
 ) -> TokenizedSplit:
   """`split` (this process's `shard` of it), tokenized and cached.
 
@@ -162,12 +162,12 @@ def load_or_tokenize(
   bytes and the shard, so a stale cache is never read.
   """
   key = "|".join(
-      [
-          str(_CACHE_VERSION),
-          source.fingerprint(split),
-          tokenizer.fingerprint,
-          f"{shard.index}/{shard.count}/{shard.block}",
-      ]
+    [
+      str(_CACHE_VERSION),
+      source.fingerprint(split),
+      tokenizer.fingerprint,
+      f"{shard.index}/{shard.count}/{shard.block}",
+    ]
   )
   digest = hashlib.sha256(key.encode()).hexdigest()[:16]
   path = os.path.join(cache_dir, f"{split}{shard.name}-{digest}.npz") if cache_dir else None

@@ -1,0 +1,99 @@
+"""What several test files share: paths, the tiny demo config, tree and file comparisons.
+
+Importable as `helpers` (pytest puts tests/ on the path); the fixtures built on it are in
+conftest.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import runpy
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K
+# points. Tests that need it fail (they are not skipped) when it is missing.
+MULTI30K = pathlib.Path(
+  os.environ.get("FLAXFORMER_NMT_MULTI30K", REPO.parent / "shared" / "data" / "multi30k")
+)
+
+
+def demo_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """configs/demo.py made small enough for a test: 60 steps, 40-sentence dev and test sets.
+
+  `overrides` are dotted field names with `__` for the dots: `model__dtype="float32"`.
+  """
+  c = runpy.run_path(str(REPO / "configs" / "demo.py"))["get_config"]()
+  c.num_train_steps = 60
+  c.log_every_steps = 10
+  c.eval_every_steps = 60
+  c.checkpoint_every_steps = 30
+  c.data.demo_train_size = 5_000
+  c.data.demo_dev_size = 40
+  c.data.demo_test_size = 40
+  c.eval.dev_bleu_sentences = 20
+  c.decode.beam_size = 2
+  for name, value in overrides.items():
+    *groups, field = name.split("__")
+    node = c
+    for group in groups:
+      node = node[group]
+    node[field] = value
+  return c
+
+
+def assert_trees_equal(a: Any, b: Any) -> None:
+  """Same structure, same leaf paths, and bitwise-equal leaves (dtype and shape included)."""
+  flat_a = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(a)[0]}
+  flat_b = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(b)[0]}
+  assert sorted(flat_a) == sorted(flat_b), set(flat_a) ^ set(flat_b)
+  for path, x in flat_a.items():
+    x, y = np.asarray(x), np.asarray(flat_b[path])
+    assert (x.dtype, x.shape) == (y.dtype, y.shape), (
+      f"{path}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
+    )
+    assert x.tobytes() == y.tobytes(), f"{path} differs"
+
+
+def snapshot(directory: pathlib.Path) -> dict[str, tuple[int, str]]:
+  """{relative path: (mtime in ns, sha1)} of every file under `directory` ({} if absent)."""
+  if not directory.exists():
+    return {}
+  out = {}
+  for path in sorted(directory.rglob("*")):
+    if path.is_file():
+      out[str(path.relative_to(directory))] = (
+        path.stat().st_mtime_ns,
+        hashlib.sha1(path.read_bytes()).hexdigest(),
+      )
+  return out
+
+
+def read_metrics(workdir: pathlib.Path, split: str) -> list[dict[str, Any]]:
+  """The records of `<workdir>/<split>_metrics.jsonl` (train: one per log step; dev: per eval)."""
+  path = workdir / f"{split}_metrics.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_main(
+  *args: str, stdin: str = "", env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+  """`python main.py ARGS` from the repository root, as a user runs it."""
+  return subprocess.run(
+    [sys.executable, "main.py", *args],
+    cwd=REPO,
+    input=stdin,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=None if env is None else {**os.environ, **env},
+  )

@@ -1,0 +1,332 @@
+"""Every mistake a user can make is one line (`error: ...`), exit status 2, and touches nothing.
+
+Each case runs `python main.py` as a user would. Where the workdir already holds a trained run,
+every file in it must be byte-for-byte and timestamp-for-timestamp as it was. All cases start at
+once (module fixture `outcomes`), so the table costs about one start-up of JAX per core.
+An internal error, by contrast, keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import pytest
+
+import helpers
+
+pytestmark = pytest.mark.slow
+
+LINES = ["A man rides a bike .", "Two dogs play .", "A child smiles ."]
+GERMAN = ["Ein Mann fährt Rad .", "Zwei Hunde spielen .", "Ein Kind lächelt ."]
+
+
+def _corpus(root: pathlib.Path, **damage: bytes) -> pathlib.Path:
+  """A tiny files-source corpus (train/val/test, .en and .de); `damage` replaces named files."""
+  root.mkdir(parents=True)
+  for prefix in ("train", "val", "test"):
+    for lang, lines in (("en", LINES), ("de", GERMAN)):
+      name = f"{prefix}.{lang}"
+      content = damage.get(name.replace(".", "_"), ("\n".join(lines) + "\n").encode())
+      if content is not None:
+        (root / name).write_bytes(content)
+  return root
+
+
+def _files_config(corpus: pathlib.Path) -> list[str]:
+  # The demo's model (that of the trained workdir) on the user's files: the data is the culprit.
+  return [
+    "--config=configs/demo.py",
+    "--config.data.source=files",
+    f"--config.data.dir={corpus}",
+    "--config.data.train_prefix=train",
+    "--config.data.dev_prefix=val",
+    "--config.data.test_prefix=test",
+  ]
+
+
+@dataclasses.dataclass
+class Case:
+  """A bad input: how to set it up (given a fresh folder and a trained workdir) and the culprit."""
+
+  name: str
+  setup: Callable[[pathlib.Path, pathlib.Path], list[str]]  # -> main.py arguments
+  culprit: str  # must appear in the one line
+  trained: bool = True  # runs on a copy of a trained workdir, which must stay untouched
+
+
+def _trained(base: pathlib.Path, trained: pathlib.Path) -> pathlib.Path:
+  workdir = base / "workdir"
+  shutil.copytree(trained, workdir)
+  return workdir
+
+
+def _in_trained(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    return [f"--workdir={_trained(base, trained)}", *[a.format(base=base) for a in args]]
+
+  return setup
+
+
+def _bad_corpus(**damage: bytes | None) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    return [f"--workdir={_trained(base, trained)}", *_files_config(_corpus(base / "c", **damage))]
+
+  return setup
+
+
+def _translate_input(base: pathlib.Path) -> pathlib.Path:
+  (base / "in.txt").write_text("three hundred\n", encoding="utf-8")
+  return base / "in.txt"
+
+
+def _workdir_is_a_file(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  (base / "notes.txt").write_text("my notes\n")
+  return [f"--workdir={base / 'notes.txt'}", "--config=configs/demo.py"]
+
+
+def _no_checkpoint(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  (base / "empty").mkdir()
+  return [
+    f"--workdir={base / 'empty'}",
+    "--config=configs/demo.py",
+    "--mode=translate",
+    f"--input={_translate_input(base)}",
+  ]
+
+
+def _translate_bad_utf8(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  (base / "in.txt").write_bytes(b"three\n\xc3(\n")
+  return [
+    f"--workdir={_trained(base, trained)}",
+    "--config=configs/demo.py",
+    "--mode=translate",
+    f"--input={base / 'in.txt'}",
+  ]
+
+
+TWO = ("\n".join(LINES[:2]) + "\n").encode()
+CASES = [
+  Case("mismatched files", _bad_corpus(train_de=TWO), "train.en has 3 lines but"),
+  Case(
+    "bad UTF-8",
+    _bad_corpus(val_de=b"Ein Mann .\nZwei \xff Hunde .\nEin Kind .\n"),
+    "val.de:2: invalid UTF-8 (byte 0xff at column 6)",
+  ),
+  Case("empty file", _bad_corpus(test_en=b""), "test.en: file is empty"),
+  Case("missing file", _bad_corpus(val_de=None), "data.dev_prefix='val': missing"),
+  Case(
+    "over-long line",
+    _bad_corpus(train_en=b"ok\n" + b"word " * 300_000 + b"\nok\n"),
+    "train.en:2: line longer than 1,048,576 bytes",
+  ),
+  Case(
+    "unknown TFDS name",
+    _in_trained(
+      "--config=configs/demo.py",
+      "--config.data.source=tfds",
+      "--config.data.tfds_name=wmt41_translate/de-en",
+    ),
+    "data.tfds_name='wmt41_translate/de-en': unknown TFDS dataset",
+  ),
+  Case(
+    "mistyped config field",
+    _in_trained("--config=configs/demo.py", "--config.modle.d_ff=8"),
+    "--config.modle.d_ff: config has no field 'modle'; did you mean --config.model.d_ff?",
+  ),
+  Case(
+    "impossible config value",
+    _in_trained("--config=configs/demo.py", "--config.model.num_heads=3"),
+    "config.model.d_model=128 is not divisible by config.model.num_heads=3",
+  ),
+  Case(
+    "shape-mismatched checkpoint",
+    _in_trained("--config=configs/demo.py", "--config.model.d_ff=256"),
+    "params/decoder_0/ffn/wi/bias has shape (512,) in the checkpoint but (256,) in the model",
+  ),
+  Case(
+    "eval of another model size",
+    _in_trained("--config=configs/demo.py", "--mode=eval", "--config.model.num_layers=3"),
+    "does not match the model",
+  ),
+  Case("translate without a checkpoint", _no_checkpoint, "No checkpoint in", trained=False),
+  Case(
+    "workdir is an existing file",
+    _workdir_is_a_file,
+    "notes.txt exists and is not a directory",
+    trained=False,
+  ),
+  Case(
+    "missing translate input",
+    _in_trained("--config=configs/demo.py", "--mode=translate", "--input={base}/nothere.txt"),
+    "nothere.txt: no such file",
+  ),
+  Case(
+    "bad UTF-8 in translate input",
+    _translate_bad_utf8,
+    "in.txt:2: invalid UTF-8 (byte 0xc3 at column 1)",
+  ),
+  Case(
+    "more checkpoints to average than saved",
+    _in_trained("--config=configs/demo.py", "--mode=average", "--num_checkpoints=3"),
+    "--num_checkpoints=3, but",
+  ),
+  Case(
+    "missing config file",
+    _in_trained("--config=configs/nothere.py"),
+    "--config=configs/nothere.py: no such file",
+  ),
+  Case(
+    "unknown flag",
+    _in_trained("--config=configs/demo.py", "--modee=eval"),
+    "Unknown command line flag 'modee'",
+  ),
+  Case(
+    "config value of the wrong type",
+    _in_trained("--config=configs/demo.py", "--config.model.d_ff=big"),
+    "flag --config.model.d_ff=big",
+  ),
+  Case(
+    "float16",
+    _in_trained("--config=configs/demo.py", "--config.model.dtype=float16"),
+    "config.model.dtype='float16' is not supported",
+  ),
+  Case(
+    "missing data folder",
+    _in_trained(
+      "--config=configs/demo.py", "--config.data.source=files", "--config.data.dir={base}/m30k"
+    ),
+    "/m30k': no such folder",
+  ),
+  Case(
+    "half-set multi-process variables",
+    _in_trained("--config=configs/demo.py", "ENV:JAX_COORDINATOR_ADDRESS=127.0.0.1:1"),
+    "JAX_COORDINATOR_ADDRESS is set but JAX_NUM_PROCESSES and JAX_PROCESS_ID not",
+  ),
+]
+
+
+@dataclasses.dataclass
+class Outcome:
+  result: subprocess.CompletedProcess
+  workdir: pathlib.Path | None
+  before: dict
+  after: dict = dataclasses.field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def outcomes(trained_demo, tmp_path_factory) -> dict[str, Outcome]:
+  """Every case, run concurrently; the trained workdirs' files before and after."""
+  _, trained = trained_demo
+
+  def run(case: Case) -> Outcome:
+    base = tmp_path_factory.mktemp("case")
+    args = case.setup(base, trained)
+    env = dict(a[4:].split("=", 1) for a in args if a.startswith("ENV:"))
+    args = [a for a in args if not a.startswith("ENV:")]
+    workdir = pathlib.Path(args[0].split("=", 1)[1]) if case.trained else None
+    before = helpers.snapshot(workdir) if workdir else {}
+    outcome = Outcome(helpers.run_main(*args, env=env), workdir, before)
+    if workdir:
+      outcome.after = helpers.snapshot(workdir)
+    return outcome
+
+  with futures.ThreadPoolExecutor(max_workers=4) as pool:
+    return dict(zip([c.name for c in CASES], pool.map(run, CASES), strict=True))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_one_line_exit_2_and_nothing_touched(outcomes, case):
+  outcome = outcomes[case.name]
+  stderr = outcome.result.stderr
+  assert outcome.result.returncode == 2, stderr[-3000:]
+  assert "Traceback" not in stderr, stderr[-3000:]
+  errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and case.culprit in errors[0], stderr[-3000:]
+  assert errors[0] == stderr.strip().splitlines()[-1]  # the last thing the user sees
+  print(f"{case.name}: {errors[0]}")
+  if outcome.workdir is not None:
+    assert outcome.before and outcome.after == outcome.before
+    assert (outcome.workdir / "checkpoints").is_dir()
+
+
+def test_a_second_training_job_on_a_workdir_stops_at_once(tmp_path):
+  """A real training job holds the workdir; a second one names it, and leaves it be."""
+  workdir = tmp_path / "w"
+  first = subprocess.Popen(
+    [
+      sys.executable,
+      "main.py",
+      "--config=configs/demo.py",
+      f"--workdir={workdir}",
+      "--config.num_train_steps=100000",
+      "--config.data.demo_train_size=2000",
+      "--config.checkpoint_every_steps=100000",
+      "--config.log_every_steps=1",
+    ],
+    cwd=helpers.REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    lock, training = workdir / "train.lock", workdir / "train_metrics.jsonl"
+    deadline = time.time() + 120
+    while not training.exists() and first.poll() is None and time.time() < deadline:
+      time.sleep(0.2)  # until the first job trains (and handles SIGTERM as a preemption)
+    assert training.exists(), first.stderr.read() if first.poll() is not None else "not training"
+    held = lock.read_text()
+    second = helpers.run_main("--config=configs/demo.py", f"--workdir={workdir}")
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    line = second.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "another training job holds this workdir" in line
+    assert f"pid {first.pid}" in line and "host " in line and "started " in line
+    print(line)
+    assert lock.read_text() == held and first.poll() is None  # the first job goes on
+  finally:
+    first.send_signal(signal.SIGTERM)  # a preemption: it saves and exits cleanly
+    _, err = first.communicate(timeout=120)
+  assert first.returncode == 0, err[-3000:]
+  assert not lock.exists()
+
+
+def test_an_internal_error_keeps_its_traceback(tmp_path):
+  """A bug (here: the train step raising) is not a user error: the traceback shows where."""
+  script = tmp_path / "broken_main.py"
+  script.write_text(
+    "import runpy, sys\n"
+    f"sys.path.insert(0, {str(helpers.REPO)!r})\n"
+    "from flaxformer_nmt import steps\n"
+    "def broken(*args, **kwargs):\n"
+    "  raise KeyError('a bug inside the train step')\n"
+    "steps.train_step = broken\n"
+    f"sys.argv[0] = {str(helpers.REPO / 'main.py')!r}\n"
+    f"runpy.run_path({str(helpers.REPO / 'main.py')!r}, run_name='__main__')\n"
+  )
+  result = subprocess.run(
+    [
+      sys.executable,
+      str(script),
+      "--config=configs/demo.py",
+      f"--workdir={tmp_path / 'w'}",
+      "--config.data.demo_train_size=500",
+    ],
+    cwd=helpers.REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert "Traceback (most recent call last)" in result.stderr
+  assert "in broken" in result.stderr and "KeyError: 'a bug inside the train step'" in (
+    result.stderr
+  )
+  assert "error: " not in result.stderr
+  assert not (tmp_path / "w" / "train.lock").exists()  # released on the way out

@@ -1,0 +1,89 @@
+"""The one reader and writer of users' text: lines survive exactly, bad bytes name path:line."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+
+import pytest
+
+from flaxformer_nmt import errors, files
+
+
+def test_lines_round_trip_with_bom_crlf_and_unicode_separators(tmp_path):
+  path = tmp_path / "in.txt"
+  path.write_bytes(
+    "\ufeffErste Zeile\r\n\nGrüße\u2028noch dieselbe Zeile\n東京\n  \nletzte".encode("utf-8")
+  )
+  lines = files.read_lines(str(path))
+  assert lines == ["Erste Zeile", "", "Grüße\u2028noch dieselbe Zeile", "東京", "  ", "letzte"]
+  files.write_lines(str(tmp_path / "sub" / "out.txt"), lines)
+  assert files.read_lines(str(tmp_path / "sub" / "out.txt")) == lines
+  assert (tmp_path / "sub" / "out.txt").read_bytes().endswith(b"letzte\n")
+  # A line break inside a sentence must not shift the lines after it.
+  files.write_lines(str(tmp_path / "out2.txt"), ["a\nb", "c\r\nd", "e"])
+  assert files.read_lines(str(tmp_path / "out2.txt")) == ["a b", "c  d", "e"]
+
+
+def test_gzip_is_read_like_plain_text(tmp_path):
+  with gzip.open(tmp_path / "x.en.gz", "wt", encoding="utf-8") as f:
+    f.write("eins\nzwei\n")
+  assert files.read_lines(str(tmp_path / "x.en.gz")) == ["eins", "zwei"]
+  whole = gzip.compress("".join(f"Zeile {i}\n" for i in range(5000)).encode())
+  (tmp_path / "broken.gz").write_bytes(whole[: len(whole) // 2])  # a download cut short
+  with pytest.raises(errors.DataError, match=r"broken\.gz: unreadable after line"):
+    files.read_lines(str(tmp_path / "broken.gz"))
+
+
+@pytest.mark.parametrize(
+  "content,match",
+  [
+    (b"ok\n\xff\xfe broken\n", r"bad\.txt:2: invalid UTF-8 \(byte 0xff at column 1\)"),
+    (b"ok\nfine\nab\xc3(\n", r"bad\.txt:3: invalid UTF-8 \(byte 0xc3 at column 3\)"),
+  ],
+)
+def test_bad_utf8_names_file_line_and_column(tmp_path, content, match):
+  path = tmp_path / "bad.txt"
+  path.write_bytes(content)
+  with pytest.raises(errors.DataError, match=match) as info:
+    files.read_lines(str(path))
+  assert "\n" not in str(info.value)
+
+
+def test_an_over_long_line_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+  monkeypatch.setattr(files, "MAX_LINE_BYTES", 64)
+  path = tmp_path / "doc.txt"
+  path.write_bytes(b"short\n" + b"x" * 64 + b"\r\n" + b"y" * 65 + b"\nshort\n")
+  lines = files.iter_lines(str(path))
+  assert next(lines) == "short" and next(lines) == "x" * 64  # exactly the limit is fine
+  with pytest.raises(errors.DataError, match=r"doc\.txt:3: line longer than 64 bytes"):
+    next(lines)
+
+
+def test_missing_file_and_directory(tmp_path):
+  with pytest.raises(errors.DataError, match=r"nothere\.txt: no such file"):
+    files.read_lines(str(tmp_path / "nothere.txt"))
+  with pytest.raises(errors.DataError, match="is a directory"):
+    files.read_lines(str(tmp_path))
+
+
+def test_stdin_and_stdout(monkeypatch):
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("ä\n\nb\n".encode())))
+  assert files.read_lines("-") == ["ä", "", "b"]
+  out = io.BytesIO()
+  monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
+  files.write_lines("-", ["ö", "", "東京"])
+  assert out.getvalue().decode("utf-8") == "ö\n\n東京\n"
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path):
+  path = tmp_path / "result.json"
+  files.write_text(str(path), "old")
+  with pytest.raises(RuntimeError):
+    with files.atomic_path(str(path)) as tmp:
+      with open(tmp, "w") as f:
+        f.write("half of the new")
+      raise RuntimeError("killed while writing")
+  assert path.read_text() == "old"
+  assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left behind

@@ -1,0 +1,111 @@
+"""One training job per workdir; a lock left by a dead job is taken over, a live one's never."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flaxformer_nmt import errors, workdir_lock
+
+
+def _write_lock(workdir, **holder) -> str:
+  path = os.path.join(workdir, workdir_lock.LOCK_NAME)
+  with open(path, "w") as f:
+    json.dump(holder, f)
+  return path
+
+
+def _dead_pid() -> int:
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()
+  return proc.pid
+
+
+def test_held_while_training_and_released_after(tmp_path):
+  path = tmp_path / workdir_lock.LOCK_NAME
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    holder = json.loads(path.read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] and holder["started"]
+    with pytest.raises(errors.WorkdirLockedError) as info:
+      with workdir_lock.WorkdirLock(str(tmp_path)):
+        pass
+    message = str(info.value)
+    assert "\n" not in message and f"pid {os.getpid()}" in message
+    assert holder["host"] in message and holder["started"] in message
+    assert path.exists()  # the refused job left the holder's lock alone
+  assert not path.exists()
+
+
+def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    _write_lock(
+      tmp_path,
+      host=workdir_lock.socket.gethostname(),
+      pid=sleeper.pid,
+      process_start=workdir_lock._process_start(sleeper.pid),
+      started="then",
+    )
+    old = time.time() - 10 * workdir_lock.STALE_AFTER_S
+    os.utime(tmp_path / workdir_lock.LOCK_NAME, (old, old))  # an old file, but a live holder
+    with pytest.raises(errors.WorkdirLockedError, match=f"pid {sleeper.pid}, started then"):
+      with workdir_lock.WorkdirLock(str(tmp_path)):
+        pass
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+
+
+def test_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
+  _write_lock(
+    tmp_path,
+    host=workdir_lock.socket.gethostname(),
+    pid=_dead_pid(),
+    process_start="1",
+    started="then",
+  )
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    assert json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+  assert "Took over the lock" in caplog.text
+  assert sorted(os.listdir(tmp_path)) == []  # the stale file was not left behind
+
+
+def test_a_reused_pid_does_not_count_as_the_holder(tmp_path):
+  # This very process, but started at another time: the pid was reused after the holder died.
+  _write_lock(
+    tmp_path,
+    host=workdir_lock.socket.gethostname(),
+    pid=os.getpid(),
+    process_start="12345",
+    started="then",
+  )
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    pass
+
+
+def test_another_host_is_trusted_until_its_heartbeat_stops(tmp_path, monkeypatch):
+  path = _write_lock(tmp_path, host="other-host", pid=1, started="then")
+  with pytest.raises(errors.WorkdirLockedError, match="host other-host"):
+    with workdir_lock.WorkdirLock(str(tmp_path)):
+      pass
+  old = time.time() - workdir_lock.STALE_AFTER_S - 1
+  os.utime(path, (old, old))
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    assert json.loads(open(path).read())["pid"] == os.getpid()
+
+
+def test_the_heartbeat_keeps_a_long_job_fresh(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
+  path = tmp_path / workdir_lock.LOCK_NAME
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    old = time.time() - 1000
+    os.utime(path, (old, old))
+    deadline = time.time() + 10
+    while path.stat().st_mtime < time.time() - 100 and time.time() < deadline:
+      time.sleep(0.02)
+    assert path.stat().st_mtime > time.time() - 100
