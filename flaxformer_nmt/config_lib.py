@@ -62,6 +62,10 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       # layer norms, softmaxes, logits and the loss are float32 in every case.
       dtype="auto",
       remat=False,  # recompute each layer's activations in the backward pass (saves memory)
+      # How dropout masks are drawn: "threefry16" (two 16-bit masks per 32-bit draw: half the
+      # random-number work; the rate is rounded to 1/65536), "threefry" (jax.random.bernoulli),
+      # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See layers.py.
+      dropout_rng="threefry16",
     )
   )
 
@@ -182,6 +186,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 SOURCES = ("demo", "tfds", "files")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
 POSITIONALS = ("sinusoidal", "learned")
+DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # layers.dropout_keep_mask
 
 
 def _fail(message: str) -> None:
@@ -235,6 +240,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for path in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
     _in_unit(config, f"model.{path}")
   _one_of(config, "model.positional", POSITIONALS)
+  _one_of(config, "model.dropout_rng", DROPOUT_RNGS)
   if m.dtype == "float16":
     _fail(
       "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax import lax
 
+from flaxformer_nmt import layers
 from flaxformer_nmt.model import Transformer, init_decode_cache
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
@@ -221,16 +222,21 @@ def _gather_beams(x: Array, beam_index: Array) -> Array:
 
 
 def _gather_cache(cache: Cache, beam_index: Array) -> Cache:
-  """Reorders every per-row cache leaf to follow the chosen beams; shared scalars stay."""
+  """Reorders every per-row cache leaf to follow the chosen beams.
+
+  Shared scalars and the per-sentence cross-attention keys/values (`layers.PER_SENTENCE_CACHE`)
+  stay as they are: the beams of a sentence all attend to the same source.
+  """
   batch, beam = beam_index.shape
 
-  def gather(leaf: Array) -> Array:
-    if leaf.ndim == 0:
-      return leaf  # a step counter shared by all rows
+  def gather(path: tuple[Any, ...], leaf: Array) -> Array:
+    name = getattr(path[-1], "key", None)
+    if leaf.ndim == 0 or name in layers.PER_SENTENCE_CACHE:
+      return leaf
     unflat = leaf.reshape(batch, beam, *leaf.shape[1:])  # [batch, beam, ...]
     return _gather_beams(unflat, beam_index).reshape(leaf.shape)
 
-  return jax.tree.map(gather, cache)
+  return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def beam_search(
@@ -349,7 +355,9 @@ def beam_search(
 def model_step_fn(model: Transformer, params: Any, encoded: Array, inputs: Array) -> StepFn:
   """The cached decoder as a step function over rows of (`encoded`, `inputs`).
 
-  encoded: [rows, src_len, d_model]; inputs: [rows, src_len] (for the cross-attention mask).
+  encoded: [batch, src_len, d_model]; inputs: [batch, src_len] (for the cross-attention mask).
+  The step may run on K rows per sentence (beam search: row b * K + j is beam j of sentence b);
+  the cross-attention then keeps one copy of each sentence's keys and values for its K rows.
   """
 
   def step(cache: Cache, ids: Array) -> tuple[Array, Cache]:
@@ -412,12 +420,11 @@ def _decode_batch(
       allow_eos=search.allow_eos,
     )
   k = search.beam_size
-  # Each sentence's rows repeated K times, sentence-major: row b * K + j is beam j of sentence b.
-  encoded = jnp.repeat(encoded, k, axis=0)  # [batch * beam, src_len, d_model]
-  beam_inputs = jnp.repeat(inputs, k, axis=0)  # [batch * beam, src_len]
-  cache = init_decode_cache(model, batch * k, max_decode_len, src_len)
+  # Decoder rows are sentence-major, row b * K + j is beam j of sentence b; the encoder output
+  # stays one row per sentence (MultiHeadAttention's cross-attention maps beams onto it).
+  cache = init_decode_cache(model, batch * k, max_decode_len, src_len, num_sentences=batch)
   return beam_search(
-    model_step_fn(model, params, encoded, beam_inputs),
+    model_step_fn(model, params, encoded, inputs),
     cache,
     max_lengths,
     beam_size=k,

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flaxformer_nmt import config_lib
+
 Array = jax.Array
 Dtype = Any
 
@@ -59,6 +61,35 @@ def dot_general_f32(
   )
 
 
+@jax.custom_vjp
+def tied_logits(y: Array, table: Array) -> Array:
+  """Logits from the shared embedding: [B, T, D] x [V, D] -> [B, T, V] float32 (`einsum_f32`).
+
+  The backward is written out so that the [B, T, V] logit gradient is read in the layout it is
+  produced in by both products (dy = dlogits @ table, and the table's gradient as the transpose
+  of y^T @ dlogits). Left to autodiff, XLA:CPU wrote a transposed copy of the whole logit
+  gradient ([V, B*T], 131 MB at 4,096 tokens and 8k vocabulary) for the table's gradient: 10% of
+  a small model's step.
+  """
+  return einsum_f32("BTD,VD->BTV", y, table)
+
+
+def _tied_logits_fwd(y: Array, table: Array) -> tuple[Array, tuple[Array, Array]]:
+  return tied_logits(y, table), (y, table)
+
+
+def _tied_logits_bwd(residuals: tuple[Array, Array], d_logits: Array) -> tuple[Array, Array]:
+  y, table = residuals  # [B, T, D], [V, D]
+  d_logits = d_logits.astype(y.dtype)  # [B, T, V]
+  d_y = einsum_f32("BTV,VD->BTD", d_logits, table)
+  y_t = y.reshape(-1, y.shape[-1]).T  # [D, B*T]: a small copy, instead of one of d_logits
+  d_table_t = einsum_f32("DN,NV->DV", y_t, d_logits.reshape(-1, d_logits.shape[-1]))  # [D, V]
+  return d_y.astype(y.dtype), d_table_t.T.astype(table.dtype)  # [B, T, D], [V, D]
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
 def mask_value(dtype: Dtype) -> Array:
   """The most negative finite value of `dtype`: a "minus infinity" that stays finite.
 
@@ -66,6 +97,57 @@ def mask_value(dtype: Dtype) -> Array:
   is ignored downstream by the loss mask. A fixed constant would not do: -1e9 is -inf in float16.
   """
   return jnp.asarray(jnp.finfo(dtype).min, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout.
+
+# How dropout masks are drawn (config.model.dropout_rng):
+#   "threefry16"  one 32-bit threefry draw gives two masks' worth of 16-bit uniforms: half the
+#                 random-number work of "threefry", the costliest element-wise op of a small
+#                 training step on CPUs and GPUs. The rate is rounded to a multiple of 1/65536
+#                 (0.1 -> 0.100006).
+#   "threefry"    jax.random.bernoulli with the default threefry generator, as flax's nn.Dropout.
+#   "rbg"         jax.random.bernoulli on an "rbg" key (XLA's RngBitGenerator): the fast choice
+#                 on TPUs; slower than threefry on CPUs (measured: 1.6x slower per mask).
+DROPOUT_RNGS = config_lib.DROPOUT_RNGS
+
+
+def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...], kind: str) -> Array:
+  """A boolean mask of `shape`, True with probability 1 - rate, from the raw threefry key `rng`."""
+  if kind == "threefry":
+    return jax.random.bernoulli(rng, 1.0 - rate, shape)
+  if kind == "rbg":
+    rbg_key = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl="rbg")
+    return jax.random.bernoulli(rbg_key, 1.0 - rate, shape)
+  if kind != "threefry16":
+    raise ValueError(f"Unknown dropout rng {kind!r}; choose one of {DROPOUT_RNGS}.")
+  size = int(np.prod(shape))
+  words = jax.random.bits(rng, ((size + 1) // 2,), jnp.uint32)  # [ceil(size / 2)]
+  halves = jnp.concatenate([words & 0xFFFF, words >> 16])[:size]  # [size] uniform in [0, 2^16)
+  threshold = jnp.uint32(round(rate * 2**16))
+  return (halves >= threshold).reshape(shape)
+
+
+def dropout(x: Array, rate: float, rng: Array | None, kind: str) -> Array:
+  """Inverted dropout: zero with probability `rate`, scale the rest by 1 / (1 - rate)."""
+  if rng is None or rate == 0.0:
+    return x
+  keep = dropout_keep_mask(rng, rate, x.shape, kind)
+  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+class Dropout(nn.Module):
+  """nn.Dropout with a choice of mask generator (`DROPOUT_RNGS`); keys from the "dropout" stream."""
+
+  rate: float
+  rng_kind: str = "threefry16"
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    return dropout(x, self.rate, self.make_rng("dropout"), self.rng_kind)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,6 +239,7 @@ def dot_product_attention(
   dropout_rate: float = 0.0,
   dropout_rng: Array | None = None,
   deterministic: bool = True,
+  dropout_kind: str = "threefry16",
 ) -> Array:
   """softmax(Q K^T / sqrt(d_k)) V, per head (Eq. 1 of the paper).
 
@@ -178,22 +261,28 @@ def dot_product_attention(
   if mask is not None:
     logits = jnp.where(mask, logits, mask_value(logits.dtype))
   weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-  if not deterministic and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(value.dtype)
+  if not deterministic:
+    weights = dropout(weights, dropout_rate, dropout_rng, dropout_kind)
   return jnp.einsum("BNTS,BSNH->BTNH", weights, value)
 
 
 class MultiHeadAttention(nn.Module):
   """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
 
-  Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O).
+  Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O), stored as
+  separate [D, D] parameters. They are concatenated at use, so self-attention runs one [D, 3D]
+  product and cross-attention one [D, 2D] product for keys and values: one wide product keeps a
+  CPU's or GPU's matrix units busier than three narrow ones, and the checkpoint layout does not
+  change.
 
   Decode mode:
     - self-attention (`cross=False`): keys/values of each new token are written into a
       [B, L, N, H] cache at `cache_index`; queries see positions <= index.
     - cross-attention (`cross=True`): keys/values of the encoder output are projected at the
-      first step and kept in the cache; later steps reuse them instead of recomputing.
+      first step and kept in the cache, once per *sentence*. In beam search the queries come in
+      K rows per sentence (`inputs_q` has K times the rows of `inputs_kv`); the K beams of a
+      sentence then act as K query positions against the one copy of that sentence's keys, so
+      nothing is repeated or reordered per beam.
   """
 
   num_heads: int
@@ -201,11 +290,7 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
-
-  def _kernel(self, name: str, shape: tuple[int, ...]) -> Array:
-    # Xavier over (fan_in, fan_out) of the unsplit d_model x d_model matrix.
-    flat = self.param(name, self.kernel_init, (shape[0], int(np.prod(shape[1:]))))
-    return flat.reshape(shape).astype(self.dtype)
+  dropout_kind: str = "threefry16"  # DROPOUT_RNGS
 
   @nn.compact
   def __call__(
@@ -218,32 +303,47 @@ class MultiHeadAttention(nn.Module):
     decode: bool = False,
     cross: bool = False,
   ) -> Array:
-    # inputs_q: [B, T, D]; inputs_kv: [B, S, D]
-    head_dim = self.d_model // self.num_heads
-    w_q = self._kernel("query", (self.d_model, self.num_heads, head_dim))
-    w_k = self._kernel("key", (self.d_model, self.num_heads, head_dim))
-    w_v = self._kernel("value", (self.d_model, self.num_heads, head_dim))
-    w_o = self.param("out", self.kernel_init, (self.d_model, self.d_model)).astype(self.dtype)
+    """inputs_q: [B, T, D]; inputs_kv: [B, S, D] ([B / K, S, D] in beam decoding) -> [B, T, D].
+
+    Passing the same array as `inputs_q` and `inputs_kv` (self-attention) fuses Q, K and V.
+    """
+    d, n = self.d_model, self.num_heads
+    h = d // n
+    # Xavier over (fan_in, fan_out) of each unsplit d_model x d_model matrix, as the paper's W's.
+    w_q, w_k, w_v, w_o = (self.param(name, self.kernel_init, (d, d)) for name in _PROJECTIONS)
+    w_o = w_o.astype(self.dtype)
 
     # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
-    query = jnp.einsum("BTD,DNH->BTNH", inputs_q.astype(self.dtype), w_q)
+    def project(x: Array, *weights: Array) -> list[Array]:
+      # x: [B, S, D] -> len(weights) arrays [B, S, N, H], from one [D, len * D] product.
+      w = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, len * D]
+      out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), w)  # [B, S, len * D]
+      return [p.reshape(*x.shape[:2], n, h) for p in jnp.split(out, len(weights), axis=-1)]
 
-    def project_kv(kv: Array) -> tuple[Array, Array]:
-      # kv: [B, S, D] -> keys, values: [B, S, N, H]
-      kv = kv.astype(self.dtype)
-      return jnp.einsum("BSD,DNH->BSNH", kv, w_k), jnp.einsum("BSD,DNH->BSNH", kv, w_v)
+    if inputs_kv is inputs_q and not cross:
+      query, key, value = project(inputs_q, w_q, w_k, w_v)
+    else:
+      (query,) = project(inputs_q, w_q)
+      key = value = None  # projected below, except where the cache already holds them
 
     if decode and cross:
-      key, value = self._cached_cross_kv(inputs_kv, project_kv)
-    elif decode:
-      key, value = project_kv(inputs_kv)  # [B, 1, N, H]
-      key, value, mask = self._update_self_cache(key, value, mask)
-    else:
-      key, value = project_kv(inputs_kv)  # [B, S, N, H]
+      key, value = self._cached_cross_kv(inputs_kv, lambda kv: tuple(project(kv, w_k, w_v)))
+    elif key is None:
+      key, value = project(inputs_kv, w_k, w_v)  # [B, S, N, H]
+    if decode and not cross and self.has_variable("cache", "cached_key"):
+      out = self._cached_self_attention(query, key, value, mask)  # [B, 1, N, H]
+      return out.reshape(query.shape[0], -1, d) @ w_o
+    if decode and not cross:
+      self._init_self_cache(key, value)  # `init` with the full target length: shapes only
 
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
+    rows = query.shape[0]
+    beams = rows // key.shape[0]  # 1, except for cross-attention in beam decoding
+    if beams > 1:
+      # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
+      query = query.reshape(key.shape[0], beams * query.shape[1], n, h)
     out = dot_product_attention(
       query,
       key,
@@ -252,37 +352,56 @@ class MultiHeadAttention(nn.Module):
       dropout_rate=self.dropout_rate,
       dropout_rng=dropout_rng,
       deterministic=deterministic,
+      dropout_kind=self.dropout_kind,
     )  # [B, T, N, H]
-    out = out.reshape(*out.shape[:2], self.d_model)  # heads concatenated: [B, T, D]
+    out = out.reshape(rows, -1, d)  # heads concatenated (and beams back to rows): [B, T, D]
     return out @ w_o
 
-  def _update_self_cache(
-    self, key: Array, value: Array, mask: Array | None
-  ) -> tuple[Array, Array, Array]:
-    """Writes this step's key/value at the cache index; returns the full cache and its mask."""
-    initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not initialized:
-      # `init` is called with the full target length: only the cache's shape is made here.
-      return key, value, mask
-    batch, max_len, heads, head_dim = cached_key.value.shape
+  def _init_self_cache(self, key: Array, value: Array) -> None:
+    """Makes the self-attention cache for [B, L, N, H] keys/values, in the decode layouts.
+
+    Keys are kept as [B, N, H, L] and values as [B, N, L, H]: the layouts the two per-step products
+    (scores = q . K over H, output = weights . V over L) read directly. Kept as [B, L, N, H], XLA
+    transposed the whole cache twice per layer and step, a third of beam-search time on CPU.
+    """
+    batch, max_len, heads, head_dim = key.shape
+    self.variable("cache", "cached_key", jnp.zeros, (batch, heads, head_dim, max_len), key.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, (batch, heads, max_len, head_dim), value.dtype)
+    self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+
+  def _cached_self_attention(
+    self, query: Array, key: Array, value: Array, mask: Array | None
+  ) -> Array:
+    """One decode step: writes this token's key/value at the cache index, attends to 0..index.
+
+    query, key, value: [B, 1, N, H] -> [B, 1, N, H]. Same arithmetic as `dot_product_attention`.
+    """
+    cached_key = self.variable("cache", "cached_key")  # [B, N, H, L]
+    cached_value = self.variable("cache", "cached_value")  # [B, N, L, H]
+    index = self.variable("cache", "cache_index")
+    batch, heads, head_dim, max_len = cached_key.value.shape
     if key.shape != (batch, 1, heads, head_dim):
       raise ValueError(f"decode expects one token per step, got keys of shape {key.shape}.")
     i = index.value
-    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
-    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
-    cached_key.value, cached_value.value, index.value = key, value, i + 1
+    keys = jax.lax.dynamic_update_slice(
+      cached_key.value, key.transpose(0, 2, 3, 1), (0, 0, 0, i)
+    )  # [B, N, H, L]
+    values = jax.lax.dynamic_update_slice(
+      cached_value.value, value.transpose(0, 2, 1, 3), (0, 0, i, 0)
+    )  # [B, N, L, H]
+    cached_key.value, cached_value.value, index.value = keys, values, i + 1
+    logits = einsum_f32("BTNH,BNHL->BNTL", query, keys) / np.float32(np.sqrt(head_dim))
     # The new query (at position i) sees cache positions 0..i: causal masking, incrementally.
     step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, L]
     mask = step_mask if mask is None else mask & step_mask
-    return key, value, mask
+    logits = jnp.where(mask, logits, mask_value(logits.dtype))  # [B, N, 1, L]
+    weights = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+    return jnp.einsum("BNTL,BNLH->BTNH", weights, values)
 
   def _cached_cross_kv(
     self, inputs_kv: Array, project_kv: Callable[[Array], tuple[Array, Array]]
   ) -> tuple[Array, Array]:
-    """Encoder keys/values, projected at the first decode step only."""
+    """Encoder keys/values, projected at the first decode step only. [B, S, N, H] each."""
     batch, src_len, _ = inputs_kv.shape
     head_dim = self.d_model // self.num_heads
     shape = (batch, src_len, self.num_heads, head_dim)
@@ -298,6 +417,13 @@ class MultiHeadAttention(nn.Module):
     return key, value
 
 
+# Decode-cache entries held once per sentence, not per beam row: beam search never reorders them.
+PER_SENTENCE_CACHE = ("cross_key", "cross_value")
+
+# Parameter names of W^Q, W^K, W^V, W^O in a MultiHeadAttention.
+_PROJECTIONS = ("query", "key", "value", "out")
+
+
 class FeedForward(nn.Module):
   """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2)."""
 
@@ -305,6 +431,7 @@ class FeedForward(nn.Module):
   d_ff: int
   relu_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  dropout_kind: str = "threefry16"  # DROPOUT_RNGS
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
@@ -312,5 +439,5 @@ class FeedForward(nn.Module):
     init = nn.initializers.xavier_uniform()
     h = nn.Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
     h = nn.relu(h)  # [B, T, F]
-    h = nn.Dropout(self.relu_dropout_rate)(h, deterministic=deterministic)
+    h = Dropout(self.relu_dropout_rate, self.dropout_kind)(h, deterministic=deterministic)
     return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)

@@ -6,6 +6,7 @@ once, so the loss of a global batch is exact whatever the number of devices or p
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -18,7 +19,8 @@ def smoothed_targets(targets: Array, vocab_size: int, label_smoothing: float) ->
   """q(k) = (1 - eps) * [k == y] + eps / (V - 1) * [k != y]: the mass eps spread over the others.
 
   This is tensor2tensor's form (the one the paper's numbers come from): the true class keeps
-  exactly 1 - eps.
+  exactly 1 - eps. The loss below never builds q; this explicit form is the reference the tests
+  check it against.
   """
   # targets: [batch, length] -> [batch, length, vocab]
   off = label_smoothing / (vocab_size - 1)
@@ -40,14 +42,59 @@ def label_smoothed_cross_entropy(
     (loss_sum, nll_sum, token_count): the smoothed loss summed over real tokens; the plain
     negative log-likelihood summed likewise (what perplexity is computed from); the count.
   """
-  vocab = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  q = smoothed_targets(targets, vocab, label_smoothing)
-  # Subtracting q's entropy makes a perfect prediction score 0, so the loss is comparable
-  # across eps; it does not change gradients.
-  loss = -jnp.sum(q * log_probs, axis=-1) - _entropy(label_smoothing, vocab)  # [batch, length]
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  loss, nll = _token_losses(logits.astype(jnp.float32), targets, label_smoothing)
   return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(weights)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_losses(logits: Array, targets: Array, label_smoothing: float) -> tuple[Array, Array]:
+  """Per-token smoothed loss and NLL without a [tokens, vocab] target or log-probability array.
+
+  With off = eps / (V - 1) and on = 1 - eps - off, q = off + on * onehot(y), so
+    -sum_k q_k log p_k = -(off * sum_k z_k - off * V * lse) - on * (z_y - lse),
+  where z are the logits and lse their log-sum-exp: a reduction, a sum and a gather, fused by XLA
+  into passes over the logits. The gradient is p - q (and p - onehot(y) for the NLL), written by
+  hand in `_token_losses_bwd` so autodiff does not keep log-probabilities or scatter into a
+  [tokens, vocab] buffer: the logits are the only [tokens, vocab] array kept for the backward.
+  Subtracting q's entropy makes a perfect prediction score 0, so the loss is comparable across
+  eps; it does not change gradients.
+
+  logits: [..., V] float32; targets: [...] -> (loss, nll), each [...].
+  """
+  (loss, nll), _ = _token_losses_fwd(logits, targets, label_smoothing)
+  return loss, nll
+
+
+def _token_losses_fwd(logits: Array, targets: Array, label_smoothing: float):
+  vocab = logits.shape[-1]
+  off = label_smoothing / (vocab - 1)
+  on = 1.0 - label_smoothing - off
+  lse = jax.nn.logsumexp(logits, axis=-1)  # [...]
+  z_y = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [...]
+  nll = lse - z_y
+  loss = on * nll
+  if label_smoothing:
+    loss = loss + off * (vocab * lse - jnp.sum(logits, axis=-1))
+  loss = loss - _entropy(label_smoothing, vocab)
+  return (loss, nll), (logits, targets, lse)
+
+
+def _token_losses_bwd(label_smoothing: float, residuals, cotangents):
+  logits, targets, lse = residuals
+  g_loss, g_nll = cotangents  # [...] each
+  vocab = logits.shape[-1]
+  off = label_smoothing / (vocab - 1)
+  on = 1.0 - label_smoothing - off
+  probs = jnp.exp(logits - lse[..., None])  # [..., V]
+  is_target = jnp.arange(vocab) == targets[..., None]  # [..., V], fused: never stored
+  # d loss / dz = p - q = p - off - on * [k == y];  d nll / dz = p - [k == y].
+  g_sum = (g_loss + g_nll)[..., None]
+  d_logits = probs * g_sum - g_loss[..., None] * off
+  d_logits = d_logits - jnp.where(is_target, (g_loss * on + g_nll)[..., None], 0.0)
+  return d_logits.astype(logits.dtype), None
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def _entropy(label_smoothing: float, vocab_size: int) -> float:

@@ -49,6 +49,7 @@ class TransformerConfig:
   max_len: int = 256
   dtype: Any = jnp.float32  # of matrix products; see the module docstring
   remat: bool = False
+  dropout_rng: str = "threefry16"  # how masks are drawn: layers.DROPOUT_RNGS
 
   @classmethod
   def from_config(
@@ -70,6 +71,23 @@ def _layer_norm(name: str) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
 
 
+def _attention(cfg: TransformerConfig, name: str) -> layers.MultiHeadAttention:
+  return layers.MultiHeadAttention(
+    cfg.num_heads,
+    cfg.d_model,
+    cfg.attention_dropout_rate,
+    cfg.dtype,
+    dropout_kind=cfg.dropout_rng,
+    name=name,
+  )
+
+
+def _feed_forward(cfg: TransformerConfig) -> layers.FeedForward:
+  return layers.FeedForward(
+    cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, cfg.dropout_rng, name="ffn"
+  )
+
+
 class Residual(nn.Module):
   """One residual block around a sub-layer, post-LN (the paper) or pre-LN."""
 
@@ -78,7 +96,7 @@ class Residual(nn.Module):
   @nn.compact
   def __call__(self, x: Array, sublayer, *, deterministic: bool) -> Array:
     # x: [B, T, D]; sublayer: [B, T, D] -> same
-    dropout = nn.Dropout(self.cfg.dropout_rate)
+    dropout = layers.Dropout(self.cfg.dropout_rate, self.cfg.dropout_rng)
     if self.cfg.pre_ln:
       return x + dropout(sublayer(_layer_norm("ln")(x)), deterministic=deterministic)
     return _layer_norm("ln")(x + dropout(sublayer(x), deterministic=deterministic))
@@ -91,10 +109,8 @@ class EncoderLayer(nn.Module):
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     # x: [B, S, D]; mask: [B, 1, S, S]
     cfg = self.cfg
-    attn = layers.MultiHeadAttention(
-      cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
-    )
-    ffn = layers.FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, name="ffn")
+    attn = _attention(cfg, "self_attention")
+    ffn = _feed_forward(cfg)
     x = Residual(cfg, name="attention_block")(
       x, lambda h: attn(h, h, mask, deterministic=deterministic), deterministic=deterministic
     )
@@ -118,13 +134,9 @@ class DecoderLayer(nn.Module):
   ) -> Array:
     # y: [B, T, D]; encoded: [B, S, D]
     cfg = self.cfg
-    self_attn = layers.MultiHeadAttention(
-      cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="self_attention"
-    )
-    cross_attn = layers.MultiHeadAttention(
-      cfg.num_heads, cfg.d_model, cfg.attention_dropout_rate, cfg.dtype, name="cross_attention"
-    )
-    ffn = layers.FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, name="ffn")
+    self_attn = _attention(cfg, "self_attention")
+    cross_attn = _attention(cfg, "cross_attention")
+    ffn = _feed_forward(cfg)
     y = Residual(cfg, name="self_attention_block")(
       y,
       lambda h: self_attn(h, h, self_mask, deterministic=deterministic, decode=decode),
@@ -179,7 +191,7 @@ class Transformer(nn.Module):
     decoder_layer = _RematDecoderLayer if cfg.remat else DecoderLayer
     self.encoder_layers = [encoder_layer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)]
     self.decoder_layers = [decoder_layer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)]
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = layers.Dropout(cfg.dropout_rate, cfg.dropout_rng)
     if cfg.pre_ln:
       self.encoder_norm = _layer_norm("encoder_norm")
       self.decoder_norm = _layer_norm("decoder_norm")
@@ -195,7 +207,7 @@ class Transformer(nn.Module):
       return self.logits_dense(y)
     table = self.embedding.embedding  # [vocab, d_model] float32 parameter
     dtype = self.cfg.dtype
-    return layers.einsum_f32("BTD,VD->BTV", y.astype(dtype), table.astype(dtype))
+    return layers.tied_logits(y.astype(dtype), table.astype(dtype))
 
   def encode(
     self,
@@ -306,18 +318,25 @@ def init_params(cfg: TransformerConfig, rng: Array, src_len: int = 8, tgt_len: i
 
 
 def init_decode_cache(
-  model: Transformer, batch_size: int, max_decode_len: int, src_len: int
+  model: Transformer,
+  batch_size: int,
+  max_decode_len: int,
+  src_len: int,
+  num_sentences: int | None = None,
 ) -> Any:
   """An all-zero decode cache for `batch_size` rows and up to `max_decode_len` steps.
 
-  Leaves have the batch as their leading axis, except the scalar step counters (`cache_index`,
-  `position`, `cross_ready`), which are shared by all rows.
+  Leaves have the rows as their leading axis, except the scalar step counters (`cache_index`,
+  `position`, `cross_ready`), which are shared by all rows, and the cross-attention keys and
+  values, which have one row per source sentence: `num_sentences` (default `batch_size`; beam
+  search decodes `batch_size = num_sentences * beam` rows).
   """
-  dummy_src = jnp.ones((batch_size, src_len), jnp.int32)
+  num_sentences = batch_size if num_sentences is None else num_sentences
+  dummy_src = jnp.ones((num_sentences, src_len), jnp.int32)
   dummy_tgt = jnp.ones((batch_size, max_decode_len), jnp.int32)
 
   def make(src, tgt):
-    encoded = jnp.zeros((batch_size, src_len, model.cfg.d_model), jnp.float32)  # as encode()
+    encoded = jnp.zeros((num_sentences, src_len, model.cfg.d_model), jnp.float32)  # as encode()
     return model.init(
       jax.random.PRNGKey(0), encoded, src, tgt, decode=True, method=Transformer.decode
     )["cache"]

@@ -363,3 +363,35 @@ def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny):
   picked = np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
   rescored = np.where(tokens != PAD_ID, picked, 0.0).sum(-1)
   np.testing.assert_allclose(beam.scores, rescored, rtol=1e-4, atol=1e-4)
+
+
+def test_per_sentence_cross_attention_equals_repeating_the_source_per_beam(trained_tiny):
+  """Beam rows share their sentence's one copy of the encoder keys/values; the textbook way
+  repeats the encoder output K times and reorders it with the beams every step. Same search."""
+  model, params, inputs = trained_tiny
+  k, offset = 4, 3
+  search = decode.SearchConfig(beam_size=k, alpha=0.6, max_len_offset=offset)
+  ours = decode.decode_batch(model, params, inputs, search)
+
+  batch, src_len = inputs.shape
+  max_decode_len = decode.decode_length_bound(src_len, offset, model.cfg.max_len)
+
+  @jax.jit
+  def repeated(params, inputs):
+    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+    rows_encoded = jnp.repeat(encoded, k, axis=0)  # [batch * beam, src_len, d_model]
+    rows_inputs = jnp.repeat(inputs, k, axis=0)
+    cache = init_decode_cache(model, batch * k, max_decode_len, src_len)  # one row per beam
+    assert cache["decoder_0"]["cross_attention"]["cross_key"].shape[0] == batch * k
+    return decode.beam_search(
+      decode.model_step_fn(model, params, rows_encoded, rows_inputs),
+      cache,
+      decode.max_output_lengths(inputs, offset, max_decode_len),
+      beam_size=k,
+      alpha=0.6,
+      max_decode_len=max_decode_len,
+    )
+
+  want = repeated(params, inputs)
+  np.testing.assert_array_equal(ours.tokens, want.tokens)
+  np.testing.assert_allclose(ours.scores, want.scores, rtol=1e-5, atol=1e-5)

@@ -58,7 +58,10 @@ def test_sinusoidal_encoding_equals_paper_formula():
 
 
 def test_self_attention_cache_after_one_step():
-  """The decode cache holds the first token's keys at index 0 and advances its index."""
+  """The decode cache holds the first token's keys at index 0 and advances its index.
+
+  Keys are cached as [B, N, H, L] (the layout the score product reads), values as [B, N, L, H].
+  """
   mha = layers.MultiHeadAttention(num_heads=2, d_model=8)
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
   variables = mha.init(jax.random.PRNGKey(1), x, x, None, decode=True)
@@ -73,8 +76,16 @@ def test_self_attention_cache_after_one_step():
   want_key = np.einsum(
     "bsd,dhe->bshe", np.asarray(step_input), np.asarray(params["key"]).reshape(8, 2, 4)
   )
-  np.testing.assert_allclose(np.asarray(new["cached_key"])[:, :1], want_key, rtol=1e-5, atol=1e-6)
-  assert not np.asarray(new["cached_key"])[:, 1:].any()
+  keys = np.asarray(new["cached_key"])  # [B, N, H, L]
+  assert keys.shape == (2, 2, 4, 3)
+  np.testing.assert_allclose(keys[..., 0], want_key[:, 0], rtol=1e-5, atol=1e-6)
+  assert not keys[..., 1:].any()
+  want_value = np.einsum(
+    "bsd,dhe->bhse", np.asarray(step_input), np.asarray(params["value"]).reshape(8, 2, 4)
+  )
+  values = np.asarray(new["cached_value"])  # [B, N, L, H]
+  np.testing.assert_allclose(values[:, :, :1], want_value, rtol=1e-5, atol=1e-6)
+  assert not values[:, :, 1:].any()
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
