@@ -29,15 +29,26 @@ config_flags.DEFINE_config_file(
   "config", None, "Experiment config file (configs/*.py).", lock_config=True
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, logs and outputs.")
-flags.DEFINE_enum("mode", "train", ["train", "eval", "translate", "average"], "What to do.")
+flags.DEFINE_enum(
+  "mode", "train", ["train", "eval", "translate", "average", "export"], "What to do."
+)
 flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
-flags.DEFINE_string("output", "-", "translate: output file ('-' = stdout).")
+flags.DEFINE_string(
+  "output", "-", "translate: output file ('-' = stdout); export: the model directory to write."
+)
+flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "export: the target engine.")
+flags.DEFINE_string(
+  "quantization",
+  "float32",
+  "export: weight type of the exported model, one of CTranslate2's: float32, int8, "
+  "int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16.",
+)
 flags.DEFINE_integer("num_checkpoints", 5, "average: how many of the latest checkpoints.")
 flags.DEFINE_enum(
   "checkpoint",
   "auto",
   ["auto", "latest", "averaged"],
-  "eval/translate: which parameters (auto = averaged if present, else latest).",
+  "eval/translate/export: which parameters (auto = averaged if present, else latest).",
 )
 flags.DEFINE_enum(
   "distributed",
@@ -152,6 +163,9 @@ def main(argv: list[str]) -> None:
       )
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints)
+    elif flags.FLAGS.mode == "export":
+      f = flags.FLAGS
+      modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
   except errors.UserError as e:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
     # Anything else is a bug and keeps its traceback.

@@ -5,7 +5,12 @@
 
 A random-initialised model of the size, a batch of random sources of one length, and EOS forbidden,
 so every run makes exactly (source length + max_len_offset) decoder steps and runs compare however
-the weights happen to fall. Timed after a compile warm-up. The last line is JSON.
+the weights happen to fall. Timed after a compile warm-up.
+
+With --ctranslate2 (default), the same weights are exported to CTranslate2 (flaxformer_nmt.export)
+and the same sources decoded there with the same beam and exactly the same number of steps
+(`min_decoding_length = max_decoding_length`, which keeps EOS out as ours does), on the CPU with
+--ct2_threads threads; the report adds its sentences/s and our ratio to it. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +37,49 @@ _OFFSET = flags.DEFINE_integer("max_len_offset", 50, "Output length = source len
 _DTYPE = flags.DEFINE_string("dtype", "", "Matrix-product dtype; empty = the config's ('auto').")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed batches after the warm-up.")
 _SEED = flags.DEFINE_integer("seed", 0, "Parameter and input seed.")
+_CT2 = flags.DEFINE_bool("ctranslate2", True, "Also time CTranslate2 on the same weights.")
+_CT2_THREADS = flags.DEFINE_integer("ct2_threads", 2, "CTranslate2 intra-op threads (CPU).")
+_CT2_QUANT = flags.DEFINE_string("ct2_quantization", "float32", "CTranslate2 weight type.")
+
+
+def time_ctranslate2(
+  cfg, params, inputs: np.ndarray, beam_size: int, steps: int, repeats: int
+) -> tuple[float, float]:
+  """(median seconds per batch, first call's seconds) of CTranslate2 on the same weights."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  import ctranslate2  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt import export  # pylint: disable=g-import-not-at-top
+
+  vocabulary = ["<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(3, cfg.vocab_size)]
+  spec = export.build_spec(cfg, jax.device_get(params), vocabulary)
+  spec.optimize(quantization=_CT2_QUANT.value)
+  with tempfile.TemporaryDirectory() as model_dir:
+    spec.save(model_dir)
+    translator = ctranslate2.Translator(
+      model_dir, device="cpu", inter_threads=1, intra_threads=_CT2_THREADS.value
+    )
+  # Our sources end in EOS; CTranslate2 appends it itself (add_source_eos).
+  sources = [[vocabulary[i] for i in row[:-1]] for row in inputs]
+
+  def run() -> float:
+    start = time.perf_counter()
+    results = translator.translate_batch(
+      sources,
+      max_batch_size=len(sources),
+      beam_size=beam_size,
+      min_decoding_length=steps,
+      max_decoding_length=steps,
+    )
+    seconds = time.perf_counter() - start
+    lengths = {len(r.hypotheses[0]) for r in results}
+    if lengths != {steps}:
+      raise RuntimeError(f"CTranslate2 made outputs of lengths {lengths}, expected {steps}.")
+    return seconds
+
+  first = run()
+  return float(np.median([run() for _ in range(repeats)])), first
 
 
 def main(argv: list[str]) -> None:
@@ -98,6 +146,19 @@ def main(argv: list[str]) -> None:
     "device": jax.devices()[0].device_kind,
     "num_devices_used": 1,
   }
+  if _CT2.value:
+    ct2_s, ct2_first = time_ctranslate2(
+      model.cfg, params, np.asarray(inputs), _BEAM.value, steps, _REPEATS.value
+    )
+    logging.info("CTranslate2: %.3fs per batch (first %.3fs).", ct2_s, ct2_first)
+    report.update(
+      ct2_threads=_CT2_THREADS.value,
+      ct2_quantization=_CT2_QUANT.value,
+      ct2_seconds_per_batch=round(ct2_s, 4),
+      ct2_sentences_per_s=round(_BATCH.value / ct2_s, 2),
+      ct2_tokens_per_s=round(_BATCH.value * steps / ct2_s, 1),
+      ratio_to_ct2=round(ct2_s / seconds, 3),  # our sentences/s over CTranslate2's
+    )
   print(json.dumps(report), flush=True)
 
 

@@ -6,10 +6,11 @@ data it needs (`Run(data=...)`), and ends by writing its figures (`reporting.wri
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import averaging, config_lib, files, parallel, reporting
+from flaxformer_nmt import averaging, config_lib, errors, files, parallel, reporting
 from flaxformer_nmt import evaluate as evaluate_lib
 from flaxformer_nmt import train as train_lib
 
@@ -67,6 +68,33 @@ def translate(config, workdir: str, which: str, input_path: str, output_path: st
     **translator.stats.as_dict(),
   }
   reporting.write_result(workdir, result, echo=output_path != files.STDIO)
+
+
+def export(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  which: str,
+  fmt: str,
+  output: str,
+  quantization: str,
+) -> None:
+  """Converts the inference parameters (averaged when present) and the vocabulary for another
+  engine (`export.FORMATS`: CTranslate2) into the directory `output`."""
+  from flaxformer_nmt import export as export_lib
+
+  if fmt not in export_lib.FORMATS:
+    raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
+  if quantization not in export_lib.QUANTIZATIONS:
+    raise errors.ConfigError(
+      f"--quantization={quantization}: choose one of {', '.join(export_lib.QUANTIZATIONS)}."
+    )
+  export_lib.check_output_dir(output)  # before any work, like the package check
+  export_lib.import_ctranslate2()
+  run, params, description = _inference_run(config, workdir, which, data="none")
+  params = jax.device_get(params)
+  result = export_lib.export_ctranslate2(run.model_cfg, params, run.tokenizer, output, quantization)
+  logging.info("Exported %s to %s (%s).", description, output, quantization)
+  reporting.write_result(workdir, {"mode": "export", "checkpoint": description, **result})
 
 
 def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:

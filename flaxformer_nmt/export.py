@@ -1,0 +1,243 @@
+"""Export a trained model to CTranslate2, a C++ inference engine for Transformer translation.
+
+`main.py --mode=export --format=ctranslate2 --output=DIR` writes a CTranslate2 model directory
+(`model.bin`, `config.json`, `shared_vocabulary.json`) plus our `spm.model`, built with
+CTranslate2's model-spec API (`TransformerSpec`), not with one of its converters: none of them
+reads Flax parameters, and each would assume another toolkit's conventions. What differs from
+CTranslate2's defaults is set by hand:
+
+- post-LN residual blocks (the paper), or pre-LN with a final norm per stack (`model.pre_ln`);
+- our positional table, given explicitly: sines and cosines *interleave* over the features
+  (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos, as the paper indexes them), where CTranslate2's
+  built-in sinusoid puts all sines first; a learned table (`positional="learned"`) the same way;
+- layer-norm epsilon 1e-6 (CTranslate2's default is 1e-5);
+- embeddings scaled by sqrt(d_model), and one matrix for source, target and the output
+  projection (`share_embeddings`), or separate ones;
+- bias-free attention projections (fused Q/K/V for self-attention, K/V for cross-attention, in
+  CTranslate2's [out, in] layout), biased FFN layers;
+- the decoder starts from id 0 (our PAD piece) rather than a BOS token, and EOS is appended to
+  every source (`add_source_eos`), as our encoder sees it.
+
+`ctranslate2` is an optional dependency (`pip install -e ".[export]"`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from flaxformer_nmt import errors, layers
+from flaxformer_nmt.model import TransformerConfig
+from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+FORMATS = ("ctranslate2",)
+# Weight types CTranslate2 stores (its ACCEPTED_MODEL_TYPES); float32 keeps our weights exactly.
+QUANTIZATIONS = (
+  "float32",
+  "int8",
+  "int8_float32",
+  "int8_float16",
+  "int8_bfloat16",
+  "int16",
+  "float16",
+  "bfloat16",
+)
+LAYER_NORM_EPSILON = 1e-6  # model._layer_norm
+
+
+def import_ctranslate2() -> Any:
+  """The `ctranslate2` module, or a one-line ConfigError saying how to install it."""
+  try:
+    import ctranslate2  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise errors.ConfigError(
+      f"--mode=export --format=ctranslate2 needs the ctranslate2 package ({e}); install it with "
+      "pip install -e '.[export]'."
+    ) from None
+  return ctranslate2
+
+
+def check_output_dir(output: str) -> None:
+  """Refuses a missing --output or one that would overwrite something (before any work)."""
+  if not output or output == "-":
+    raise errors.ConfigError("--mode=export writes a directory: give --output=DIR.")
+  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    raise errors.ConfigError(
+      f"--output={output} already exists and is not an empty directory; nothing was written. "
+      "Remove it or choose another."
+    )
+  parent = os.path.dirname(os.path.abspath(output))
+  if not os.path.isdir(parent):
+    raise errors.ConfigError(f"--output={output}: its parent directory {parent} does not exist.")
+
+
+def _np(x: Any) -> np.ndarray:
+  return np.asarray(x, dtype=np.float32)
+
+
+def _linear(spec: Any, kernel: Any, bias: Any = None) -> None:
+  """Our y = x @ kernel ([in, out]) as CTranslate2's weight [out, in] (and bias [out])."""
+  spec.weight = np.ascontiguousarray(_np(kernel).T)
+  if bias is not None:
+    spec.bias = _np(bias)
+
+
+def _layer_norm(spec: Any, ln: dict[str, Any]) -> None:
+  spec.gamma, spec.beta = _np(ln["scale"]), _np(ln["bias"])
+
+
+def _self_attention(spec: Any, attn: dict[str, Any], ln: dict[str, Any]) -> None:
+  fused = np.concatenate([_np(attn["query"]), _np(attn["key"]), _np(attn["value"])], axis=1)
+  _linear(spec.linear[0], fused)  # [3D, D]
+  _linear(spec.linear[1], attn["out"])
+  _layer_norm(spec.layer_norm, ln)
+
+
+def _cross_attention(spec: Any, attn: dict[str, Any], ln: dict[str, Any]) -> None:
+  _linear(spec.linear[0], attn["query"])
+  _linear(spec.linear[1], np.concatenate([_np(attn["key"]), _np(attn["value"])], axis=1))
+  _linear(spec.linear[2], attn["out"])
+  _layer_norm(spec.layer_norm, ln)
+
+
+def _ffn(spec: Any, ffn: dict[str, Any], ln: dict[str, Any]) -> None:
+  _linear(spec.linear_0, ffn["wi"]["kernel"], ffn["wi"]["bias"])
+  _linear(spec.linear_1, ffn["wo"]["kernel"], ffn["wo"]["bias"])
+  _layer_norm(spec.layer_norm, ln)
+
+
+def position_table(cfg: TransformerConfig, params: dict[str, Any], which: str) -> np.ndarray:
+  """[max_len, d_model]: what our model adds at positions 0 .. max_len - 1."""
+  if cfg.positional == "learned":
+    return _np(params[f"{which}_positions"]["pos_embedding"])
+  return _np(layers.sinusoidal_encoding(np.arange(cfg.max_len), cfg.d_model))
+
+
+def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[str]) -> Any:
+  """A validated CTranslate2 `TransformerSpec` holding `params` (float32)."""
+  import_ctranslate2()
+  from ctranslate2.specs import common_spec, transformer_spec  # pylint: disable=g-import-not-at-top
+
+  spec = transformer_spec.TransformerSpec.from_config(
+    cfg.num_layers,
+    cfg.num_heads,
+    pre_norm=cfg.pre_ln,
+    activation=common_spec.Activation.RELU,
+  )
+  encoder, decoder = spec.encoder, spec.decoder
+  embedding = _np(params["embedding"]["embedding"])  # [V, D]
+  encoder.embeddings[0].weight = embedding
+  encoder.scale_embeddings = True  # x * sqrt(d_model), then + position (model._embed)
+  decoder.scale_embeddings = True
+  encoder.position_encodings.encodings = position_table(cfg, params, "encoder")
+  decoder.position_encodings.encodings = position_table(cfg, params, "decoder")
+  if cfg.share_embeddings:
+    decoder.embeddings.weight = embedding
+    decoder.projection.weight = embedding  # logits = y @ E^T: [V, D] is CTranslate2's layout
+  else:
+    decoder.embeddings.weight = _np(params["target_embedding"]["embedding"])
+    _linear(decoder.projection, params["logits_dense"]["kernel"])
+  if cfg.pre_ln:
+    _layer_norm(encoder.layer_norm, params["encoder_norm"])
+    _layer_norm(decoder.layer_norm, params["decoder_norm"])
+
+  for i, layer in enumerate(encoder.layer):
+    p = params[f"encoder_{i}"]
+    _self_attention(layer.self_attention, p["self_attention"], p["attention_block"]["ln"])
+    _ffn(layer.ffn, p["ffn"], p["ffn_block"]["ln"])
+  for i, layer in enumerate(decoder.layer):
+    p = params[f"decoder_{i}"]
+    _self_attention(layer.self_attention, p["self_attention"], p["self_attention_block"]["ln"])
+    _cross_attention(layer.attention, p["cross_attention"], p["cross_attention_block"]["ln"])
+    _ffn(layer.ffn, p["ffn"], p["ffn_block"]["ln"])
+
+  spec.register_source_vocabulary(vocabulary)
+  spec.register_target_vocabulary(vocabulary)
+  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.unk_token = vocabulary[UNK_ID]
+  spec.config.eos_token = vocabulary[EOS_ID]
+  spec.config.bos_token = vocabulary[PAD_ID]  # we have no BOS; never added (add_source_bos)
+  spec.config.decoder_start_token = vocabulary[PAD_ID]  # model.shift_right puts 0 first
+  spec.config.add_source_bos = False
+  spec.config.add_source_eos = True
+  spec.validate()
+  return spec
+
+
+def export_ctranslate2(
+  cfg: TransformerConfig,
+  params: dict[str, Any],
+  tokenizer: Tokenizer,
+  output: str,
+  quantization: str = "float32",
+) -> dict[str, Any]:
+  """Writes the CTranslate2 model directory `output` (with our spm.model); returns its figures.
+
+  The directory is assembled beside `output` and renamed into place at the end, so an
+  interrupted export leaves no half-written model behind.
+  """
+  if quantization not in QUANTIZATIONS:
+    raise errors.ConfigError(
+      f"--quantization={quantization}: choose one of {', '.join(QUANTIZATIONS)}."
+    )
+  check_output_dir(output)
+  vocabulary = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  spec = build_spec(cfg, params, vocabulary)
+  spec.optimize(quantization=quantization)
+  parent = os.path.dirname(os.path.abspath(output))
+  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  try:
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; a model directory is not
+    spec.save(staging)
+    shutil.copyfile(tokenizer.model_path, os.path.join(staging, "spm.model"))
+    if os.path.isdir(output):
+      os.rmdir(output)  # empty (check_output_dir)
+    os.rename(staging, output)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  size = sum(os.path.getsize(os.path.join(output, f)) for f in os.listdir(output))
+  return {
+    "format": "ctranslate2",
+    "output": output,
+    "quantization": quantization,
+    "files": sorted(os.listdir(output)),
+    "bytes": size,
+  }
+
+
+def ctranslate2_translate(
+  model_dir: str,
+  lines: list[str],
+  *,
+  beam_size: int = 4,
+  length_penalty: float = 0.6,
+  max_decoding_length: int = 256,
+  batch_size: int = 32,
+  intra_threads: int = 0,
+  translator: Any = None,
+) -> list[str]:
+  """Translates `lines` with an exported model: spm.model pieces in, detokenized text out.
+
+  For the tests and benchmarks (how users call CTranslate2 directly is in the README).
+  CTranslate2's length penalty divides by length^alpha, where ours is GNMT's ((5 + len) / 6)^alpha,
+  so beam outputs can differ; greedy (`beam_size=1`) is the same search.
+  """
+  ctranslate2 = import_ctranslate2()
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
+  if translator is None:
+    translator = ctranslate2.Translator(model_dir, device="cpu", intra_threads=intra_threads)
+  results = translator.translate_batch(
+    [sp.encode(line, out_type=str) for line in lines],
+    max_batch_size=batch_size,
+    beam_size=beam_size,
+    length_penalty=length_penalty,
+    max_decoding_length=max_decoding_length,
+  )
+  return [sp.decode(r.hypotheses[0]) for r in results]

@@ -1,0 +1,121 @@
+"""Export to CTranslate2: the exported model translates as ours does ([export] extra)."""
+
+import json
+import os
+import shutil
+
+import ctranslate2  # the [export] extra; [test] includes it, so CI runs these tests
+import numpy as np
+import pytest
+
+from flaxformer_nmt import averaging, errors, export, translate
+from flaxformer_nmt import train as train_lib
+
+import helpers
+
+
+@pytest.fixture(scope="module")
+def exported(trained_demo, tmp_path_factory):
+  """(run, params, model_dir): the trained demo and its float32 CTranslate2 export via main.py."""
+  _, workdir = trained_demo
+  work = tmp_path_factory.mktemp("export") / "workdir"
+  shutil.copytree(workdir, work)
+  out = work.parent / "ct2"
+  proc = helpers.run_main(
+    "--config=configs/demo.py",
+    f"--workdir={work}",
+    "--config.model.dtype=float32",
+    "--mode=export",
+    f"--output={out}",
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["files"] == ["config.json", "model.bin", "shared_vocabulary.json", "spm.model"]
+  assert json.loads((work / "export_result.json").read_text())["output"] == str(out)
+  config = helpers.demo_config(model__dtype="float32")
+  run = train_lib.Run(config, str(work), data="eval")
+  params, _ = averaging.load_inference_params(str(work), run.abstract_params(), "latest")
+  return run, params, str(out)
+
+
+def _ours(run, params, sources, beam):
+  return translate.translate_lines(
+    sources,
+    run.tokenizer,
+    run.model,
+    params,
+    run.config.decode,
+    max_src_len=run.config.data.max_len,
+    beam_size=beam,
+  )
+
+
+def _caps(run, sources):
+  """Our per-sentence output cap (source pieces + EOS + offset), as CTranslate2's length limit."""
+  offset = run.config.decode.max_len_offset
+  return [len(run.tokenizer.encode(s)) + 1 + offset for s in sources]
+
+
+def test_greedy_output_is_ours(exported):
+  run, params, model_dir = exported
+  sources = [s for s, _ in run.data.pairs("test")]
+  ours = _ours(run, params, sources, beam=1)
+  translator = ctranslate2.Translator(model_dir, device="cpu")
+  theirs = [
+    export.ctranslate2_translate(
+      model_dir, [s], beam_size=1, max_decoding_length=cap, translator=translator
+    )[0]
+    for s, cap in zip(sources, _caps(run, sources), strict=True)
+  ]
+  assert theirs == ours
+  assert len(set(ours)) > len(ours) // 2  # real, varied translations, not one string repeated
+
+
+def test_beam_four_bleu_is_within_half_a_point(exported):
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+
+  run, params, model_dir = exported
+  pairs = run.data.pairs("test")
+  sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
+  ours = _ours(run, params, sources, beam=4)
+  theirs = export.ctranslate2_translate(
+    model_dir, sources, beam_size=4, max_decoding_length=max(_caps(run, sources))
+  )
+  ours_bleu = sacrebleu.corpus_bleu(ours, [refs]).score
+  theirs_bleu = sacrebleu.corpus_bleu(theirs, [refs]).score
+  assert ours_bleu > 1.0, ours_bleu  # a model that translates, so the comparison means something
+  assert abs(ours_bleu - theirs_bleu) <= 0.5, (ours_bleu, theirs_bleu)
+
+
+def test_int8_export_translates(exported, tmp_path):
+  run, params, _ = exported
+  out = tmp_path / "int8"
+  result = export.export_ctranslate2(run.model_cfg, params, run.tokenizer, str(out), "int8")
+  assert result["quantization"] == "int8"
+  float32_bytes = os.path.getsize(os.path.join(exported[2], "model.bin"))
+  assert os.path.getsize(out / "model.bin") < 0.5 * float32_bytes
+  sources = [s for s, _ in run.data.pairs("test")][:8]
+  assert all(export.ctranslate2_translate(str(out), sources, beam_size=1))
+
+
+def test_export_refuses_to_overwrite(exported, tmp_path):
+  run, params, _ = exported
+  out = tmp_path / "taken"
+  out.mkdir()
+  (out / "keep.txt").write_text("mine")
+  with pytest.raises(errors.ConfigError, match="already exists"):
+    export.export_ctranslate2(run.model_cfg, params, run.tokenizer, str(out))
+  assert [p.name for p in out.iterdir()] == ["keep.txt"]
+  assert not [p for p in tmp_path.iterdir() if p.name.startswith(".export-")]
+
+
+def test_position_table_interleaves_sines_and_cosines(exported):
+  run, params, _ = exported
+  table = export.position_table(run.model_cfg, params, "encoder")  # [max_len, d_model]
+  pos, d = 7, run.model_cfg.d_model
+  np.testing.assert_allclose(
+    table[pos, 0::2], np.sin(pos / 10000 ** (np.arange(d // 2) * 2 / d)), atol=1e-5
+  )
+  np.testing.assert_allclose(
+    table[pos, 1::2], np.cos(pos / 10000 ** (np.arange(d // 2) * 2 / d)), atol=1e-5
+  )
