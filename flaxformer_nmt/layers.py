@@ -278,11 +278,11 @@ class MultiHeadAttention(nn.Module):
   Decode mode:
     - self-attention (`cross=False`): keys/values of each new token are written into a
       [B, L, N, H] cache at `cache_index`; queries see positions <= index.
-    - cross-attention (`cross=True`): keys/values of the encoder output are projected at the
-      first step and kept in the cache, once per *sentence*. In beam search the queries come in
-      K rows per sentence (`inputs_q` has K times the rows of `inputs_kv`); the K beams of a
-      sentence then act as K query positions against the one copy of that sentence's keys, so
-      nothing is repeated or reordered per beam.
+    - cross-attention (`cross=True`): keys/values of the encoder output are projected once,
+      before the search loop, into the separate `cross_cache` collection, one row per
+      *sentence*. In beam search the queries come in K rows per sentence (`inputs_q` has K times
+      the rows of `inputs_kv`); the K beams of a sentence then act as K query positions against
+      the one copy of that sentence's keys, so nothing is repeated or reordered per beam.
   """
 
   num_heads: int
@@ -364,9 +364,9 @@ class MultiHeadAttention(nn.Module):
     (scores = q . K over H, output = weights . V over L) read directly. Kept as [B, L, N, H], XLA
     transposed the whole cache twice per layer and step, a third of beam-search time on CPU.
     """
-    batch, max_len, heads, head_dim = key.shape
-    self.variable("cache", "cached_key", jnp.zeros, (batch, heads, head_dim, max_len), key.dtype)
-    self.variable("cache", "cached_value", jnp.zeros, (batch, heads, max_len, head_dim), value.dtype)
+    b, length, n, h = key.shape
+    self.variable("cache", "cached_key", jnp.zeros, (b, n, h, length), key.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, (b, n, length, h), value.dtype)
     self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
 
   def _cached_self_attention(
@@ -401,24 +401,22 @@ class MultiHeadAttention(nn.Module):
   def _cached_cross_kv(
     self, inputs_kv: Array, project_kv: Callable[[Array], tuple[Array, Array]]
   ) -> tuple[Array, Array]:
-    """Encoder keys/values, projected at the first decode step only. [B, S, N, H] each."""
-    batch, src_len, _ = inputs_kv.shape
-    head_dim = self.d_model // self.num_heads
-    shape = (batch, src_len, self.num_heads, head_dim)
-    ready = self.variable("cache", "cross_ready", lambda: jnp.array(False))
-    cached_key = self.variable("cache", "cross_key", jnp.zeros, shape, self.dtype)
-    cached_value = self.variable("cache", "cross_value", jnp.zeros, shape, self.dtype)
-    if self.is_initializing():
-      return project_kv(inputs_kv)
-    # lax.cond runs one branch: after step 0 the projection is skipped, not masked out.
-    old_key, old_value = cached_key.value, cached_value.value
-    key, value = jax.lax.cond(ready.value, lambda kv: (old_key, old_value), project_kv, inputs_kv)
-    cached_key.value, cached_value.value, ready.value = key, value, jnp.array(True)
-    return key, value
+    """Encoder keys/values, [B, S, N, H] each, from the `cross_cache` collection.
 
+    Projected once per sentence, before the search loop, by a call with `cross_cache` mutable
+    (`decode.model_step_fn`); the loop's steps read it as a constant. Being outside the loop's
+    carried state, it is neither copied nor reordered with the beams, and no step branches on
+    whether it is ready.
+    """
+    if self.is_initializing() or self.is_mutable_collection("cross_cache"):
+      key, value = project_kv(inputs_kv)
+      self.put_variable("cross_cache", "key", key)
+      self.put_variable("cross_cache", "value", value)
+      return key, value
+    if not self.has_variable("cross_cache", "key"):
+      raise ValueError("decode with cross=True needs the cross_cache collection (model_step_fn).")
+    return self.get_variable("cross_cache", "key"), self.get_variable("cross_cache", "value")
 
-# Decode-cache entries held once per sentence, not per beam row: beam search never reorders them.
-PER_SENTENCE_CACHE = ("cross_key", "cross_value")
 
 # Parameter names of W^Q, W^K, W^V, W^O in a MultiHeadAttention.
 _PROJECTIONS = ("query", "key", "value", "out")

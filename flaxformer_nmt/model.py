@@ -327,9 +327,10 @@ def init_decode_cache(
   """An all-zero decode cache for `batch_size` rows and up to `max_decode_len` steps.
 
   Leaves have the rows as their leading axis, except the scalar step counters (`cache_index`,
-  `position`, `cross_ready`), which are shared by all rows, and the cross-attention keys and
-  values, which have one row per source sentence: `num_sentences` (default `batch_size`; beam
-  search decodes `batch_size = num_sentences * beam` rows).
+  `position`), which are shared by all rows. `num_sentences` (default `batch_size`) is the number
+  of source sentences (beam search decodes `batch_size = num_sentences * beam` rows); the
+  cross-attention keys and values are not part of this cache but of the `cross_cache`
+  collection (`decode.model_step_fn`).
   """
   num_sentences = batch_size if num_sentences is None else num_sentences
   dummy_src = jnp.ones((num_sentences, src_len), jnp.int32)
