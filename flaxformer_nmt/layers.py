@@ -104,9 +104,9 @@ def mask_value(dtype: Dtype) -> Array:
 
 # How dropout masks are drawn (config.model.dropout_rng):
 #   "threefry16"  one 32-bit threefry draw gives two masks' worth of 16-bit uniforms: half the
-#                 random-number work of "threefry", the costliest element-wise op of a small
-#                 training step on CPUs and GPUs. The rate is rounded to a multiple of 1/65536
-#                 (0.1 -> 0.100006).
+#                 random-number work of "threefry" (on this project's CPU, dropout was 12% of
+#                 the small model's step with "threefry", 3% with this). The rate is rounded to
+#                 a multiple of 1/65536 (0.1 -> 0.100006).
 #   "threefry"    jax.random.bernoulli with the default threefry generator, as flax's nn.Dropout.
 #   "rbg"         jax.random.bernoulli on an "rbg" key (XLA's RngBitGenerator): the fast choice
 #                 on TPUs; slower than threefry on CPUs (measured: 1.6x slower per mask).
@@ -271,13 +271,13 @@ class MultiHeadAttention(nn.Module):
 
   Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O), stored as
   separate [D, D] parameters. They are concatenated at use, so self-attention runs one [D, 3D]
-  product and cross-attention one [D, 2D] product for keys and values: one wide product keeps a
-  CPU's or GPU's matrix units busier than three narrow ones, and the checkpoint layout does not
-  change.
+  product and cross-attention one [D, 2D] product for keys and values (one wide product instead
+  of three narrow ones), and the checkpoint layout does not change.
 
   Decode mode:
-    - self-attention (`cross=False`): keys/values of each new token are written into a
-      [B, L, N, H] cache at `cache_index`; queries see positions <= index.
+    - self-attention (`cross=False`): keys/values of each new token are written into the cache
+      at `cache_index` (keys [B, N, H, L], values [B, N, L, H]: see `_init_self_cache`); queries
+      see positions <= index.
     - cross-attention (`cross=True`): keys/values of the encoder output are projected once,
       before the search loop, into the separate `cross_cache` collection, one row per
       *sentence*. In beam search the queries come in K rows per sentence (`inputs_q` has K times
