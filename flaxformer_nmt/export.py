@@ -75,6 +75,16 @@ def check_output_dir(output: str) -> None:
     raise errors.ConfigError(f"--output={output}: its parent directory {parent} does not exist.")
 
 
+def check_request(output: str, quantization: str) -> None:
+  """Every check of an export's arguments that needs no model: one line each, before any work."""
+  if quantization not in QUANTIZATIONS:
+    raise errors.ConfigError(
+      f"--quantization={quantization}: choose one of {', '.join(QUANTIZATIONS)}."
+    )
+  check_output_dir(output)
+  import_ctranslate2()
+
+
 def _np(x: Any) -> np.ndarray:
   return np.asarray(x, dtype=np.float32)
 
@@ -180,11 +190,7 @@ def export_ctranslate2(
   The directory is assembled beside `output` and renamed into place at the end, so an
   interrupted export leaves no half-written model behind.
   """
-  if quantization not in QUANTIZATIONS:
-    raise errors.ConfigError(
-      f"--quantization={quantization}: choose one of {', '.join(QUANTIZATIONS)}."
-    )
-  check_output_dir(output)
+  check_request(output, quantization)
   vocabulary = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
   spec = build_spec(cfg, params, vocabulary)
   spec.optimize(quantization=quantization)

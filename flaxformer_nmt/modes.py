@@ -10,7 +10,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import averaging, config_lib, errors, files, parallel, reporting
+from flaxformer_nmt import averaging, config_lib, files, parallel, reporting
 from flaxformer_nmt import evaluate as evaluate_lib
 from flaxformer_nmt import train as train_lib
 
@@ -84,12 +84,7 @@ def export(
 
   if fmt not in export_lib.FORMATS:
     raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
-  if quantization not in export_lib.QUANTIZATIONS:
-    raise errors.ConfigError(
-      f"--quantization={quantization}: choose one of {', '.join(export_lib.QUANTIZATIONS)}."
-    )
-  export_lib.check_output_dir(output)  # before any work, like the package check
-  export_lib.import_ctranslate2()
+  export_lib.check_request(output, quantization)  # before any work
   run, params, description = _inference_run(config, workdir, which, data="none")
   params = jax.device_get(params)
   result = export_lib.export_ctranslate2(run.model_cfg, params, run.tokenizer, output, quantization)
