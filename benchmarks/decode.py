@@ -33,6 +33,9 @@ _BATCH = flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 _SRC_LEN = flags.DEFINE_integer("src_len", 24, "Source length in tokens, EOS included.")
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty.")
+_STYLE = flags.DEFINE_enum(
+  "beam_style", "shrinking", list(config_lib.BEAM_STYLES), "Beam search style (decode.py)."
+)
 _OFFSET = flags.DEFINE_integer("max_len_offset", 50, "Output length = source length + this.")
 _DTYPE = flags.DEFINE_string("dtype", "", "Matrix-product dtype; empty = the config's ('auto').")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed batches after the warm-up.")
@@ -94,7 +97,11 @@ def main(argv: list[str]) -> None:
   )
   params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(_SEED.value))
   search = decode.SearchConfig(
-    beam_size=_BEAM.value, alpha=_ALPHA.value, max_len_offset=_OFFSET.value, allow_eos=False
+    beam_size=_BEAM.value,
+    alpha=_ALPHA.value,
+    max_len_offset=_OFFSET.value,
+    allow_eos=False,
+    style=_STYLE.value,
   )
   rng = np.random.default_rng(_SEED.value)
   inputs = rng.integers(3, _VOCAB.value, size=(_BATCH.value, _SRC_LEN.value)).astype(np.int32)
@@ -135,6 +142,7 @@ def main(argv: list[str]) -> None:
     "batch_size": _BATCH.value,
     "src_len": _SRC_LEN.value,
     "beam_size": _BEAM.value,
+    "beam_style": _STYLE.value,
     "decode_steps": steps,
     "seconds_per_batch": round(seconds, 4),
     "sentences_per_s": round(_BATCH.value / seconds, 2),

@@ -6,18 +6,24 @@ decoder, and the tests drive the same search with small hand-made distributions.
 
 Beam search follows the paper (Sec. 6.1): beam 4, length penalty lp(len) = ((5 + len) / 6)^alpha
 with alpha = 0.6 (Wu et al. 2016), maximum output length = input length + 50, and early stopping.
-Each sentence has `beam_size` slots. Every step keeps as many of the best extensions of the live
-hypotheses as there are open slots; one that ends in EOS (or reaches the sentence's maximum length)
-is finished and keeps its slot for good, so the live beam shrinks (the textbook beam of Jurafsky &
-Martin; Marian does the same). That is why beam 1 *is* greedy search, for any alpha: the single
-slot takes the argmax token until it is EOS. (t2t's variant refills the live beam from the top 2K;
-with alpha > 0 its beam 1 keeps searching past greedy's EOS and is not greedy.)
+Two styles (`SearchConfig.style`, `config.decode.beam_style`):
 
-A sentence stops early once the best live hypothesis, even granted the most favourable length
-penalty (the one at its maximum length; log-probabilities only fall as it grows), cannot beat the
-worst finished one. Finished hypotheses are ranked by score / lp(len); the best is returned with
-its model score (sum of log-probabilities) and its normalised score, so beam and greedy can be
-compared on the objective the search optimises.
+- "t2t", tensor2tensor's beam search, which produced the paper's numbers: every step keeps the K
+  best *live* extensions out of the top 2K candidates (one ending in EOS cannot take a live slot,
+  and at most K of the 2K end in EOS, so K stay live), and the K best finished hypotheses by
+  normalised score in a separate pool. It stops once the best finished hypothesis beats the best
+  live one granted the most favourable length penalty (t2t's `stop_early`). With alpha > 0 its beam
+  1 keeps searching past greedy's EOS, so beam size 1 runs greedy search instead.
+- "shrinking", the textbook beam (Jurafsky & Martin; Marian does the same): each sentence has K
+  slots; a hypothesis that ends in EOS (or reaches the sentence's maximum length) is finished and
+  keeps its slot for good, so the live beam shrinks. Beam 1 *is* greedy search, for any alpha (the
+  tests check it token for token). It stops once the best live hypothesis, granted the most
+  favourable penalty, cannot beat the worst finished one.
+
+In both, the most favourable penalty of a live hypothesis is the one at its maximum length:
+log-probabilities only fall as it grows. Finished hypotheses are ranked by score / lp(len); the best
+is returned with its model score (sum of log-probabilities) and its normalised score, so beam and
+greedy can be compared on the objective the search optimises.
 
 Output tokens are ids with EOS, then PAD. A hypothesis cut at the maximum length has no EOS (as in
 t2t and flax's wmt example). PAD (id 0) is never generated: it is the decoder's start symbol and
@@ -36,6 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax import lax
 
+from flaxformer_nmt.config_lib import BEAM_STYLES
 from flaxformer_nmt.model import Transformer, init_decode_cache
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
@@ -57,12 +64,18 @@ class SearchConfig:
     max_len_offset: a sentence's output has at most (its source length + this) tokens, EOS
       included, and never more than the model's `max_len`.
     allow_eos: False forbids EOS so every search runs the full length (benchmarks only).
+    style: "shrinking" or "t2t" (module docstring).
   """
 
   beam_size: int = 4
   alpha: float = 0.6
   max_len_offset: int = 50
   allow_eos: bool = True
+  style: str = "shrinking"
+
+  def __post_init__(self) -> None:
+    if self.style not in BEAM_STYLES:
+      raise ValueError(f"Unknown beam style {self.style!r}; choose one of {list(BEAM_STYLES)}.")
 
   @classmethod
   def from_config(
@@ -73,6 +86,7 @@ class SearchConfig:
       beam_size=int(decode.beam_size if beam_size is None else beam_size),
       alpha=float(decode.alpha),
       max_len_offset=int(decode.max_len_offset),
+      style=str(decode.get("beam_style", "shrinking")),
     )
 
 
@@ -246,7 +260,32 @@ def _gather_cache(cache: Cache, beam_index: Array) -> Cache:
   return jax.tree.map(gather, cache)
 
 
-def beam_search(
+def _merge_finished(
+  s: _BeamState,
+  tokens: Array,
+  scores: Array,
+  finishing: Array,
+  length: Array,
+  alpha: float,
+) -> tuple[Array, Array, Array, Array]:
+  """The K best (by normalised score) of the finished pool and the hypotheses finishing now.
+
+  tokens: [batch, n, max_decode_len], scores and finishing: [batch, n] for the n candidates of
+  this step (all of length `length`). Returns the new pool's tokens, scores, normalised scores and
+  lengths, sorted best first.
+  """
+  k = s.fin_scores.shape[1]
+  new_normalized = jnp.where(finishing, scores / length_penalty(length, alpha), NEG_INF)
+  pool_normalized = jnp.concatenate([s.fin_normalized, new_normalized], axis=1)  # [batch, K + n]
+  fin_normalized, keep = lax.top_k(pool_normalized, k)  # [batch, beam]
+  fin_tokens = _gather_beams(jnp.concatenate([s.fin_tokens, tokens], axis=1), keep)
+  fin_scores = _gather_beams(jnp.concatenate([s.fin_scores, scores], axis=1), keep)
+  new_lengths = jnp.full(scores.shape, length, jnp.int32)
+  fin_lengths = _gather_beams(jnp.concatenate([s.fin_lengths, new_lengths], axis=1), keep)
+  return fin_tokens, fin_scores, fin_normalized, fin_lengths
+
+
+def run_beam_search(
   step_fn: StepFn,
   cache: Cache,
   max_lengths: Array,
@@ -255,18 +294,11 @@ def beam_search(
   alpha: float,
   max_decode_len: int,
   allow_eos: bool = True,
-) -> SearchResult:
-  """Beam search with a shrinking beam, length penalty and early stopping (module docstring).
-
-  Args:
-    step_fn: the decoder on `batch * beam_size` rows, sentence-major (row = b * beam + k).
-    cache: its initial cache for those rows.
-    max_lengths: [batch] each sentence's maximum output length (0: skip the row).
-    beam_size: K.
-    alpha: length-penalty exponent.
-    max_decode_len: static size of the output buffers (>= max(max_lengths)).
-    allow_eos: False forbids EOS (fixed-length runs for benchmarks).
-  """
+  style: str = "shrinking",
+) -> _BeamState:
+  """`beam_search`'s loop; returns its final state (live and finished pools; for the tests)."""
+  if style not in BEAM_STYLES:
+    raise ValueError(f"Unknown beam style {style!r}; choose one of {list(BEAM_STYLES)}.")
   batch, k = max_lengths.shape[0], beam_size
   loop_len = jnp.max(max_lengths)
   rank = jnp.arange(k)[None, :]  # [1, beam]
@@ -276,64 +308,71 @@ def beam_search(
   def cond(s: _BeamState) -> Array:
     return (s.step < loop_len) & ~jnp.all(s.done)
 
-  def body(s: _BeamState) -> _BeamState:
+  def candidates_of(s: _BeamState) -> tuple[Array, Cache]:
+    """Every one-token extension's score: [batch, beam * vocab], and the stepped cache."""
     last = lax.dynamic_index_in_dim(s.live_tokens, s.step - 1, axis=2, keepdims=False)
     last = jnp.where(s.step == 0, PAD_ID, last)  # [batch, beam]; PAD starts every sentence
     logits, cache = step_fn(s.cache, last.reshape(batch * k, 1))
     logp = _log_probs(logits, allow_eos)  # [batch * beam, vocab]
-    vocab = logp.shape[-1]
-    candidates = s.live_scores[:, :, None] + logp.reshape(batch, k, vocab)  # [batch, beam, vocab]
-    top_scores, top_index = lax.top_k(candidates.reshape(batch, k * vocab), k)  # [batch, beam]
-    beam_index = top_index // vocab  # [batch, beam] which live hypothesis each extends
-    token = (top_index % vocab).astype(jnp.int32)  # [batch, beam]
+    candidates = s.live_scores[:, :, None] + logp.reshape(batch, k, -1)  # [batch, beam, vocab]
+    return candidates.reshape(batch, -1), cache
 
+  def extend(s: _BeamState, top_index: Array, vocab: int) -> tuple[Array, Array, Array]:
+    """Source beam, new token and new token sequence of each chosen candidate [batch, n]."""
+    beam_index = top_index // vocab  # which live hypothesis each extends
+    token = (top_index % vocab).astype(jnp.int32)
+    tokens = _gather_beams(s.live_tokens, beam_index)  # [batch, n, max_decode_len]
+    tokens = lax.dynamic_update_slice(tokens, token[:, :, None], (0, 0, s.step))
+    return beam_index, token, tokens
+
+  def shrinking_body(s: _BeamState) -> _BeamState:
+    flat, cache = candidates_of(s)
+    vocab = flat.shape[1] // k
+    top_scores, top_index = lax.top_k(flat, k)  # [batch, beam]
+    beam_index, token, tokens = extend(s, top_index, vocab)
     # Only as many extensions as there are open slots (K minus the finished ones) are kept.
     open_slots = k - jnp.sum(jnp.isfinite(s.fin_normalized), axis=1)  # [batch]
     valid = (rank < open_slots[:, None]) & jnp.isfinite(top_scores) & ~s.done[:, None]
     length = s.step + 1
-    at_max = (length >= max_lengths)[:, None]  # [batch, 1]
-    finishing = valid & ((token == EOS_ID) | at_max)  # [batch, beam]
-
-    tokens = _gather_beams(s.live_tokens, beam_index)  # [batch, beam, max_decode_len]
-    tokens = lax.dynamic_update_slice(tokens, token[:, :, None], (0, 0, s.step))
+    finishing = valid & ((token == EOS_ID) | (length >= max_lengths)[:, None])  # [batch, beam]
     live_scores = jnp.where(valid & ~finishing, top_scores, NEG_INF)  # [batch, beam]
-
-    # Merge the newly finished into the finished pool; at most K ever finish, so nothing falls out.
-    new_normalized = jnp.where(finishing, top_scores / length_penalty(length, alpha), NEG_INF)
-    pool_normalized = jnp.concatenate([s.fin_normalized, new_normalized], axis=1)  # [batch, 2K]
-    fin_normalized, keep = lax.top_k(pool_normalized, k)  # [batch, beam]
-    fin_tokens = _gather_beams(jnp.concatenate([s.fin_tokens, tokens], axis=1), keep)
-    fin_scores = _gather_beams(jnp.concatenate([s.fin_scores, top_scores], axis=1), keep)
-    new_lengths = jnp.full((batch, k), length, jnp.int32)
-    fin_lengths = _gather_beams(jnp.concatenate([s.fin_lengths, new_lengths], axis=1), keep)
+    # At most K ever finish, so nothing falls out of the pool.
+    fin = _merge_finished(s, tokens, top_scores, finishing, length, alpha)
 
     # Early stopping: no live hypothesis, or none that can still beat the worst finished one.
     best_live = jnp.max(live_scores, axis=1) / best_penalty  # [batch]; -inf when none live
-    has_finished = jnp.any(jnp.isfinite(fin_normalized), axis=1)  # [batch]
-    worst_finished = jnp.min(
-      jnp.where(jnp.isfinite(fin_normalized), fin_normalized, jnp.inf), axis=1
-    )  # [batch]
+    has_finished = jnp.any(jnp.isfinite(fin[2]), axis=1)  # [batch]
+    worst_finished = jnp.min(jnp.where(jnp.isfinite(fin[2]), fin[2], jnp.inf), axis=1)
     done = s.done | ~jnp.any(jnp.isfinite(live_scores), axis=1)
     done = done | (has_finished & (best_live <= worst_finished))
+    return _BeamState(s.step + 1, tokens, live_scores, *fin, done, _gather_cache(cache, beam_index))
 
-    return _BeamState(
-      step=s.step + 1,
-      live_tokens=tokens,
-      live_scores=live_scores,
-      fin_tokens=fin_tokens,
-      fin_scores=fin_scores,
-      fin_normalized=fin_normalized,
-      fin_lengths=fin_lengths,
-      done=done,
-      cache=_gather_cache(cache, beam_index),
-    )
+  def t2t_body(s: _BeamState) -> _BeamState:
+    flat, cache = candidates_of(s)
+    vocab = flat.shape[1] // k
+    top_scores, top_index = lax.top_k(flat, 2 * k)  # [batch, 2K]
+    beam_index, token, tokens = extend(s, top_index, vocab)
+    valid = jnp.isfinite(top_scores) & ~s.done[:, None]
+    length = s.step + 1
+    finishing = valid & ((token == EOS_ID) | (length >= max_lengths)[:, None])  # [batch, 2K]
+    # t2t's grow_alive: the K best of the 2K that did not finish.
+    live_scores, pick = lax.top_k(jnp.where(valid & ~finishing, top_scores, NEG_INF), k)
+    live_tokens = _gather_beams(tokens, pick)  # [batch, beam, max_decode_len]
+    # t2t's grow_finished: the K best of the old pool and all 2K that finished now.
+    fin = _merge_finished(s, tokens, top_scores, finishing, length, alpha)
+
+    # t2t's stop_early: the best finished beats the best live one at its most favourable length.
+    best_live = live_scores[:, 0] / best_penalty  # [batch]; top_k sorts; -inf when none live
+    done = s.done | ~jnp.isfinite(live_scores[:, 0]) | (fin[2][:, 0] >= best_live)
+    cache = _gather_cache(cache, _gather_beams(beam_index, pick))
+    return _BeamState(s.step + 1, live_tokens, live_scores, *fin, done, cache)
 
   empty = jnp.full((batch, k), NEG_INF, jnp.float32)
   buffers = jnp.full((batch, k, max_decode_len), PAD_ID, jnp.int32)
   init = _BeamState(
     step=jnp.array(0, jnp.int32),
     live_tokens=buffers,
-    # One live hypothesis (the empty prefix) per sentence, so step 0 picks K distinct tokens.
+    # One live hypothesis (the empty prefix) per sentence, so step 0 picks distinct tokens.
     live_scores=empty.at[:, 0].set(0.0),
     fin_tokens=buffers,
     fin_scores=empty,
@@ -342,7 +381,42 @@ def beam_search(
     done=max_lengths <= 0,
     cache=cache,
   )
-  final = lax.while_loop(cond, body, init)
+  return lax.while_loop(cond, t2t_body if style == "t2t" else shrinking_body, init)
+
+
+def beam_search(
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  *,
+  beam_size: int,
+  alpha: float,
+  max_decode_len: int,
+  allow_eos: bool = True,
+  style: str = "shrinking",
+) -> SearchResult:
+  """Beam search with length penalty and early stopping, in either style (module docstring).
+
+  Args:
+    step_fn: the decoder on `batch * beam_size` rows, sentence-major (row = b * beam + k).
+    cache: its initial cache for those rows.
+    max_lengths: [batch] each sentence's maximum output length (0: skip the row).
+    beam_size: K.
+    alpha: length-penalty exponent.
+    max_decode_len: static size of the output buffers (>= max(max_lengths)).
+    allow_eos: False forbids EOS (fixed-length runs for benchmarks).
+    style: "shrinking" or "t2t".
+  """
+  final = run_beam_search(
+    step_fn,
+    cache,
+    max_lengths,
+    beam_size=beam_size,
+    alpha=alpha,
+    max_decode_len=max_decode_len,
+    allow_eos=allow_eos,
+    style=style,
+  )
   # Slot 0 of the pool is the best finished hypothesis (top_k sorts). A sentence with none (only a
   # skipped filler row) returns an empty output with score 0.
   found = jnp.isfinite(final.fin_normalized[:, 0])
@@ -410,16 +484,19 @@ def decode_batch(
     model: the Transformer (hashable; one compilation per model config, settings and input shape).
     params: its parameters.
     inputs: [batch, src_len] source ids ending in EOS, 0-padded; all-padding rows are skipped.
-    search: beam size, alpha, length rule. Beam size 1 runs beam search with one slot, which is
-      greedy search (tests check it token for token).
+    search: beam size, style, alpha, length rule. Beam size 1 runs the shrinking beam search with
+      one slot, which is greedy search (tests check it token for token), or, for style "t2t",
+      greedy search itself.
     greedy: run `greedy_search` instead (the reference beam 1 is checked against).
 
   Returns:
     The best hypothesis per sentence; tokens are [batch, min(src_len + offset, model max_len)].
   """
+  if search.beam_size == 1 and search.style == "t2t":
+    greedy = True  # t2t's beam 1 searches past greedy's EOS; beam size 1 means greedy here
   if greedy:
-    # Greedy ignores the beam size: one compiled program serves every beam setting.
-    search = dataclasses.replace(search, beam_size=1)
+    # Greedy ignores the beam size and style: one compiled program serves every beam setting.
+    search = dataclasses.replace(search, beam_size=1, style="shrinking")
   return _decode_batch(model, params, inputs, search, greedy)
 
 
@@ -453,4 +530,5 @@ def _decode_batch(
     alpha=search.alpha,
     max_decode_len=max_decode_len,
     allow_eos=search.allow_eos,
+    style=search.style,
   )

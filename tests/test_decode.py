@@ -203,8 +203,9 @@ def test_beam_finds_what_greedy_misses():
   )
 
 
+@pytest.mark.parametrize("style", decode.BEAM_STYLES)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_wide_beam_equals_brute_force(alpha):
+def test_wide_beam_equals_brute_force(alpha, style):
   """With more slots than prefixes nothing is pruned: the search (early stopping included) must
   return the best normalised sequence of all, per sentence, each with its own maximum length."""
   rng = np.random.default_rng(0)
@@ -220,6 +221,7 @@ def test_wide_beam_equals_brute_force(alpha):
     beam_size=beam,
     alpha=alpha,
     max_decode_len=4,
+    style=style,
   )
   for b in range(3):
     normalized, tokens, score = _brute_force(log_table, bias[b], int(max_lengths[b]), alpha)
@@ -251,6 +253,99 @@ def test_beam_one_is_greedy_on_a_trigram_chain():
   np.testing.assert_array_equal(beam.lengths, greedy.lengths)
   np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
   np.testing.assert_allclose(beam.normalized_scores, greedy.normalized_scores, rtol=1e-6)
+
+
+def _chain(rows: dict[int, dict[int, float]]) -> np.ndarray:
+  """A bigram log table from {previous token: {next token: probability}}; the rest ~1e-6."""
+  probs = np.full((V, V), 1e-6)
+  for prev, nexts in rows.items():
+    for tok, p in nexts.items():
+      probs[prev, tok] = p
+  return np.log(probs / probs.sum(-1, keepdims=True))
+
+
+def _final_state(log_table: np.ndarray, style: str, beam: int, alpha: float, max_len: int = 10):
+  return decode.run_beam_search(
+    _bigram_step(log_table),
+    {"index": jnp.array(0)},
+    jnp.array([max_len], jnp.int32),
+    beam_size=beam,
+    alpha=alpha,
+    max_decode_len=max_len,
+    style=style,
+  )
+
+
+def test_t2t_keeps_k_live_after_some_finish():
+  """Two steps, K = 2: [EOS] finishes at step 0 and [A EOS] at step 1, and t2t still has two live
+  hypotheses (A C, B D) when its early stop ends the search; the shrinking beam is down to one."""
+  table = _chain(
+    {PAD_ID: {A: 0.45, EOS_ID: 0.35, B: 0.2}, A: {C: 0.7, EOS_ID: 0.3}, B: {D: 0.95, EOS_ID: 0.05}}
+  )
+  t2t = _final_state(table, "t2t", beam=2, alpha=0.0)
+  assert int(t2t.step) == 2  # stopped early: [EOS] (0.35) beats A C (0.315), the best live one
+  live = np.isfinite(np.asarray(t2t.live_scores[0]))
+  np.testing.assert_array_equal(live, [True, True])
+  np.testing.assert_array_equal(t2t.live_tokens[0, :, :2], [[A, C], [B, D]])
+  np.testing.assert_allclose(t2t.live_scores[0], np.log([0.45 * 0.7, 0.2 * 0.95]), rtol=1e-4)
+  np.testing.assert_array_equal(t2t.fin_tokens[0, :, :2], [[EOS_ID, PAD_ID], [A, EOS_ID]])
+  np.testing.assert_array_equal(t2t.fin_lengths[0], [1, 2])
+
+  shrinking = _final_state(table, "shrinking", beam=2, alpha=0.0)
+  assert int(np.isfinite(np.asarray(shrinking.live_scores[0])).sum()) == 1  # [EOS] took a slot
+
+
+def test_t2t_returns_the_best_finished_by_normalised_score():
+  """[EOS] alone has the highest model score (log 0.35) but B C D EOS (log 0.25) the highest
+  normalised one at alpha = 1: -1.386 / (9/6) = -0.92 against -1.05. t2t keeps B live after [EOS]
+  finishes and returns it; the shrinking beam gives B's slot to [EOS] and never sees it."""
+  table = _chain(
+    {
+      PAD_ID: {A: 0.4, EOS_ID: 0.35, B: 0.25},
+      A: {EOS_ID: 0.3, C: 0.26, D: 0.24, B: 0.2},
+      B: {C: 1.0},
+      C: {D: 1.0},
+      D: {EOS_ID: 1.0},
+    }
+  )
+  for style, want, prob in (("t2t", [B, C, D, EOS_ID], 0.25), ("shrinking", [EOS_ID], 0.35)):
+    final = _final_state(table, style, beam=2, alpha=1.0)
+    result = decode.beam_search(
+      _bigram_step(table),
+      {"index": jnp.array(0)},
+      jnp.array([10], jnp.int32),
+      beam_size=2,
+      alpha=1.0,
+      max_decode_len=10,
+      style=style,
+    )
+    n = len(want)
+    np.testing.assert_array_equal(result.tokens[0, : n + 1], [*want, PAD_ID])
+    assert int(result.lengths[0]) == n
+    np.testing.assert_allclose(result.scores[0], math.log(prob), rtol=1e-4)
+    np.testing.assert_allclose(
+      result.normalized_scores[0], math.log(prob) / ((5 + n) / 6), rtol=1e-4
+    )
+    # The returned one is the best of the finished pool, which is sorted by normalised score.
+    pool = np.asarray(final.fin_normalized[0])
+    assert pool[0] == pytest.approx(float(result.normalized_scores[0]), rel=1e-6)
+    assert np.all(np.diff(pool[np.isfinite(pool)]) <= 0)
+
+
+def test_t2t_early_stop_is_against_the_best_finished():
+  """EOS at 0.9 every step: after one step [EOS] beats any live hypothesis at any length."""
+  probs = np.full((V, V), 0.1 / 4)
+  probs[:, EOS_ID] = 0.9
+  probs[:, PAD_ID] = 0.0
+  final = _final_state(np.log(probs + 1e-30), "t2t", beam=4, alpha=0.6, max_len=40)
+  assert int(final.step) == 1
+  assert np.all(np.isfinite(np.asarray(final.live_scores[0])))  # still K live when it stopped
+  np.testing.assert_allclose(final.fin_scores[0, 0], math.log(0.9), rtol=1e-5)
+
+
+def test_beam_styles_are_checked():
+  with pytest.raises(ValueError, match="beam style 'marian'"):
+    decode.SearchConfig(style="marian")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -343,9 +438,20 @@ def test_beam_one_equals_greedy_on_the_transformer(trained_tiny):
   assert np.any(np.asarray(greedy.tokens) == EOS_ID)  # the trained model does stop
 
 
-def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny):
+def test_t2t_beam_one_is_greedy_search_on_the_transformer(trained_tiny):
+  """t2t's own beam 1 would search on past EOS; beam size 1 runs greedy search instead."""
   model, params, inputs = trained_tiny
-  search = decode.SearchConfig(beam_size=4, alpha=0.6, max_len_offset=3)
+  search = decode.SearchConfig(beam_size=1, alpha=0.6, max_len_offset=3, style="t2t")
+  greedy = decode.decode_batch(model, params, inputs, search, greedy=True)
+  beam = decode.decode_batch(model, params, inputs, search)
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+  np.testing.assert_array_equal(beam.lengths, greedy.lengths)
+
+
+@pytest.mark.parametrize("style", decode.BEAM_STYLES)
+def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny, style):
+  model, params, inputs = trained_tiny
+  search = decode.SearchConfig(beam_size=4, alpha=0.6, max_len_offset=3, style=style)
   greedy = decode.decode_batch(model, params, inputs, search, greedy=True)
   beam = decode.decode_batch(model, params, inputs, search)
   # Beam search maximises the normalised score; it must do at least as well as greedy on it.
