@@ -1,6 +1,7 @@
-r"""flaxformer_nmt command line: train, eval, translate, average.
+r"""flaxformer_nmt command line: prepare, train, eval, translate, average, export.
 
   python main.py --config=configs/demo.py --workdir=runs/demo
+  python main.py --config=configs/wmt14_ende_base.py --workdir=runs/base --mode=prepare
   python main.py --config=configs/wmt14_ende_base.py --workdir=runs/base
   python main.py --config=... --workdir=... --mode=eval
   python main.py --config=... --workdir=... --mode=translate --input=in.txt --output=out.txt
@@ -30,7 +31,10 @@ config_flags.DEFINE_config_file(
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, logs and outputs.")
 flags.DEFINE_enum(
-  "mode", "train", ["train", "eval", "translate", "average", "export"], "What to do."
+  "mode",
+  "train",
+  ["prepare", "train", "eval", "translate", "average", "export"],
+  "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
 )
 flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
 flags.DEFINE_string(
@@ -153,7 +157,9 @@ def main(argv: list[str]) -> None:
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
     parallel.maybe_initialize_distributed(flags.FLAGS.distributed)
-    if flags.FLAGS.mode == "train":
+    if flags.FLAGS.mode == "prepare":
+      modes.prepare(config, workdir)
+    elif flags.FLAGS.mode == "train":
       modes.train(config, workdir)
     elif flags.FLAGS.mode == "eval":
       modes.evaluate(config, workdir, flags.FLAGS.checkpoint)

@@ -2,9 +2,11 @@
 
 The paper's 27.3 / 28.4 (EN-DE) come from tensor2tensor's `get_ende_bleu.sh`: Moses-tokenize
 hypotheses and references, split hyphenated compounds as `##AT##-##AT##` (as GNMT and ConvS2S did),
-then `multi-bleu.perl`. Splitting hyphens creates extra matching tokens, so that number runs higher
-than sacreBLEU's detokenized, 13a-tokenized score; a paper comparison needs the former, a
-comparison with today's literature the latter. We never write BLEU ourselves: both go through
+then `multi-bleu.perl`. The split belongs to that EN-DE script; for other targets (EN-FR's 41.8)
+the tokenized BLEU is Moses + multi-bleu without it (`config.eval.compound_split="auto"`).
+Splitting hyphens creates extra matching tokens, so that number runs higher than sacreBLEU's
+detokenized, 13a-tokenized score; a paper comparison needs the former, a comparison with today's
+literature the latter. We never write BLEU ourselves: both go through
 sacrebleu, and the Moses tokenizer is sacremoses' port of tokenizer.perl.
 
 `dev_loss`, `dev_bleu` and `test_scores` score a model (the BLEU ones decode on every device of
@@ -27,6 +29,7 @@ from absl import logging
 from sacrebleu.metrics import BLEU
 
 from flaxformer_nmt import files, parallel, translate
+from flaxformer_nmt.config_lib import COMPOUND_SPLITS
 
 if TYPE_CHECKING:
   from flaxformer_nmt.train import Run
@@ -65,24 +68,40 @@ def _moses(lang: str) -> Any:  # sacremoses.MosesTokenizer
   return MosesTokenizer(lang=lang)
 
 
-def tokenize_for_paper_bleu(text: str, lang: str) -> str:
+def splits_compounds(setting: str, tgt_lang: str) -> bool:
+  """Whether the tokenized BLEU splits compounds: "auto" = for German targets, as t2t's EN-DE
+  script (`get_ende_bleu.sh`); no such step exists for EN-FR."""
+  if setting not in COMPOUND_SPLITS:
+    raise ValueError(f"Unknown compound_split {setting!r}; choose one of {COMPOUND_SPLITS}.")
+  return tgt_lang == "de" if setting == "auto" else setting == "on"
+
+
+def tokenized_bleu_method(lang: str, compound_split: bool) -> str:
+  """How the tokenized BLEU was computed, e.g. `moses-de+##AT##` (for the score files)."""
+  return f"moses-{lang}" + ("+##AT##" if compound_split else "")
+
+
+def tokenize_for_paper_bleu(text: str, lang: str, compound_split: bool = True) -> str:
   """tokenizer.perl -l `lang` (escaping on, as its default), then the ##AT## compound split."""
   tokenized = _moses(lang).tokenize(text, return_str=True, escape=True)
-  return _COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tokenized)
+  return _COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tokenized) if compound_split else tokenized
 
 
-def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> float:
-  """The paper's BLEU (t2t get_ende_bleu.sh): Moses + ##AT## on both sides, then multi-bleu.
+def tokenized_bleu(
+  hyps: Sequence[str], refs: Sequence[str], lang: str = "de", compound_split: bool = True
+) -> float:
+  """The paper's BLEU: Moses (+ ##AT## for EN-DE, t2t get_ende_bleu.sh) on both sides, then
+  multi-bleu.
 
   sacrebleu with `tokenize='none'` scores the already-tokenized text as multi-bleu.perl does
   (cased, one reference, no smoothing: a zero n-gram precision gives 0, as multi-bleu's does).
   """
   _check_lengths(hyps, refs)
-  tok_hyps = [tokenize_for_paper_bleu(h, lang) for h in hyps]
-  tok_refs = [tokenize_for_paper_bleu(r, lang) for r in refs]
+  tok_hyps = [tokenize_for_paper_bleu(h, lang, compound_split) for h in hyps]
+  tok_refs = [tokenize_for_paper_bleu(r, lang, compound_split) for r in refs]
   bleu = BLEU(tokenize="none", smooth_method="none", force=True)
   score = float(bleu.corpus_score(tok_hyps, [tok_refs]).score)
-  logging.info("Tokenized (Moses %s + ##AT##) BLEU %.2f", lang, score)
+  logging.info("Tokenized (%s) BLEU %.2f", tokenized_bleu_method(lang, compound_split), score)
   return score
 
 
@@ -93,18 +112,23 @@ def score_and_write(
   name: str,
   tgt_lang: str,
   *,
+  compound_split: bool | None = None,
   write: bool = True,
 ) -> dict[str, float | str | int]:
   """Scores hypotheses both ways and writes `<name>.hyp.txt` and `<name>.scores.json` to out_dir.
 
   Hypotheses go to disk one per line so any score can be recomputed later with other tools.
-  `write=False` only scores (the processes of a multi-process run other than process 0).
+  `compound_split`: None = "auto" (German targets). `write=False` only scores (the processes of a
+  multi-process run other than process 0).
   """
+  if compound_split is None:
+    compound_split = splits_compounds("auto", tgt_lang)
   scores: dict[str, float | str | int] = {}
   sacre, signature = sacrebleu_score(hyps, refs)
   scores["sacrebleu"] = sacre
   scores["sacrebleu_signature"] = signature
-  scores["tokenized_bleu"] = tokenized_bleu(hyps, refs, lang=tgt_lang)
+  scores["tokenized_bleu"] = tokenized_bleu(hyps, refs, tgt_lang, compound_split)
+  scores["tokenized_bleu_method"] = tokenized_bleu_method(tgt_lang, compound_split)
   scores["num_sentences"] = len(hyps)
   if not write:
     return scores
@@ -166,13 +190,22 @@ def test_scores(run: Run, params: Any, tag: str, *, replicated: bool = False) ->
   """Decodes the test set greedily and with the configured beam, and scores both both ways.
 
   Every process decodes its share and scores the whole set; process 0 writes
-  `<workdir>/eval/test_<tag>_<greedy|beamK>.{hyp.txt,scores.json}`.
+  `<workdir>/eval/test_<tag>_<greedy|beamK>.{hyp.txt,scores.json}`. The result names the test set
+  (e.g. `newstest2014` for the WMT14 configs), its size and how the tokenized BLEU was made.
   """
   pairs = run.data.pairs("test")
+  test_set = run.data.split_name("test")
+  tgt_lang = run.config.data.tgt_lang
+  compound_split = splits_compounds(run.config.eval.compound_split, tgt_lang)
   sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
   if not replicated:
     params, replicated = parallel.replicate(params), True  # once for both searches
-  out: dict[str, Any] = {}
+  out: dict[str, Any] = {
+    "test_set": test_set,
+    "test_sentences": len(pairs),
+    "beam_style": run.config.decode.beam_style,
+    "tokenized_bleu_method": tokenized_bleu_method(tgt_lang, compound_split),
+  }
   for beam in sorted({1, run.config.decode.beam_size}):
     start = time.monotonic()
     hyps = translate.translate_lines(
@@ -191,15 +224,18 @@ def test_scores(run: Run, params: Any, tag: str, *, replicated: bool = False) ->
       refs,
       os.path.join(run.workdir, "eval"),
       f"test_{tag}_{name}",
-      run.config.data.tgt_lang,
+      tgt_lang,
+      compound_split=compound_split,
       write=parallel.is_main_process(),
     )
     logging.info(
-      "test %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f, %d sentences in %.1fs",
+      "%s (test), %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f (%s), %d sentences in %.1fs",
+      test_set,
       name,
       scores["sacrebleu"],
       scores["sacrebleu_signature"],
       scores["tokenized_bleu"],
+      scores["tokenized_bleu_method"],
       len(hyps),
       time.monotonic() - start,
     )

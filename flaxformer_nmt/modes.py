@@ -35,7 +35,7 @@ def _inference_run(
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> None:
   """BLEU of the test set (greedy and the configured beam), both flavours; last line JSON."""
-  run, params, description = _inference_run(config, workdir, which, data="eval")
+  run, params, description = _inference_run(config, workdir, which, data="test")
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
   result = {"mode": "eval", "checkpoint": description}
   result.update(evaluate_lib.test_scores(run, params, tag=tag))
@@ -90,6 +90,16 @@ def export(
   result = export_lib.export_ctranslate2(run.model_cfg, params, run.tokenizer, output, quantization)
   logging.info("Exported %s to %s (%s).", description, output, quantization)
   reporting.write_result(workdir, {"mode": "export", "checkpoint": description, **result})
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Builds the dataset (TFDS: needs the `[prepare]` extra), checks dev and test, and trains the
+  vocabulary into the workdir; see prepare.py."""
+  from flaxformer_nmt import prepare as prepare_lib
+
+  train_lib.check_workdir(workdir)
+  result = prepare_lib.prepare(config, workdir, jax.process_count())
+  reporting.write_result(workdir, result)
 
 
 def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:

@@ -79,7 +79,8 @@ class Run:
   """The pieces every mode needs: data, tokenizer, model, optimizer, checkpoints.
 
   `data` says how much of the corpora a mode reads: "train" (training: all splits, tokenized),
-  "eval" (dev and test text, for BLEU) or "none" (average, translate: the vocabulary only).
+  "eval" (dev and test text, for BLEU), "test" (`--mode=eval`: the test text only) or "none"
+  (average, translate: the vocabulary only).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, data: str) -> None:
@@ -99,6 +100,7 @@ class Run:
         process_count=jax.process_count(),
         need_train=data == "train",
         accumulate_steps=config.optim.accumulate_steps,
+        eval_splits=("test",) if data == "test" else ("dev", "test"),
       )
       self.tokenizer = self.data.tokenizer
     self.model_cfg = TransformerConfig.from_config(

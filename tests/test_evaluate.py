@@ -85,6 +85,30 @@ def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
   assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") > unsplit
 
 
+def test_compound_split_only_for_german_targets_unless_asked():
+  """t2t's ##AT## split belongs to its EN-DE script: "auto" splits for German targets only, so
+  EN-FR's tokenized BLEU is Moses + multi-bleu as the paper's 41.8."""
+  assert evaluate.splits_compounds("auto", "de") and not evaluate.splits_compounds("auto", "fr")
+  assert evaluate.splits_compounds("on", "fr") and not evaluate.splits_compounds("off", "de")
+  with pytest.raises(ValueError, match="compound_split 'yes'"):
+    evaluate.splits_compounds("yes", "de")
+  hyps = ["C'est un porte-monnaie bien rempli.", "Le week-end est là."]
+  refs = ["C'est un porte-clés bien rempli.", "Le week-end arrive."]
+  moses = MosesTokenizer(lang="fr")
+  plain = sacrebleu.corpus_bleu(
+    [moses.tokenize(h, return_str=True, escape=True) for h in hyps],
+    [[moses.tokenize(r, return_str=True, escape=True) for r in refs]],
+    tokenize="none",
+    smooth_method="none",
+    force=True,
+  ).score
+  assert evaluate.tokenized_bleu(hyps, refs, "fr", compound_split=False) == pytest.approx(plain)
+  assert evaluate.tokenized_bleu(hyps, refs, "fr", compound_split=True) != pytest.approx(plain)
+  scores = evaluate.score_and_write(hyps, refs, "", "test", tgt_lang="fr", write=False)
+  assert scores["tokenized_bleu_method"] == "moses-fr"
+  assert scores["tokenized_bleu"] == pytest.approx(plain)
+
+
 def test_identical_and_disjoint_corpora():
   assert evaluate.tokenized_bleu(REFS, REFS) == pytest.approx(100.0)
   assert evaluate.sacrebleu_score(REFS, REFS)[0] == pytest.approx(100.0)
@@ -99,7 +123,14 @@ def test_mismatched_lengths_fail_loudly():
 def test_score_and_write(tmp_path):
   hyps = HYPS[:-1] + ["Zwei\nZeilen"]  # a stray line break must not add a line
   scores = evaluate.score_and_write(hyps, REFS, str(tmp_path / "out"), "test", tgt_lang="de")
-  assert set(scores) == {"sacrebleu", "sacrebleu_signature", "tokenized_bleu", "num_sentences"}
+  assert set(scores) == {
+    "sacrebleu",
+    "sacrebleu_signature",
+    "tokenized_bleu",
+    "tokenized_bleu_method",
+    "num_sentences",
+  }
+  assert scores["tokenized_bleu_method"] == "moses-de+##AT##"
   assert scores["num_sentences"] == 4
   assert scores["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [REFS]).score)
   lines = (tmp_path / "out" / "test.hyp.txt").read_text(encoding="utf-8").split("\n")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ml_collections
@@ -308,6 +308,7 @@ class Data:
   process_count: int
   _eval: dict[str, tokenized.TokenizedSplit]
   _pairs: dict[str, list[tuple[str, str]]]
+  _names: dict[str, str]
 
   def eval_batches(self, split: str) -> Iterator[Batch]:
     """'dev' or 'test' batches in order, nothing dropped (dev loss uses these)."""
@@ -323,6 +324,10 @@ class Data:
       raise ValueError(f"Unknown evaluation split {split!r}; choose 'dev' or 'test'.")
     return self._pairs[split]
 
+  def split_name(self, split: str) -> str:
+    """What 'dev' or 'test' is called in its source, e.g. `newstest2014` (for reports)."""
+    return self._names[split]
+
 
 def make_data(
   config: ml_collections.ConfigDict,
@@ -332,6 +337,7 @@ def make_data(
   process_count: int | None = None,
   need_train: bool = True,
   accumulate_steps: int = 1,
+  eval_splits: Sequence[str] = ("dev", "test"),
 ) -> Data:
   """Checks the data, loads or trains the vocabulary, tokenizes (or loads the cache), batches.
 
@@ -340,6 +346,8 @@ def make_data(
   micro-batches). Cheap checks and the (small) dev and test sets are read first, so data errors
   surface before vocabulary training. `need_train=False` (evaluation, translation) skips the train
   split's tokenization and iterator; the vocabulary is still trained if the workdir has none.
+  `eval_splits` are the evaluation splits read (`--mode=eval` reads only "test", so a test set
+  such as the filtered newstest2014 can be scored without dev files beside it).
   """
   dc = config.data
   process_index, process_count = _process_defaults(process_index, process_count)
@@ -364,8 +372,8 @@ def make_data(
     dc.tokens_per_batch,
   )
   source = sources.make_source(dc)
-  source.check(sources.SPLITS if need_train else ("dev", "test"))
-  pairs = {split: list(source.iter_pairs(split)) for split in ("dev", "test")}
+  source.check(sources.SPLITS if need_train else tuple(eval_splits))
+  pairs = {split: list(source.iter_pairs(split)) for split in eval_splits}
   for split, split_pairs in pairs.items():
     logging.info("%s: %d pairs.", split, len(split_pairs))
   os.makedirs(workdir, exist_ok=True)
@@ -401,4 +409,5 @@ def make_data(
     process_count=process_count,
     _eval={s: tokenized.tokenize_pairs(p, tokenizer, name=s) for s, p in pairs.items()},
     _pairs=pairs,
+    _names={split: source.split_name(split) for split in pairs},
   )

@@ -47,6 +47,10 @@ class Source(abc.ABC):
     del split
     return None
 
+  def split_name(self, split: str) -> str:
+    """What `split` is called where it comes from (for reports), e.g. `newstest2014`."""
+    return split
+
 
 def _check_split(split: str) -> None:
   if split not in SPLITS:
@@ -80,6 +84,9 @@ class DemoSource(Source):
 
   def fingerprint(self, split: str) -> str:
     return f"demo-v1-{split}-{self._sizes[split]}-{self._seed}"
+
+  def split_name(self, split: str) -> str:
+    return f"demo {split}"
 
   def size_hint(self, split: str) -> int | None:
     return self._sizes[split]
@@ -189,11 +196,14 @@ class FilesSource(Source):
       parts.append(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}")
     return "files-v1-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
+  def split_name(self, split: str) -> str:
+    return self._prefixes[split]  # e.g. newstest2014 or test_2016_flickr
+
 
 # --------------------------------------------------------------------------------------- TFDS
 
 
-def _import_tfds():  # -> module; lazy: importing TFDS costs seconds and only this source needs it.
+def import_tfds():  # -> module; lazy: importing TFDS costs seconds and only this source needs it.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   # TFDS registers a builder when its module is imported; without TensorFlow `tfds.builder` does not
@@ -224,7 +234,7 @@ class TfdsSource(Source):
     }
     self._src_lang = data_config.src_lang
     self._tgt_lang = data_config.tgt_lang
-    self._tfds = _import_tfds()
+    self._tfds = import_tfds()
 
   def check(self, splits: Sequence[str] = SPLITS) -> None:
     del splits  # the dataset and config names are the same for every split
@@ -293,6 +303,16 @@ class TfdsSource(Source):
   def fingerprint(self, split: str) -> str:
     parts = (self._name, self._data_dir, self._splits[split], self._src_lang, self._tgt_lang)
     return "tfds-v1-" + "-".join(map(str, parts))
+
+  def split_name(self, split: str) -> str:
+    """The WMT sets a split is made of, from the builder (wmt14_translate: `newstest2014` for
+    test, `newstest2013` for validation), else the TFDS split's own name."""
+    name = self._splits[split]
+    try:
+      subsets = self._tfds.builder(self._name, data_dir=self._data_dir).subsets
+    except Exception:  # pylint: disable=broad-except  # not a WMT builder, or no subsets
+      return name
+    return "+".join(subsets.get(name, [])) or name
 
   def size_hint(self, split: str) -> int | None:
     try:
