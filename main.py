@@ -6,6 +6,7 @@ r"""flaxformer_nmt command line: prepare, train, eval, translate, average, expor
   python main.py --config=... --workdir=... --mode=eval
   python main.py --config=... --workdir=... --mode=translate --input=in.txt --output=out.txt
   python main.py --config=... --workdir=... --mode=average --num_checkpoints=5
+  python main.py --config=... --workdir=... --mode=attention --text="a sentence"
 
 Any config field can be overridden, e.g. `--config.data.tokens_per_batch=12500`. Rerunning a
 training command with the same workdir resumes. Modes that report figures end with one JSON line.
@@ -33,13 +34,17 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, log
 flags.DEFINE_enum(
   "mode",
   "train",
-  ["prepare", "train", "eval", "translate", "average", "export"],
+  ["prepare", "train", "eval", "translate", "average", "export", "attention"],
   "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
 )
 flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
 flags.DEFINE_string(
-  "output", "-", "translate: output file ('-' = stdout); export: the model directory to write."
+  "output",
+  "-",
+  "translate: output file ('-' = stdout); export: the model directory to write; attention: "
+  "the folder of the pictures ('-' = <workdir>/attention).",
 )
+flags.DEFINE_string("text", "", "attention: the sentence to translate and draw attention for.")
 flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "export: the target engine.")
 flags.DEFINE_string(
   "quantization",
@@ -52,7 +57,7 @@ flags.DEFINE_enum(
   "checkpoint",
   "auto",
   ["auto", "latest", "averaged"],
-  "eval/translate/export: which parameters (auto = averaged if present, else latest).",
+  "eval/translate/export/attention: which parameters (auto = averaged if present, else latest).",
 )
 flags.DEFINE_enum(
   "distributed",
@@ -169,6 +174,9 @@ def main(argv: list[str]) -> None:
       )
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints)
+    elif flags.FLAGS.mode == "attention":
+      f = flags.FLAGS
+      modes.attention(config, workdir, f.checkpoint, f.text, f.output)
     elif flags.FLAGS.mode == "export":
       f = flags.FLAGS
       modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)

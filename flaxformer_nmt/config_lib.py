@@ -208,6 +208,49 @@ def wmt14_config(size: str, pair: str, data: str = "tfds") -> ml_collections.Con
   return c
 
 
+# Table 3 of the paper: variations of the base model on EN-DE, scored on newstest2013 (dev) with
+# beam search and no checkpoint averaging. Each row: the config fields it changes, and the
+# parameter count the paper gives (millions; rows (A) and (D) leave the base's 65M). Row (B),
+# a key size d_k other than d_model / h, is not expressible here: d_k = d_model / h throughout.
+TABLE3: dict[str, tuple[dict[str, object], int]] = {
+  "A1": ({"model.num_heads": 1}, 65),  # d_k = d_v = 512
+  "A2": ({"model.num_heads": 4}, 65),  # 128
+  "A3": ({"model.num_heads": 16}, 65),  # 32
+  "A4": ({"model.num_heads": 32}, 65),  # 16
+  "C1": ({"model.num_layers": 2}, 36),
+  "C2": ({"model.num_layers": 4}, 50),
+  "C3": ({"model.num_layers": 8}, 80),
+  "C4": ({"model.d_model": 256}, 28),  # d_k = 32
+  "C5": ({"model.d_model": 1024}, 168),  # d_k = 128
+  "C6": ({"model.d_ff": 1024}, 53),
+  "C7": ({"model.d_ff": 4096}, 90),
+  "D1": ({"model.dropout_rate": 0.0}, 65),
+  "D2": ({"model.dropout_rate": 0.2}, 65),
+  "D3": ({"label_smoothing": 0.0}, 65),
+  "D4": ({"label_smoothing": 0.2}, 65),
+  "E": ({"model.positional": "learned"}, 65),
+}
+
+
+def wmt14_table3_config(row: str, data: str = "tfds") -> ml_collections.ConfigDict:
+  """One row of Table 3: the base EN-DE recipe with that row's change, evaluated on newstest2013
+  (`--mode=eval` scores the dev split) from the last checkpoint, as the paper's table."""
+  if row not in TABLE3:
+    _fail(f"Unknown Table 3 row {row!r}; choose one of {sorted(TABLE3)} (row B is not supported).")
+  c = wmt14_config("base", "en-de", data)
+  for path, value in TABLE3[row][0].items():
+    *groups, field = path.split(".")
+    node = c
+    for group in groups:
+      node = node[group]
+    node[field] = value
+  if data == "tfds":
+    c.data.test_split = c.data.dev_split  # newstest2013
+  else:
+    c.data.test_prefix = c.data.dev_prefix
+  return c
+
+
 # ------------------------------------------------------------------------------------------------
 # Validation: every rule on a config value, in one place.
 

@@ -230,6 +230,16 @@ def segment_mask(query_segments: Array, key_segments: Array) -> Array:
 # Attention.
 
 
+def attention_weights(query: Array, key: Array, mask: Array | None) -> Array:
+  """softmax(Q K^T / sqrt(d_k)): query [B, T, N, H], key [B, S, N, H] -> [B, N, T, S] float32."""
+  d_k = query.shape[-1]
+  logits = einsum_f32("BTNH,BSNH->BNTS", query, key)
+  logits = logits / np.float32(np.sqrt(d_k))  # [B, N, T, S] float32
+  if mask is not None:
+    logits = jnp.where(mask, logits, mask_value(logits.dtype))
+  return jax.nn.softmax(logits, axis=-1)
+
+
 def dot_product_attention(
   query: Array,
   key: Array,
@@ -255,12 +265,7 @@ def dot_product_attention(
   The scores Q K^T are accumulated and kept in float32 whatever the inputs' dtype, and the
   softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on.
   """
-  d_k = query.shape[-1]
-  logits = einsum_f32("BTNH,BSNH->BNTS", query, key)
-  logits = logits / np.float32(np.sqrt(d_k))  # [B, N, T, S] float32
-  if mask is not None:
-    logits = jnp.where(mask, logits, mask_value(logits.dtype))
-  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+  weights = attention_weights(query, key, mask).astype(value.dtype)  # [B, N, T, S]
   if not deterministic:
     weights = dropout(weights, dropout_rate, dropout_rng, dropout_kind)
   return jnp.einsum("BNTS,BSNH->BTNH", weights, value)
@@ -336,6 +341,10 @@ class MultiHeadAttention(nn.Module):
     if decode and not cross:
       self._init_self_cache(key, value)  # `init` with the full target length: shapes only
 
+    if not decode and self.is_mutable_collection("intermediates"):
+      # For pictures (attention.py): the probabilities again, only when asked for; the product
+      # below is untouched. Sown as [B, N, T, S] under this module's name.
+      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")

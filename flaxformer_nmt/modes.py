@@ -1,10 +1,13 @@
 """What each `--mode` of main.py does, in terms of the library's pieces.
 
 Each mode validates the config and checks its inputs before any expensive work, reads only the
-data it needs (`Run(data=...)`), and ends by writing its figures (`reporting.write_result`).
+data it needs (`Run(data=...)`), ends by writing its figures (`reporting.write_result`), and
+returns them (for `api.py`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import ml_collections
@@ -15,9 +18,10 @@ from flaxformer_nmt import evaluate as evaluate_lib
 from flaxformer_nmt import train as train_lib
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> None:
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   result = train_lib.train_and_evaluate(config, workdir)
   reporting.write_result(workdir, result)
+  return result
 
 
 def _inference_run(
@@ -33,41 +37,53 @@ def _inference_run(
   return run, params, description
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> None:
+def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> dict[str, Any]:
   """BLEU of the test set (greedy and the configured beam), both flavours; last line JSON."""
   run, params, description = _inference_run(config, workdir, which, data="test")
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
   result = {"mode": "eval", "checkpoint": description}
   result.update(evaluate_lib.test_scores(run, params, tag=tag))
   reporting.write_result(workdir, result)
+  return result
 
 
-def translate(config, workdir: str, which: str, input_path: str, output_path: str) -> None:
+def translate_lines(
+  config: ml_collections.ConfigDict, workdir: str, which: str, lines: list[str]
+) -> tuple[list[str], dict[str, Any], str]:
+  """(translations, speed figures, which parameters) of `lines`, with config.decode's search."""
+  from flaxformer_nmt import translate as translate_lib
+
+  run, params, description = _inference_run(config, workdir, which, data="none")
+  translator = translate_lib.make_translator(
+    run.tokenizer, run.model, params, config.decode, max_src_len=config.data.max_len
+  )
+  hyps = translator.translate(lines)
+  logging.info("Translated %d lines in %.1fs.", len(lines), translator.stats.seconds)
+  return hyps, translator.stats.as_dict(), description
+
+
+def translate(
+  config: ml_collections.ConfigDict, workdir: str, which: str, input_path: str, output_path: str
+) -> dict[str, Any]:
   """One translation per input line, in order; progress on stderr.
 
   Every process reads the input and decodes its share; process 0 writes the output. The figures
   go to `<workdir>/translate_result.json`, and to stdout as a JSON line unless the translations
   themselves go there (`--output=-`).
   """
-  from flaxformer_nmt import translate as translate_lib
-
   lines = files.read_lines(input_path)  # a bad file fails before the model loads
-  run, params, description = _inference_run(config, workdir, which, data="none")
-  translator = translate_lib.make_translator(
-    run.tokenizer, run.model, params, config.decode, max_src_len=config.data.max_len
-  )
-  hyps = translator.translate(lines)
+  hyps, stats, description = translate_lines(config, workdir, which, lines)
   if parallel.is_main_process():
     files.write_lines(output_path, hyps)
-  logging.info("Translated %d lines in %.1fs.", len(lines), translator.stats.seconds)
   result = {
     "mode": "translate",
     "input": input_path,
     "output": output_path,
     "checkpoint": description,
-    **translator.stats.as_dict(),
+    **stats,
   }
   reporting.write_result(workdir, result, echo=output_path != files.STDIO)
+  return result
 
 
 def export(
@@ -77,7 +93,7 @@ def export(
   fmt: str,
   output: str,
   quantization: str,
-) -> None:
+) -> dict[str, Any]:
   """Converts the inference parameters (averaged when present) and the vocabulary for another
   engine (`export.FORMATS`: CTranslate2) into the directory `output`."""
   from flaxformer_nmt import export as export_lib
@@ -89,10 +105,12 @@ def export(
   params = jax.device_get(params)
   result = export_lib.export_ctranslate2(run.model_cfg, params, run.tokenizer, output, quantization)
   logging.info("Exported %s to %s (%s).", description, output, quantization)
-  reporting.write_result(workdir, {"mode": "export", "checkpoint": description, **result})
+  result = {"mode": "export", "checkpoint": description, **result}
+  reporting.write_result(workdir, result)
+  return result
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
+def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Builds the dataset (TFDS: needs the `[prepare]` extra), checks dev and test, and trains the
   vocabulary into the workdir; see prepare.py."""
   from flaxformer_nmt import prepare as prepare_lib
@@ -100,9 +118,46 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
   train_lib.check_workdir(workdir)
   result = prepare_lib.prepare(config, workdir, jax.process_count())
   reporting.write_result(workdir, result)
+  return result
 
 
-def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int) -> None:
+def attention(
+  config: ml_collections.ConfigDict, workdir: str, which: str, text: str, output: str
+) -> dict[str, Any]:
+  """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
+  positional encoding, in `output` (default <workdir>/attention); see attention.py."""
+  import os
+
+  from flaxformer_nmt import attention as attention_lib
+  from flaxformer_nmt import decode, errors
+
+  if not text.strip():
+    raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")
+  out_dir = output if output and output != files.STDIO else os.path.join(workdir, "attention")
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
+  run, params, description = _inference_run(config, workdir, which, data="none")
+  params = jax.device_get(params)
+  source = run.tokenizer.encode(text)[: config.data.max_len - 1] + [decode.EOS_ID]
+  search = decode.SearchConfig.from_config(config.decode)
+  target = attention_lib.translate_ids(run.model, params, source, search)
+  pictures = attention_lib.write_pictures(
+    run.model, params, run.tokenizer.id_to_piece, source, target, out_dir
+  )
+  result = {
+    "mode": "attention",
+    "checkpoint": description,
+    "text": text,
+    "translation": run.tokenizer.decode(target),
+    **pictures,
+  }
+  reporting.write_result(workdir, result)
+  return result
+
+
+def average(
+  config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int
+) -> dict[str, Any]:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
   config_lib.validate(config)
   train_lib.check_workdir(workdir)
@@ -110,6 +165,6 @@ def average(config: ml_collections.ConfigDict, workdir: str, num_checkpoints: in
   run = train_lib.Run(config, workdir, data="none")
   params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
   path = averaging.save_averaged(workdir, params, steps)
-  reporting.write_result(
-    workdir, {"mode": "average", "steps": steps, "path": path, "num_checkpoints": len(steps)}
-  )
+  result = {"mode": "average", "steps": steps, "path": path, "num_checkpoints": len(steps)}
+  reporting.write_result(workdir, result)
+  return result

@@ -120,3 +120,29 @@ def test_validate_files_source_needs_a_folder():
   c.data.source = "files"
   with pytest.raises(errors.ConfigError, match="config.data.dir is empty"):
     config_lib.validate(c)
+
+
+def test_table3_config_rows_change_one_thing_each():
+  base = load("wmt14_ende_base")
+  for row, (changes, _) in config_lib.TABLE3.items():
+    c = load("wmt14_table3", row)
+    config_lib.validate(c)
+    differing = {
+      path
+      for path in (
+        "model.num_heads",
+        "model.num_layers",
+        "model.d_model",
+        "model.d_ff",
+        "model.dropout_rate",
+        "label_smoothing",
+        "model.positional",
+      )
+      if config_lib._get(c, path) != config_lib._get(base, path)
+    }
+    assert differing == set(changes), row
+    assert c.data.test_split == "validation"  # newstest2013, as the table
+  files = load("wmt14_table3", "E,files")
+  assert files.data.source == "files" and files.data.test_prefix == "newstest2013"
+  with pytest.raises(errors.ConfigError, match="Unknown Table 3 row 'B1'"):
+    load("wmt14_table3", "B1")

@@ -1,0 +1,131 @@
+"""The Python API: every `--mode` of main.py as a function, for notebooks and scripts.
+
+absl flags cannot be parsed inside a notebook kernel, so this module takes configs and plain
+arguments instead. Each function does exactly what its `--mode` does (the same code, `modes.py`):
+validates first, writes its figures into the workdir, and returns them as a dict.
+
+  from flaxformer_nmt import api
+  config = api.load_config("demo", {"num_train_steps": 300})
+  api.train(config, "runs/demo")
+  api.evaluate(config, "runs/demo")["test_sacrebleu_beam4"]
+  api.translate(config, "runs/demo", ["We need forty-two chairs."])
+
+Rerunning `train` with the same workdir resumes from its latest checkpoint, as the command does.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import runpy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+from flaxformer_nmt import config_lib, errors, modes
+
+# configs/ beside the package in a clone (`pip install -e .`); a path to any config file works too.
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+CHECKPOINTS = ("auto", "latest", "averaged")
+
+
+def load_config(
+  name_or_path: str, overrides: Mapping[str, Any] | None = None
+) -> ml_collections.ConfigDict:
+  """A config from `configs/<name>.py` (or a file path, `path:argument` allowed), with overrides.
+
+  overrides: {"num_train_steps": 300, "model.dtype": "float32", ...}, the dotted names of
+  `--config.<name>=value`. An unknown name is a ConfigError naming it; the result is validated.
+  """
+  spec, _, argument = name_or_path.partition(":")
+  path = pathlib.Path(spec)
+  if not spec.endswith(".py"):
+    path = CONFIGS_DIR / f"{spec}.py"
+  if not path.is_file():
+    raise errors.ConfigError(f"No config file {path} (give a name in {CONFIGS_DIR} or a path).")
+  get_config = runpy.run_path(str(path))["get_config"]
+  config = get_config(argument) if argument else get_config()
+  for name, value in (overrides or {}).items():
+    *groups, field = name.split(".")
+    node = config
+    for depth, group in enumerate(groups):
+      if group not in node:
+        raise errors.ConfigError(f"config has no group {'.'.join(groups[: depth + 1])!r}.")
+      node = node[group]
+    if field not in node:
+      raise errors.ConfigError(f"config has no field {name!r}.")
+    node[field] = value
+  config_lib.validate(config)
+  return config
+
+
+def _check_checkpoint(checkpoint: str) -> None:
+  if checkpoint not in CHECKPOINTS:
+    raise errors.ConfigError(f"checkpoint={checkpoint!r}; choose one of {list(CHECKPOINTS)}.")
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Builds the data (TFDS needs `pip install -e ".[prepare]"`) and the vocabulary."""
+  return modes.prepare(config, workdir)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (or resumes) to config.num_train_steps; returns the final dev and test figures."""
+  return modes.train(config, workdir)
+
+
+def evaluate(
+  config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "auto"
+) -> dict[str, Any]:
+  """Test BLEU (sacreBLEU and tokenized), greedy and the configured beam."""
+  _check_checkpoint(checkpoint)
+  return modes.evaluate(config, workdir, checkpoint)
+
+
+def translate(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  lines: Sequence[str],
+  checkpoint: str = "auto",
+) -> list[str]:
+  """One translation per line, with config.decode's search."""
+  _check_checkpoint(checkpoint)
+  if isinstance(lines, str):
+    raise TypeError("lines must be a list of sentences, not one string.")
+  hyps, _, _ = modes.translate_lines(config, workdir, checkpoint, list(lines))
+  return hyps
+
+
+def average(
+  config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int = 5
+) -> dict[str, Any]:
+  """Averages the last `num_checkpoints` checkpoints into <workdir>/averaged."""
+  return modes.average(config, workdir, num_checkpoints)
+
+
+def export(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  output: str,
+  quantization: str = "float32",
+  checkpoint: str = "auto",
+) -> dict[str, Any]:
+  """A CTranslate2 model directory in `output` (needs `pip install -e ".[export]"`)."""
+  _check_checkpoint(checkpoint)
+  return modes.export(config, workdir, checkpoint, "ctranslate2", output, quantization)
+
+
+def attention(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  text: str,
+  output: str | None = None,
+  checkpoint: str = "auto",
+) -> dict[str, Any]:
+  """Attention heatmaps and the positional-encoding picture (PNG) in `output`
+  (default <workdir>/attention); the result lists the files."""
+  _check_checkpoint(checkpoint)
+  return modes.attention(
+    config, workdir, checkpoint, text, output or os.path.join(workdir, "attention")
+  )

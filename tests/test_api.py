@@ -1,0 +1,89 @@
+"""The Python API (`flaxformer_nmt.api`): every mode as a function, as the notebook calls them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from flaxformer_nmt import api, errors
+
+import helpers
+
+
+def test_load_config_by_name_path_and_variant_with_overrides():
+  c = api.load_config("demo", {"num_train_steps": 7, "model.dtype": "float32"})
+  assert c.num_train_steps == 7 and c.model.dtype == "float32" and c.data.source == "demo"
+  by_path = api.load_config(str(helpers.REPO / "configs" / "demo.py"))
+  assert by_path.num_train_steps == api.load_config("demo").num_train_steps
+  files = api.load_config("wmt14_ende_base:files", {"data.dir": "/data/wmt14"})
+  assert (files.data.source, files.data.test_prefix) == ("files", "newstest2014")
+
+
+@pytest.mark.parametrize(
+  "name,overrides,message",
+  [
+    ("nonexistent", {}, "No config file"),
+    ("demo", {"modle.d_ff": 3}, "config has no group 'modle'"),
+    ("demo", {"model.dff": 3}, "config has no field 'model.dff'"),
+    ("demo", {"model.num_heads": 3}, "not divisible by config.model.num_heads=3"),
+  ],
+)
+def test_load_config_errors_name_the_culprit(name, overrides, message):
+  with pytest.raises(errors.ConfigError, match=message):
+    api.load_config(name, overrides)
+
+
+def test_train_resumes_and_writes_its_result(tmp_path):
+  tiny = {"num_train_steps": 6, "checkpoint_every_steps": 3, "eval_every_steps": 6}
+  config = api.load_config("demo", {**_tiny_demo(), **tiny})
+  first = api.train(config, str(tmp_path))
+  assert first["step"] == 6
+  assert first == json.loads((tmp_path / "train_result.json").read_text())
+  config.num_train_steps = 9
+  again = api.train(config, str(tmp_path))  # the same workdir: resumes at 6
+  assert again["step"] == 9
+  steps = [json.loads(line)["step"] for line in open(tmp_path / "train_metrics.jsonl")]
+  assert min(s for s in steps if s > 6) > 6 and sorted(set(steps)) == sorted(steps)
+
+
+def _tiny_demo() -> dict:
+  return {
+    "data.demo_train_size": 2_000,
+    "data.demo_dev_size": 16,
+    "data.demo_test_size": 16,
+    "eval.dev_bleu_sentences": 8,
+    "log_every_steps": 3,
+    "decode.beam_size": 2,
+  }
+
+
+def test_evaluate_translate_average_attention_export_on_a_trained_model(trained_demo, tmp_path):
+  _, trained = trained_demo
+  work = tmp_path / "workdir"
+  shutil.copytree(trained, work)
+  config = helpers.demo_config(model__dtype="float32")
+
+  scores = api.evaluate(config, str(work), checkpoint="latest")
+  assert scores["test_set"] == "demo test" and 0.0 <= scores["test_sacrebleu_beam2"] <= 100.0
+  lines = ["We need forty-two chairs.", "three hundred and five"]
+  hyps = api.translate(config, str(work), lines)
+  assert len(hyps) == 2 and all(isinstance(h, str) and h for h in hyps)
+  with pytest.raises(TypeError, match="list of sentences"):
+    api.translate(config, str(work), "one string")
+  with pytest.raises(errors.ConfigError, match="checkpoint='best'"):
+    api.translate(config, str(work), lines, checkpoint="best")
+
+  averaged = api.average(config, str(work), num_checkpoints=2)
+  assert averaged["steps"] == [30, 60]
+  assert api.translate(config, str(work), lines, checkpoint="averaged")  # the averaged params
+
+  with pytest.raises(errors.ConfigError, match="--text is empty"):
+    api.attention(config, str(work), "  ")
+  pictures = api.attention(config, str(work), "We need forty-two chairs.")
+  assert pictures["grids"]["cross_attention"] == [2, 4]  # tiny: 2 layers x 4 heads
+  assert all((work / "attention" / f"{k}.png").is_file() for k in pictures["grids"])
+
+  exported = api.export(config, str(work), str(tmp_path / "ct2"), quantization="int8")
+  assert exported["quantization"] == "int8" and (tmp_path / "ct2" / "model.bin").is_file()

@@ -1,0 +1,78 @@
+"""Attention pictures: `--mode=attention` on a trained demo model, and what is drawn."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from flaxformer_nmt import attention
+
+import helpers
+
+TEXT = "We need three hundred and forty-two chairs."
+
+
+@pytest.fixture(scope="module")
+def pictures(trained_demo, tmp_path_factory):
+  """main.py --mode=attention on a copy of the trained demo: (result, output folder)."""
+  _, trained = trained_demo
+  work = tmp_path_factory.mktemp("attention") / "workdir"
+  shutil.copytree(trained, work)
+  out = work.parent / "pictures"
+  proc = helpers.run_main(
+    "--config=configs/demo.py",
+    f"--workdir={work}",
+    "--config.model.dtype=float32",
+    "--mode=attention",
+    f"--text={TEXT}",
+    f"--output={out}",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result == json.loads((work / "attention_result.json").read_text())
+  return result, out
+
+
+@pytest.mark.slow
+def test_attention_pngs_are_layer_by_head_grids(pictures):
+  result, out = pictures
+  layers, heads = 2, 4  # configs/demo.py: the tiny size
+  width, height = attention.grid_figure_inches(layers, heads)
+  expected = (round(height * attention.DPI), round(width * attention.DPI))
+  for kind in attention.KINDS:
+    assert result["grids"][kind] == [layers, heads]
+    image = matplotlib.image.imread(out / f"{kind}.png")  # [height, width, RGBA]
+    assert image.shape[:2] == expected, kind
+    assert image.std() > 0.05  # not a blank canvas
+  assert matplotlib.image.imread(out / "positional_encoding.png").shape[0] > 100
+  assert result["source_pieces"][-1] == "</s>" and result["translation"]
+
+
+@pytest.mark.slow
+def test_attention_probabilities_are_what_is_drawn(pictures):
+  result, out = pictures
+  maps = np.load(out / "attention.npz")
+  src, tgt = len(result["source_pieces"]), len(result["target_pieces"])
+  shapes = {
+    "encoder_self_attention": (2, 4, src, src),
+    "decoder_self_attention": (2, 4, tgt, tgt),
+    "cross_attention": (2, 4, tgt, src),
+  }
+  for kind, shape in shapes.items():
+    assert maps[kind].shape == shape
+    np.testing.assert_allclose(maps[kind].sum(-1), 1.0, atol=1e-5)  # each row a distribution
+  # The decoder sees only the past: nothing above the diagonal.
+  assert np.all(np.triu(maps["decoder_self_attention"], k=1) < 1e-6)
+
+
+def test_a_grid_has_one_panel_per_layer_and_head(tmp_path):
+  weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(3, 2, 4))  # [3, 2, 4, 5]
+  grid = attention.plot_grid(weights, list("abcd"), list("vwxyz"), "t", str(tmp_path / "g.png"))
+  assert grid == (3, 2)
+  width, height = attention.grid_figure_inches(3, 2)
+  image = matplotlib.image.imread(tmp_path / "g.png")
+  assert image.shape[:2] == (round(height * attention.DPI), round(width * attention.DPI))
