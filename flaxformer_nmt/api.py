@@ -15,6 +15,7 @@ Rerunning `train` with the same workdir resumes from its latest checkpoint, as t
 
 from __future__ import annotations
 
+import inspect
 import os
 import pathlib
 import runpy
@@ -45,6 +46,8 @@ def load_config(
   if not path.is_file():
     raise errors.ConfigError(f"No config file {path} (give a name in {CONFIGS_DIR} or a path).")
   get_config = runpy.run_path(str(path))["get_config"]
+  if argument and not inspect.signature(get_config).parameters:
+    raise errors.ConfigError(f"{path} takes no argument after ':' (got {argument!r}).")
   config = get_config(argument) if argument else get_config()
   for name, value in (overrides or {}).items():
     *groups, field = name.split(".")

@@ -25,6 +25,7 @@ def test_load_config_by_name_path_and_variant_with_overrides():
   "name,overrides,message",
   [
     ("nonexistent", {}, "No config file"),
+    ("demo:big", {}, "takes no argument after ':'"),
     ("demo", {"modle.d_ff": 3}, "config has no group 'modle'"),
     ("demo", {"model.dff": 3}, "config has no field 'model.dff'"),
     ("demo", {"model.num_heads": 3}, "not divisible by config.model.num_heads=3"),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the parallel, training, multi-process, translation and decoding tests under the oldest
+# Runs the parallel, training, multi-process, translation and decoding tests, and the Colab notebook
+# (headless, in a real kernel), under the oldest
 # stack we support: Colab's (Python 3.13 where this machine has it, jax 0.7.2, flax 0.11.2,
 # orbax-checkpoint 0.12.4; tools/constraints-colab.txt), in a fresh virtual environment.
 #   tools/compat_oldest_jax.sh [PYTEST_ARGS...]
@@ -29,4 +30,4 @@ print(f"compat: Python {sys.version.split()[0]}, jax {jax.__version__}, flax {fl
       f"optax {optax.__version__}, orbax-checkpoint {orbax.checkpoint.__version__}")
 PY
 python -m pytest -q tests/test_parallel.py tests/test_train.py tests/test_multiprocess.py \
-  tests/test_translate.py tests/test_decode.py "$@"
+  tests/test_translate.py tests/test_decode.py tests/test_notebook.py "$@"
