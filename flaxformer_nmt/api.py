@@ -50,15 +50,7 @@ def load_config(
     raise errors.ConfigError(f"{path} takes no argument after ':' (got {argument!r}).")
   config = get_config(argument) if argument else get_config()
   for name, value in (overrides or {}).items():
-    *groups, field = name.split(".")
-    node = config
-    for depth, group in enumerate(groups):
-      if group not in node:
-        raise errors.ConfigError(f"config has no group {'.'.join(groups[: depth + 1])!r}.")
-      node = node[group]
-    if field not in node:
-      raise errors.ConfigError(f"config has no field {name!r}.")
-    node[field] = value
+    config_lib.set_field(config, name, value)
   config_lib.validate(config)
   return config
 

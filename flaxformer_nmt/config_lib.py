@@ -232,6 +232,19 @@ TABLE3: dict[str, tuple[dict[str, object], int]] = {
 }
 
 
+def set_field(config: ml_collections.ConfigDict, path: str, value: object) -> None:
+  """config.<path> = value for a dotted path ("model.d_ff"); a ConfigError names a missing field."""
+  *groups, field = path.split(".")
+  node = config
+  for depth, group in enumerate(groups):
+    if group not in node:
+      _fail(f"config has no group {'.'.join(groups[: depth + 1])!r}.")
+    node = node[group]
+  if field not in node:
+    _fail(f"config has no field {path!r}.")
+  node[field] = value
+
+
 def wmt14_table3_config(row: str, data: str = "tfds") -> ml_collections.ConfigDict:
   """One row of Table 3: the base EN-DE recipe with that row's change, evaluated on newstest2013
   (`--mode=eval` scores the dev split) from the last checkpoint, as the paper's table."""
@@ -239,11 +252,7 @@ def wmt14_table3_config(row: str, data: str = "tfds") -> ml_collections.ConfigDi
     _fail(f"Unknown Table 3 row {row!r}; choose one of {sorted(TABLE3)} (row B is not supported).")
   c = wmt14_config("base", "en-de", data)
   for path, value in TABLE3[row][0].items():
-    *groups, field = path.split(".")
-    node = c
-    for group in groups:
-      node = node[group]
-    node[field] = value
+    set_field(c, path, value)
   if data == "tfds":
     c.data.test_split = c.data.dev_split  # newstest2013
   else:

@@ -130,6 +130,7 @@ def attention(
 
   from flaxformer_nmt import attention as attention_lib
   from flaxformer_nmt import decode, errors
+  from flaxformer_nmt.tokenizer import EOS_ID
 
   if not text.strip():
     raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")
@@ -138,7 +139,7 @@ def attention(
     raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
   run, params, description = _inference_run(config, workdir, which, data="none")
   params = jax.device_get(params)
-  source = run.tokenizer.encode(text)[: config.data.max_len - 1] + [decode.EOS_ID]
+  source = run.tokenizer.encode(text)[: config.data.max_len - 1] + [EOS_ID]
   search = decode.SearchConfig.from_config(config.decode)
   target = attention_lib.translate_ids(run.model, params, source, search)
   pictures = attention_lib.write_pictures(
