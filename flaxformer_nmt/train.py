@@ -182,6 +182,18 @@ class Trainer:
   def __init__(self, run: Run) -> None:
     self.run = run
     self.config = config = run.config
+    data = run.data
+    logging.info(
+      "Devices: %d (%d processes x %d local, %s); %d rows of %d tokens per device per update, "
+      "in %d micro-batch(es).",
+      data.num_devices,
+      data.process_count,
+      jax.local_device_count(),
+      jax.devices()[0].platform,
+      data.global_rows // data.num_devices,
+      data.max_len,
+      config.optim.accumulate_steps,
+    )
     self.checkpoints = checkpoint.Checkpointer(
       checkpoint.checkpoint_dir(run.workdir),
       keep=config.keep_checkpoints,
