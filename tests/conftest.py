@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 def pytest_configure(config):
   # Registered in pyproject.toml too; repeated here so a bare `pytest tests/x.py` knows it.
   config.addinivalue_line("markers", "slow: starts subprocesses (main.py, several processes)")
+  config.addinivalue_line("markers", "readme: runs the README's commands (.ci/run: -m readme)")
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ import tensorflow_datasets as tfds
 from flaxformer_nmt import prepare
 from flaxformer_nmt.data import demo
 
-SIZES = {"train": 3_000, "validation": 32, "test": 48}
+# Sentence pairs per split; MOCK_WMT14_SIZES="train,validation,test" changes them.
+_SIZES = os.environ.get("MOCK_WMT14_SIZES", "3000,32,48").split(",")
+SIZES = dict(zip(("train", "validation", "test"), map(int, _SIZES), strict=True))
 _DEMO_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
 
 

@@ -24,6 +24,23 @@ def test_notebook_is_committed_without_outputs():
   assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
+def test_readme_colab_link_opens_the_notebook_of_the_repository_it_installs():
+  """The README's "Open in Colab" link and the notebook's REPO_URL name the same GitHub
+  repository, and the link's path is this notebook: one place to change if the project moves."""
+  import re  # pylint: disable=g-import-not-at-top
+
+  readme_text = (helpers.REPO / "README.md").read_text(encoding="utf-8")
+  link = re.search(
+    r"\(https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/main/([\w./-]+)\)",
+    readme_text,
+  )
+  assert link, "no Open in Colab link in the README"
+  source = "".join(nbformat.read(NOTEBOOK, as_version=4).cells[1].source)
+  repo_url = re.search(r'"(https://github\.com/[\w.-]+/[\w.-]+)"', source).group(1)
+  assert repo_url == f"https://github.com/{link.group(1)}"
+  assert link.group(2) == "notebooks/colab.ipynb" and NOTEBOOK.is_file()
+
+
 @pytest.mark.slow
 def test_notebook_runs_headless_top_to_bottom(tmp_path: pathlib.Path, monkeypatch) -> None:
   monkeypatch.setenv("FLAXFORMER_NMT_NOTEBOOK_TINY", "1")

@@ -1,0 +1,106 @@
+"""The README's commands, as `tests/test_readme.py` runs them.
+
+A command is a line of a ```bash block (backslash continuations joined; a `for ... done` loop, a
+quoted multi-line argument and a batch script are one command each), a ```python block, or an
+inline code span that starts with `python `, `bash ` or `pip ` (the results table's commands).
+Each belongs to one *chain*: commands that share a scratch folder and run in README order (the
+demo's workdir is trained by the quick start, then averaged, evaluated, exported ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import helpers
+
+README = helpers.REPO / "README.md"
+
+# The chains, in the order a user meets them.
+CHAINS = ("ci", "install", "demo", "wmt14", "files", "benchmarks", "api", "local", "srun", "gcloud")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  text: str  # as the README writes it (continuations joined for bash)
+  kind: str  # "bash" or "python"
+  section: str  # the `## ` heading it is under
+
+  @property
+  def chain(self) -> str:
+    return chain_of(self)
+
+
+def chain_of(command: Command) -> str:
+  """Which chain runs `command`; "" when none does (test_readme fails on that)."""
+  t = command.text
+  if command.kind == "python":
+    return "api" if "flaxformer_nmt import api" in t else "demo" if "ctranslate2" in t else ""
+  if "pytest" in t:
+    return "ci"  # the test commands: .ci/run runs them verbatim
+  if t.startswith("pip install"):
+    return "install" if "&&" not in t else "demo"  # the quick start's demo, after its install
+  if "#SBATCH" in t or t.startswith("srun "):
+    return "srun"
+  if t.startswith("gcloud "):
+    return "gcloud"
+  if "JAX_COORDINATOR_ADDRESS" in t:
+    return "local"
+  if "benchmarks/multi30k.sh" in t or "configs/multi30k.py" in t or "../shared/data" in t:
+    return "files"
+  if re.match(r"python benchmarks/\w+\.py", t):
+    return "benchmarks"
+  if "configs/demo.py" in t or t.startswith("printf "):
+    return "demo"
+  if "configs/wmt14" in t or t.startswith(("sacrebleu ", "mkdir -p wmt14_text")):
+    return "wmt14"
+  return ""
+
+
+def _bash_commands(block: str) -> list[str]:
+  """One command per line, a `\\`-continued line or a multi-line loop, quoted string or script
+  (the SLURM batch script) being one."""
+  if block.startswith("#!"):
+    return [block.strip()]
+  commands, current, continued = [], "", False
+  for line in block.splitlines():
+    current = current + line if continued or not current else f"{current}\n{line}"
+    continued = current.endswith("\\")
+    if continued:
+      current = current[:-1].rstrip() + " "
+      continue
+    open_quote = current.count('"') % 2 == 1
+    open_loop = current.lstrip().startswith("for ") and "done" not in current
+    if open_quote or open_loop:
+      continue
+    stripped = current.strip()
+    if stripped and not stripped.startswith("#"):
+      commands.append(stripped)
+    current = ""
+  assert not current.strip(), f"unterminated README command: {current!r}"
+  return commands
+
+
+def commands() -> list[Command]:
+  """Every command of the README, in order."""
+  text = README.read_text(encoding="utf-8")
+  out: list[Command] = []
+  section = ""
+  pattern = re.compile(
+    r"^## ([^\n]+)$|^```(bash|python)\n(.*?)^```|`((?:python|bash|pip) [^`]+)`", re.M | re.S
+  )
+  for match in pattern.finditer(text):
+    heading, kind, body, inline = match.groups()
+    if heading:
+      section = heading.strip()
+    elif kind == "bash":
+      out += [Command(c, "bash", section) for c in _bash_commands(body)]
+    elif kind == "python":
+      out.append(Command(body, "python", section))
+    elif inline:
+      out.append(Command(inline, "bash", section))
+  return out
+
+
+def in_chain(chain: str) -> list[Command]:
+  return [c for c in commands() if c.chain == chain]
