@@ -27,6 +27,25 @@ MULTI30K = pathlib.Path(
 )
 
 
+# A WMT14 (or any) config file made small from the command line: model size, vocabulary and
+# schedule only; data, beam style, BLEU and checkpointing stay the config file's.
+SMALL_MODEL_FLAGS = [
+  "--config.model.num_layers=1",
+  "--config.model.d_model=64",
+  "--config.model.d_ff=128",
+  "--config.model.num_heads=4",
+  "--config.model.max_len=64",
+  "--config.data.vocab_size=300",
+  "--config.data.vocab_sample_size=3000",
+  "--config.data.max_len=32",
+  "--config.data.tokens_per_batch=2048",
+  "--config.optim.warmup_steps=20",
+  "--config.log_every_steps=10",
+  "--config.eval.dev_bleu_sentences=16",
+  "--config.decode.batch_size=8",
+]
+
+
 def demo_config(**overrides: Any) -> ml_collections.ConfigDict:
   """configs/demo.py made small enough for a test: 60 steps, 40-sentence dev and test sets.
 

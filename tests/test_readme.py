@@ -55,22 +55,7 @@ _DEMO = [
   "--config.eval.dev_bleu_sentences=10",
   "--config.decode.max_len_offset=8",  # an untrained model stops at the length limit
 ]
-_SMALL_MODEL = [
-  "--config.model.num_layers=1",
-  "--config.model.d_model=64",
-  "--config.model.d_ff=128",
-  "--config.model.num_heads=4",
-  "--config.model.max_len=64",
-  "--config.data.vocab_size=300",
-  "--config.data.vocab_sample_size=3000",
-  "--config.data.max_len=32",
-  "--config.data.tokens_per_batch=2048",
-  "--config.optim.warmup_steps=20",
-  "--config.log_every_steps=10",
-  "--config.eval.dev_bleu_sentences=16",
-  "--config.decode.batch_size=8",
-  "--config.decode.max_len_offset=8",
-]
+_SMALL_MODEL = helpers.SMALL_MODEL_FLAGS + ["--config.decode.max_len_offset=8"]
 # 50 steps with a checkpoint every 10: five to average (enough to learn the frames of the mock
 # WMT14's sentences); 20 and every 4 where BLEU is not looked at.
 _RECIPE = ["--config.num_train_steps=50", "--config.checkpoint_every_steps=10"]
@@ -115,7 +100,7 @@ _SRUN = """\
 #!/usr/bin/env python3
 # README test stand-in for SLURM's srun: 2 tasks on this machine, with SLURM's variables.
 import os, subprocess, sys
-job = int(os.environ["README_TEST_PORT"]) - 61440  # JAX's port for a SLURM job: 61440 + id % 4096
+job = int(os.environ["README_TEST_SLURM_PORT"]) - 61440  # JAX's SLURM port: 61440 + job id % 4096
 base = dict(os.environ, SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2",
             SLURM_STEP_NUM_NODES="1", JAX_PLATFORMS="cpu",
             XLA_FLAGS="--xla_force_host_platform_device_count=4")
@@ -175,6 +160,22 @@ def _fake_sacrebleu_wmt14(cache: pathlib.Path, lines: int) -> list[tuple[str, st
   return pairs
 
 
+def _free_port_in(low: int, high: int) -> int:
+  """A free port in [low, high): JAX derives a SLURM job's coordinator port from its id, in the
+  top 4,096 ports, so the srun stand-in picks the job id from a free one."""
+  import random  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+
+  for port in random.sample(range(low, high), 200):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+      return port
+  raise AssertionError(f"no free port in [{low}, {high})")
+
+
 def _compile_cache(root: pathlib.Path) -> pathlib.Path:
   """A JAX compilation cache beside the session's test folders (shared by xdist workers)."""
   base = root.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else root.parent
@@ -214,6 +215,7 @@ class Sandbox:
       README_TEST_HOME=str(root),
       README_TEST_OVERRIDES=json.dumps(overrides),
       README_TEST_PORT=str(free_port()),
+      README_TEST_SLURM_PORT=str(_free_port_in(61440, 65536)),
       # Two virtual devices, as two cores; the launchers give each process 4, the loop sets its own.
       XLA_FLAGS="--xla_force_host_platform_device_count=2",
       MOCK_WMT14_SIZES="3000,32,48",

@@ -19,25 +19,7 @@ import tensorflow_datasets as tfds
 from flaxformer_nmt import errors, prepare
 from flaxformer_nmt.data import demo, sources
 
-from helpers import REPO, demo_config  # isort: skip
-
-# Model size, vocabulary and schedule only: data, beam style, BLEU and checkpointing stay the
-# config file's.
-TINY = [
-  "--config.model.num_layers=1",
-  "--config.model.d_model=64",
-  "--config.model.d_ff=128",
-  "--config.model.num_heads=4",
-  "--config.model.max_len=64",
-  "--config.data.vocab_size=300",
-  "--config.data.vocab_sample_size=3000",
-  "--config.data.max_len=32",
-  "--config.data.tokens_per_batch=2048",
-  "--config.optim.warmup_steps=20",
-  "--config.log_every_steps=10",
-  "--config.eval.dev_bleu_sentences=16",
-  "--config.decode.batch_size=8",
-]
+from helpers import REPO, SMALL_MODEL_FLAGS, demo_config  # isort: skip
 
 
 def _mock_main(config: str, workdir: pathlib.Path, *args: str):
@@ -45,7 +27,7 @@ def _mock_main(config: str, workdir: pathlib.Path, *args: str):
 
   return subprocess.run(
     [sys.executable, "tests/mock_wmt14_main.py", f"--config={config}", f"--workdir={workdir}"]
-    + TINY
+    + SMALL_MODEL_FLAGS
     + list(args),
     cwd=REPO,
     capture_output=True,
