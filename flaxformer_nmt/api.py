@@ -15,40 +15,27 @@ Rerunning `train` with the same workdir resumes from its latest checkpoint, as t
 
 from __future__ import annotations
 
-import inspect
 import os
-import pathlib
-import runpy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt import config_lib, errors, modes
+from flaxformer_nmt import config_files, config_lib, errors, modes
 
-# configs/ beside the package in a clone (`pip install -e .`); a path to any config file works too.
-CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 CHECKPOINTS = ("auto", "latest", "averaged")
 
 
 def load_config(
   name_or_path: str, overrides: Mapping[str, Any] | None = None
 ) -> ml_collections.ConfigDict:
-  """A config from `configs/<name>.py` (or a file path, `path:argument` allowed), with overrides.
+  """An installed config by name (`demo`, `wmt14_ende_base:files`) or any config file by path
+  (`path.py:argument` allowed), with overrides.
 
   overrides: {"num_train_steps": 300, "model.dtype": "float32", ...}, the dotted names of
   `--config.<name>=value`. An unknown name is a ConfigError naming it; the result is validated.
   """
-  spec, _, argument = name_or_path.partition(":")
-  path = pathlib.Path(spec)
-  if not spec.endswith(".py"):
-    path = CONFIGS_DIR / f"{spec}.py"
-  if not path.is_file():
-    raise errors.ConfigError(f"No config file {path} (give a name in {CONFIGS_DIR} or a path).")
-  get_config = runpy.run_path(str(path))["get_config"]
-  if argument and not inspect.signature(get_config).parameters:
-    raise errors.ConfigError(f"{path} takes no argument after ':' (got {argument!r}).")
-  config = get_config(argument) if argument else get_config()
+  config = config_files.load(name_or_path)
   for name, value in (overrides or {}).items():
     config_lib.set_field(config, name, value)
   config_lib.validate(config)

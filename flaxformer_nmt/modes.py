@@ -13,12 +13,13 @@ import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import averaging, config_lib, files, parallel, reporting
+from flaxformer_nmt import accelerators, averaging, config_lib, files, parallel, reporting
 from flaxformer_nmt import evaluate as evaluate_lib
 from flaxformer_nmt import train as train_lib
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  accelerators.warn_if_unused()
   result = train_lib.train_and_evaluate(config, workdir)
   reporting.write_result(workdir, result)
   return result
@@ -29,6 +30,7 @@ def _inference_run(
 ) -> tuple[train_lib.Run, object, str]:
   config_lib.validate(config)
   train_lib.check_workdir(workdir)
+  accelerators.warn_if_unused()
   which = averaging.resolve_inference_source(workdir, which)  # none: fail before any work
   train_lib.check_checkpoint_fits(config, workdir, averaging.inference_dir(workdir, which))
   run = train_lib.Run(config, workdir, data=data)
@@ -116,6 +118,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   from flaxformer_nmt import prepare as prepare_lib
 
   train_lib.check_workdir(workdir)
+  accelerators.warn_if_unused()
   result = prepare_lib.prepare(config, workdir, jax.process_count())
   reporting.write_result(workdir, result)
   return result
@@ -163,6 +166,7 @@ def average(
   config_lib.validate(config)
   train_lib.check_workdir(workdir)
   averaging.check_num_checkpoints(workdir, num_checkpoints)  # before any work
+  accelerators.warn_if_unused()
   run = train_lib.Run(config, workdir, data="none")
   params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
   path = averaging.save_averaged(workdir, params, steps)

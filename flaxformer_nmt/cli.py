@@ -1,0 +1,208 @@
+r"""The flaxformer_nmt command line: prepare, train, eval, translate, average, export, attention.
+
+  flaxformer-nmt --config=demo --workdir=runs/demo     # in a clone: python main.py --config=...
+  flaxformer-nmt --config=wmt14_ende_base --workdir=runs/base --mode=prepare
+  flaxformer-nmt --config=wmt14_ende_base --workdir=runs/base
+  flaxformer-nmt --config=... --workdir=... --mode=eval
+  flaxformer-nmt --config=... --workdir=... --mode=translate --input=in.txt --output=out.txt
+  flaxformer-nmt --config=... --workdir=... --mode=average --num_checkpoints=5
+  flaxformer-nmt --config=... --workdir=... --mode=attention --text="a sentence"
+
+--config takes an installed config's name (demo, multi30k, wmt14_ende_base:files, ...) or the path
+of any config file. Any config field can be overridden, e.g. `--config.data.tokens_per_batch=12500`.
+Rerunning a training command with the same workdir resumes; on a finished workdir it returns the
+saved figures. Modes that report figures end with one JSON line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging as pylogging
+import os
+import sys
+from typing import NoReturn
+
+import ml_collections
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from flaxformer_nmt import config_files, errors
+
+config_flags.DEFINE_config_file(
+  "config",
+  None,
+  "Experiment config: an installed config's name (demo, multi30k, wmt14_ende_base, "
+  "wmt14_ende_base:files, ...) or the path of a config file.",
+  lock_config=True,
+)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, logs and outputs.")
+flags.DEFINE_enum(
+  "mode",
+  "train",
+  ["prepare", "train", "eval", "translate", "average", "export", "attention"],
+  "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
+)
+flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
+flags.DEFINE_string(
+  "output",
+  "-",
+  "translate: output file ('-' = stdout); export: the model directory to write; attention: "
+  "the folder of the pictures ('-' = <workdir>/attention).",
+)
+flags.DEFINE_string("text", "", "attention: the sentence to translate and draw attention for.")
+flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "export: the target engine.")
+flags.DEFINE_string(
+  "quantization",
+  "float32",
+  "export: weight type of the exported model, one of CTranslate2's: float32, int8, "
+  "int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16.",
+)
+flags.DEFINE_integer("num_checkpoints", 5, "average: how many of the latest checkpoints.")
+flags.DEFINE_enum(
+  "checkpoint",
+  "auto",
+  ["auto", "latest", "averaged"],
+  "eval/translate/export/attention: which parameters (auto = averaged if present, else latest).",
+)
+flags.DEFINE_enum(
+  "distributed",
+  "auto",
+  ["auto", "on", "off"],
+  "Multi-process runs (jax.distributed): 'auto' joins one where JAX detects a "
+  "cluster of several processes (TPU pod slice, SLURM, Open MPI, Kubernetes) or "
+  "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are set; 'on' "
+  "always calls jax.distributed.initialize(); 'off' never.",
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _user_error(message: object) -> NoReturn:
+  """One line on stderr and exit status 2: what every mistake the user can fix ends in."""
+  print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of --config in `argv` (`path` or `path:argument`), if given."""
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+  """A message for the first `--config.a.b=...` naming no field of the config, if any.
+
+  ml_collections reports a mistyped override as a KeyError traceback deep in flag parsing;
+  this names the flag and the closest valid field instead.
+  """
+  spec = _config_spec(argv)
+  if spec is None:
+    return None
+  config = config_files.load(spec)
+  for arg in argv[1:]:
+    name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+    name = name[2:] if name.startswith("noconfig.") else name
+    if not name.startswith("config."):
+      continue
+    path = name.split(".")[1:]
+    node = config
+    for depth, key in enumerate(path):
+      if isinstance(node, ml_collections.ConfigDict) and key in node:
+        node = node[key]
+        continue
+      where = ".".join(["config", *path[:depth]])
+      if not isinstance(node, ml_collections.ConfigDict):
+        return f"--{name}: {where} is a value, not a group of fields."
+      close = difflib.get_close_matches(key, list(node.keys()), n=1, cutoff=0.5)
+      if close:
+        suggestion = ".".join([where, close[0], *path[depth + 1 :]])
+        return f"--{name}: {where} has no field {key!r}; did you mean --{suggestion}?"
+      return f"--{name}: {where} has no field {key!r}; its fields: {', '.join(sorted(node))}."
+  return None
+
+
+def _with_config_path(argv: list[str]) -> list[str]:
+  """`argv` with --config's name (`demo`, `wmt14_ende_base:files`) replaced by its file's path,
+  which is what ml_collections' config flag loads."""
+  out = list(argv)
+  for i, arg in enumerate(out[1:], 1):
+    if arg.startswith("--config="):
+      out[i] = "--config=" + config_files.resolve(arg.split("=", 1)[1])
+      return out
+    if arg == "--config" and i + 1 < len(out):
+      out[i + 1] = config_files.resolve(out[i + 1])
+      return out
+  return out
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every mistake in the flags reported as one line (exit status 2)."""
+  try:
+    argv = _with_config_path(argv)
+  except errors.ConfigError as e:
+    _user_error(e)
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = str(e).rstrip(". ")
+    _user_error(f"{message}{'' if message.endswith('?') else '.'} See --helpfull.")
+  except (KeyError, AttributeError):
+    message = _unknown_override(argv)
+    if message is None:
+      raise  # not a mistyped field: a bug, which keeps its traceback
+    _user_error(message)
+
+
+class _QuietLibraries(pylogging.Filter):
+  """Drops INFO chatter of orbax (about 20 lines per checkpoint) so progress lines stay readable."""
+
+  def filter(self, record: pylogging.LogRecord) -> bool:
+    return record.levelno >= pylogging.WARNING or "/orbax/" not in record.pathname
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _user_error(f"Unexpected arguments: {' '.join(argv[1:])} (flags are --name=value).")
+  # Imported here so `--help` and flag errors are instant (jax start-up takes seconds).
+  from flaxformer_nmt import modes, parallel
+
+  logging.get_absl_handler().addFilter(_QuietLibraries())
+
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  try:
+    parallel.maybe_initialize_distributed(flags.FLAGS.distributed)
+    if flags.FLAGS.mode == "prepare":
+      modes.prepare(config, workdir)
+    elif flags.FLAGS.mode == "train":
+      modes.train(config, workdir)
+    elif flags.FLAGS.mode == "eval":
+      modes.evaluate(config, workdir, flags.FLAGS.checkpoint)
+    elif flags.FLAGS.mode == "translate":
+      modes.translate(
+        config, workdir, flags.FLAGS.checkpoint, flags.FLAGS.input, flags.FLAGS.output
+      )
+    elif flags.FLAGS.mode == "average":
+      modes.average(config, workdir, flags.FLAGS.num_checkpoints)
+    elif flags.FLAGS.mode == "attention":
+      f = flags.FLAGS
+      modes.attention(config, workdir, f.checkpoint, f.text, f.output)
+    elif flags.FLAGS.mode == "export":
+      f = flags.FLAGS
+      modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
+  except errors.UserError as e:
+    # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
+    # Anything else is a bug and keeps its traceback.
+    _user_error(e)
+
+
+def run() -> None:
+  """The entry point of `flaxformer-nmt` and of `python main.py`."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  run()
