@@ -15,6 +15,7 @@ logs.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -73,6 +74,42 @@ def check_checkpoint_fits(config: ml_collections.ConfigDict, workdir: str, direc
     reader.check_matches(steps_saved[-1], {"params": checkpoint.state_dict(params)})
   except checkpoint.Unreadable:
     pass
+
+
+def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+  """The saved final figures of a workdir that this very config trained to the end, or None.
+
+  Rerunning a finished training command (a notebook cell after a runtime reset, a repeated job)
+  returns them instead of decoding the test set again. Only a complete result counts: the run
+  reached config.num_train_steps, its test decoding finished (not "pending", not preempted), the
+  newest checkpoint is that step, and `config.json` equals this config (so a larger
+  num_train_steps, another beam or another test set trains or scores anew). Process 0 decides.
+  """
+  found = None
+  if parallel.is_main_process():
+    try:
+      with open(reporting.result_path(workdir, "train")) as f:
+        saved = json.load(f)
+      with open(os.path.join(workdir, "config.json")) as f:
+        same_config = f.read() == config.to_json_best_effort(indent=2)
+    except (OSError, ValueError):
+      saved, same_config = {}, False
+    complete = (
+      isinstance(saved, dict)
+      and saved.get("mode") == "train"
+      and saved.get("step") == config.num_train_steps
+      and "test_set" in saved
+      and not saved.get("preempted")
+    )
+    if complete and same_config:
+      saved_steps = checkpoint.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
+      found = saved if saved_steps and saved_steps[-1] == saved["step"] else None
+  if not parallel.broadcast_from_main(found is not None):
+    return None
+  if found is None:  # another process: the same file, on the workdir every process shares
+    with open(reporting.result_path(workdir, "train")) as f:
+      found = json.load(f)
+  return found
 
 
 class Run:
@@ -179,8 +216,9 @@ class Trainer:
   `train_and_evaluate` drives it; each method is one thing the loop does at a step.
   """
 
-  def __init__(self, run: Run) -> None:
+  def __init__(self, run: Run, lock: workdir_lock.WorkdirLock | None = None) -> None:
     self.run = run
+    self.lock = lock  # checked before each checkpoint: never write one for a workdir lost
     self.config = config = run.config
     data = run.data
     logging.info(
@@ -278,6 +316,8 @@ class Trainer:
 
   def save(self, *, force: bool, check_clock: bool) -> None:
     def make() -> tuple[Any, dict[str, Any]]:
+      if self.lock is not None:
+        self.lock.check_held()
       self.flush()  # a non-finite loss stops the run before anything poisoned is saved
       data_state = dict(_global_data_state(self.run.data.train), train_seconds=self.clock.seconds())
       return parallel.local_replica(self.p_state), data_state
@@ -340,10 +380,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains (resuming from the workdir's latest checkpoint) and returns the final figures."""
   config_lib.validate(config)
   prepare_workdir(workdir)
-  with workdir_lock.WorkdirLock(workdir):  # before any work: a second job stops at once
+  with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
+    saved = finished_result(config, workdir)
+    if saved is not None:
+      logging.info(
+        "%s is already trained to step %d with this config: returning the figures saved in "
+        "train_result.json, without decoding again (--mode=eval scores it anew).",
+        workdir,
+        saved["step"],
+      )
+      return saved
     check_checkpoint_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
     run = Run(config, workdir, data="train")
-    with Trainer(run) as trainer, PreemptionGuard() as guard:
+    with Trainer(run, lock) as trainer, PreemptionGuard() as guard:
       # Written once the checkpoint is known to fit this config: a refused resume changes nothing.
       if parallel.is_main_process():
         files.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))

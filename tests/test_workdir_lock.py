@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -88,15 +89,69 @@ def test_a_reused_pid_does_not_count_as_the_holder(tmp_path):
     pass
 
 
-def test_another_host_is_trusted_until_its_heartbeat_stops(tmp_path, monkeypatch):
-  path = _write_lock(tmp_path, host="other-host", pid=1, started="then")
-  with pytest.raises(errors.WorkdirLockedError, match="host other-host"):
+def _beating(path: str, seconds: float, every: float) -> threading.Thread:
+  """A holder on another host, alive: its heartbeat touches `path` every `every` s."""
+
+  def beat() -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+      time.sleep(every)
+      os.utime(path)
+
+  thread = threading.Thread(target=beat, daemon=True)
+  thread.start()
+  return thread
+
+
+def test_another_hosts_live_holder_keeps_its_lock(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 3.0)
+  monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
+  path = _write_lock(tmp_path, host="other-host", pid=1, started="then", token="theirs")
+  beats = _beating(path, seconds=2.0, every=0.3)
+  start = time.monotonic()
+  with pytest.raises(errors.WorkdirLockedError, match="host other-host, pid 1, started then"):
     with workdir_lock.WorkdirLock(str(tmp_path)):
       pass
-  old = time.time() - workdir_lock.STALE_AFTER_S - 1
-  os.utime(path, (old, old))
+  assert time.monotonic() - start < 2.0  # refused at the first heartbeat seen, not after a wait
+  beats.join()
+  assert json.loads(open(path).read())["token"] == "theirs"
+
+
+def test_another_hosts_silent_lock_is_taken_over_within_the_window(tmp_path, monkeypatch, caplog):
+  """A new Colab runtime on a Drive workdir: the old runtime's lock is fresh but never touched
+  again, so it is taken over after STALE_AFTER_S of silence, not refused."""
+  monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 1.5)
+  monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
+  path = _write_lock(tmp_path, host="dead-runtime", pid=1, started="then")
+  start = time.monotonic()
   with workdir_lock.WorkdirLock(str(tmp_path)):
     assert json.loads(open(path).read())["pid"] == os.getpid()
+  assert 1.0 < time.monotonic() - start < 6.0
+  assert "Took over the lock" in caplog.text
+
+
+def test_another_hosts_old_lock_is_taken_over_at_once(tmp_path):
+  path = _write_lock(tmp_path, host="other-host", pid=1, started="then")
+  old = time.time() - workdir_lock.STALE_AFTER_S - 1
+  os.utime(path, (old, old))
+  start = time.monotonic()
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    assert json.loads(open(path).read())["pid"] == os.getpid()
+  assert time.monotonic() - start < workdir_lock.POLL_S * 3
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_before_saving(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
+  path = tmp_path / workdir_lock.LOCK_NAME
+  with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
+    lock.check_held()  # still ours
+    path.write_text(json.dumps({"host": "newcomer", "pid": 7, "token": "theirs"}))
+    deadline = time.time() + 10
+    while lock.lost_to is None and time.time() < deadline:
+      time.sleep(0.02)
+    with pytest.raises(errors.WorkdirLockedError, match="host newcomer, pid 7"):
+      lock.check_held()
+  assert json.loads(path.read_text())["token"] == "theirs"  # the newcomer's lock is left alone
 
 
 def test_the_heartbeat_keeps_a_long_job_fresh(tmp_path, monkeypatch):
