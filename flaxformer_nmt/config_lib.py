@@ -116,6 +116,12 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       tgt_lang="de",
       # Local files: <dir>/<prefix>.<lang>[.gz], or a .tsv via <prefix>.tsv.
       dir="",
+      # Where --mode=prepare downloads the files into `dir` from (Multi30k only: its files'
+      # checksums are recorded in data/download.py); "" = the files are already there.
+      url="",
+      # Multi30k test sets fetched besides test_prefix's: comma-separated names of
+      # data/download.py's MULTI30K_EXTRA_TEST_SETS, or "all".
+      extra_test_sets="",
       train_prefix="train",
       dev_prefix="val",
       test_prefix="test",
@@ -362,6 +368,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _fail(
       "config.data.dir is empty; config.data.source='files' needs the folder of the text files."
     )
+  if d.url and d.source != "files":
+    _fail(f"config.data.url is set, but config.data.source={d.source!r}; it is for 'files'.")
   if d.source == "demo":
     for split in ("train", "dev", "test"):
       _at_least(config, f"data.demo_{split}_size", 1)

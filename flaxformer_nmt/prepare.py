@@ -1,5 +1,8 @@
 """`--mode=prepare`: build the data once, before any training, and say what was built.
 
+For `data.source=files` with a `data.url` (configs/multi30k.py) this downloads the corpus's files
+into `data.dir` and verifies each against its recorded checksum (data/download.py).
+
 For `data.source=tfds` this runs the TFDS build of the dataset (`wmt14_translate/de-en` or
 `fr-en`: about 4.5M / 40M sentence pairs downloaded from statmt.org and elsewhere) and writes it as
 array_record, which training then reads without TensorFlow. The build itself does need TensorFlow:
@@ -21,7 +24,7 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import config_lib, errors
-from flaxformer_nmt.data import pipeline, sources
+from flaxformer_nmt.data import download, pipeline, sources
 
 INSTALL_HINT = 'pip install -e ".[prepare]"'
 
@@ -80,6 +83,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, process_count: int)
   if dc.source == "tfds":
     result["dataset"] = dc.tfds_name
     result["tfds_dir"] = build_tfds(dc)
+  if dc.source == "files" and dc.url:
+    result.update(download.download(dc))
+    result["dir"] = dc.dir
   # Reads dev and test, trains (or loads) <workdir>/spm.model from the train split.
   data = pipeline.make_data(config, workdir, num_devices=1, need_train=False)
   for split in ("dev", "test"):

@@ -125,6 +125,8 @@ class FilesSource(Source):
     }
     self._src_lang = data_config.src_lang
     self._tgt_lang = data_config.tgt_lang
+    # Where the files can be downloaded from (Multi30k): then a missing file names the fix.
+    self._hint = " Run --mode=prepare to download them." if data_config.get("url") else ""
 
   def _existing(self, stem: str) -> str | None:
     for path in (stem, stem + ".gz"):
@@ -147,12 +149,12 @@ class FilesSource(Source):
     missing = [f"{stem}.{lang}[.gz]" for lang, path in found if not path]
     raise DataError(
       f"data.{split}_prefix={self._prefixes[split]!r}: missing {' and '.join(missing)} "
-      f"(and no {stem}.tsv[.gz])."
+      f"(and no {stem}.tsv[.gz]).{self._hint}"
     )
 
   def check(self, splits: Sequence[str] = SPLITS) -> None:
     if not os.path.isdir(self._dir):
-      raise DataError(f"data.dir={self._dir!r}: no such folder.")
+      raise DataError(f"data.dir={self._dir!r}: no such folder.{self._hint}")
     for split in splits:
       for path in self.files(split):
         if os.path.getsize(path) == 0:
