@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs the parallel, training, multi-process, translation and decoding tests, and the Colab notebook
+# (headless, in a real kernel), under Python 3.13 (pyenv's, or python3.13 on the PATH) in a fresh
+# virtual environment, with one of two package stacks:
+#   tools/compat.sh colab  [PYTEST_ARGS...]  Colab's (jax 0.7.2, flax 0.11.2, orbax-checkpoint
+#                                            0.12.4; tools/constraints-colab.txt): the oldest we support
+#   tools/compat.sh newest [PYTEST_ARGS...]  whatever pip resolves today on Python 3.13 (what most
+#                                            new users get: jax 0.12.x, flax 0.12.x when written)
+# .ci/run calls both after the README's test command (Python 3.11, jax 0.10.x). Where no Python 3.13
+# is found, the leg says so on a line of its own and runs under python3 instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stack=${1:?usage: tools/compat.sh colab|newest [PYTEST_ARGS...]}
+shift
+case "$stack" in
+  colab) constraints=(-c tools/constraints-colab.txt) ;;
+  newest) constraints=() ;;
+  *) echo "tools/compat.sh: unknown stack '$stack' (colab or newest)" >&2; exit 2 ;;
+esac
+python=""
+for candidate in python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
+  # A pyenv shim exists even where it cannot run 3.13: ask the interpreter itself.
+  if "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 13)" >/dev/null 2>&1; then
+    python=$candidate
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  python=python3
+  echo "compat[$stack]: SKIPPED Python 3.13 (none found on this machine); running under $(python3 --version) instead."
+fi
+venv=${COMPAT_VENV:-$(mktemp -d)/venv}
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+. "$venv/bin/activate"
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+python -m pip install -q -e ".[test]" "${constraints[@]}"
+python - "$stack" <<'PY'
+import sys, jax, jaxlib, flax, optax, orbax.checkpoint, numpy
+print(f"compat[{sys.argv[1]}]: Python {sys.version.split()[0]}, jax {jax.__version__}, "
+      f"jaxlib {jaxlib.__version__}, flax {flax.__version__}, optax {optax.__version__}, "
+      f"orbax-checkpoint {orbax.checkpoint.__version__}, numpy {numpy.__version__}")
+PY
+python -m pytest -q tests/test_parallel.py tests/test_train.py tests/test_multiprocess.py \
+  tests/test_resume.py tests/test_translate.py tests/test_decode.py tests/test_notebook.py "$@"
