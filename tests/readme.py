@@ -1,20 +1,23 @@
-"""The README's commands, as `tests/test_readme.py` runs them.
+"""The commands of the README and of docs/*.md, as `tests/test_readme.py` runs them.
 
-A command is a line of a ```bash block (backslash continuations joined; a `for ... done` loop, a
-quoted multi-line argument and a batch script are one command each), a ```python block, or an
-inline code span that starts with `python `, `bash ` or `pip ` (the results table's commands).
-Each belongs to one *chain*: commands that share a scratch folder and run in README order (the
-demo's workdir is trained by the quick start, then averaged, evaluated, exported ...).
+The README is read first, then the docs pages in name order. A command is a line of a ```bash
+block (backslash continuations joined; a `for ... done` loop, a quoted multi-line argument and a
+batch script are one command each), a ```python block, or an inline code span that starts with
+`python `, `bash ` or `pip ` (the results table's commands). Each belongs to one *chain*: commands
+that share a scratch folder and run in order (the demo's workdir is trained by the quick start,
+then averaged, evaluated, exported ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import re
 
 import helpers
 
 README = helpers.REPO / "README.md"
+PAGES = (README, *sorted((helpers.REPO / "docs").glob("*.md")))
 
 # The chains, in the order a user meets them.
 CHAINS = ("ci", "install", "demo", "wmt14", "files", "benchmarks", "api", "local", "srun", "gcloud")
@@ -31,9 +34,16 @@ class Command:
     return chain_of(self)
 
 
+def _config(text: str) -> str:
+  """The --config value of a command, or ""."""
+  match = re.search(r"--config=(\S+)", text)
+  return match.group(1) if match else ""
+
+
 def chain_of(command: Command) -> str:
   """Which chain runs `command`; "" when none does (test_readme fails on that)."""
   t = command.text
+  config = _config(t)
   if command.kind == "python":
     return "api" if "flaxformer_nmt import api" in t else "demo" if "ctranslate2" in t else ""
   if "pytest" in t:
@@ -46,13 +56,13 @@ def chain_of(command: Command) -> str:
     return "gcloud"
   if "JAX_COORDINATOR_ADDRESS" in t:
     return "local"
-  if "benchmarks/multi30k.sh" in t or "configs/multi30k.py" in t or "../shared/data" in t:
+  if "multi30k" in t:  # the Multi30k config, its script, or its downloaded files
     return "files"
   if re.match(r"python benchmarks/\w+\.py", t):
     return "benchmarks"
-  if "configs/demo.py" in t or t.startswith("printf "):
+  if "demo" in config or t.startswith("printf "):
     return "demo"
-  if "configs/wmt14" in t or t.startswith(("sacrebleu ", "mkdir -p wmt14_text")):
+  if "wmt14" in config or t.startswith(("sacrebleu ", "mkdir -p wmt14_text")):
     return "wmt14"
   return ""
 
@@ -82,8 +92,15 @@ def _bash_commands(block: str) -> list[str]:
 
 
 def commands() -> list[Command]:
-  """Every command of the README, in order."""
-  text = README.read_text(encoding="utf-8")
+  """Every command of the README and the docs pages, in order."""
+  out: list[Command] = []
+  for page in PAGES:
+    out += _page_commands(page)
+  return out
+
+
+def _page_commands(page: pathlib.Path) -> list[Command]:
+  text = page.read_text(encoding="utf-8")
   out: list[Command] = []
   section = ""
   pattern = re.compile(

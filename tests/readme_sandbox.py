@@ -1,7 +1,7 @@
 """The scratch folder `tests/test_readme.py` runs the README's commands in: laid out like a
-clone, with the stand-ins that test's docstring lists (main.py and benchmark scripts with small
-overrides appended, `srun` and `gcloud` starting 2 local processes, sacreBLEU's wmt14 from a local
-cache, a small corpus under Multi30k's file names).
+clone, with the stand-ins that test's docstring lists (main.py, the `flaxformer-nmt` command and
+benchmark scripts with small overrides appended, `srun` and `gcloud` starting 2 local processes,
+sacreBLEU's wmt14 from a local cache, Multi30k served from 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ REPO = helpers.REPO
 _TIMEOUT = 600  # seconds for one README command
 
 _MAIN_SHIM = """\
-# README test stand-in for main.py: the real one (or, for WMT14's TFDS configs, the mock-WMT14
-# one), with the chain's overrides appended; absolute workdirs moved into the scratch folder.
+# README test stand-in for main.py and the flaxformer-nmt command: the real main.py (or, for
+# WMT14's TFDS configs, the mock-WMT14 one), with the chain's overrides for the config's kind
+# appended; absolute workdirs moved into the scratch folder.
 import json, os, runpy, sys
 repo, root = os.environ["README_TEST_REPO"], os.environ["README_TEST_ROOT"]
 overrides = json.loads(os.environ["README_TEST_OVERRIDES"])
 args = [f"--workdir={root}{a[10:]}" if a.startswith("--workdir=/") else a for a in sys.argv[1:]]
 config = next((a[9:] for a in args if a.startswith("--config=")), "")
-kind = "wmt14" if "wmt14" in config else "demo" if "demo" in config else "files"
+kinds = ("wmt14", "demo", "multi30k")
+kind = next((k for k in kinds if k in config), "files")
 script = "tests/mock_wmt14_main.py" if kind == "wmt14" and ":files" not in config else "main.py"
-sys.argv = [os.path.join(repo, script)] + args + overrides[kind]
+sys.argv = [os.path.join(repo, script)] + args + overrides.get(kind, [])
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -74,17 +76,6 @@ procs = [subprocess.Popen(["bash", "-c", command], cwd=os.environ["README_TEST_H
                           env=dict(base, JAX_PROCESS_ID=str(i))) for i in range(2)]
 sys.exit(max(p.wait() for p in procs))
 """
-
-
-def write_corpus(directory: pathlib.Path, prefixes: dict[str, tuple[str, int]]) -> None:
-  from flaxformer_nmt.data import demo  # pylint: disable=g-import-not-at-top
-
-  directory.mkdir(parents=True, exist_ok=True)
-  for prefix, (split, size) in prefixes.items():
-    pairs = demo.make_demo_split(split, size, 0)
-    for lang, column in (("en", 0), ("de", 1)):
-      text = "".join(pair[column] + "\n" for pair in pairs)
-      (directory / f"{prefix}.{lang}").write_text(text, encoding="utf-8")
 
 
 def fake_sacrebleu_wmt14(cache: pathlib.Path, lines: int) -> list[tuple[str, str]]:
@@ -145,13 +136,10 @@ class Sandbox:
         (bench / path.name).write_text(_BENCHMARK_SHIM)
       elif path.is_file():
         (bench / path.name).symlink_to(path)
-    write_corpus(
-      root / "shared" / "data" / "multi30k",
-      {"train": ("train", 1000), "val": ("dev", 16), "test_2016_flickr": ("test", 16)},
-    )
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    for name, text in (("srun", _SRUN), ("gcloud", _GCLOUD)):
+    command = f"#!{sys.executable}\n{_MAIN_SHIM}"
+    for name, text in (("srun", _SRUN), ("gcloud", _GCLOUD), ("flaxformer-nmt", command)):
       (bin_dir / name).write_text(text)
       (bin_dir / name).chmod(0o755)
     self.env = dict(

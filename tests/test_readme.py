@@ -1,15 +1,18 @@
-"""Every command of the README runs, as written, in README order, in a scratch folder.
+"""Every command of the README and of docs/*.md runs, as written, in order, in a scratch folder.
 
-`tests/readme.py` splits the README into commands and each into a chain (commands sharing a
+`tests/readme.py` splits the pages into commands and each into a chain (commands sharing a
 folder: the quick start trains `runs/demo`, which the next sections average, evaluate, export ...).
-Each chain is one test. What changes from a user's machine, and nothing else:
+Each chain is one test; its `--mode=prepare` commands run first (the data the others read, as a
+user prepares it before running the results table's commands). What changes from a user's
+machine, and nothing else:
 
-- size: `main.py` and the benchmark scripts in the scratch folder are stand-ins that run the real
-  ones with small overrides appended (model size, vocabulary, steps), and WMT14's TFDS configs
-  read a mock WMT14 (`tests/mock_wmt14_main.py`); `benchmarks/memory.py`'s TPU target is compiled
-  for the host (no libtpu here);
-- `../shared/data/multi30k` is a small corpus under Multi30k's file names (the demo's sentences),
-  and absolute workdirs (`/shared/runs/big`) are placed inside the scratch folder;
+- size: `main.py`, the `flaxformer-nmt` command and the benchmark scripts in the scratch folder
+  are stand-ins that run the real ones with small overrides appended (model size, vocabulary,
+  steps), and WMT14's TFDS configs read a mock WMT14 (`tests/mock_wmt14_main.py`);
+  `benchmarks/memory.py`'s TPU target is compiled for the host (no libtpu here);
+- Multi30k is downloaded from a server on 127.0.0.1 serving the real files beside the checkout
+  (`--config.data.url` appended), and absolute workdirs (`/shared/runs/big`) are placed inside the
+  scratch folder;
 - `srun` and `gcloud` are stand-ins that start 2 processes x 4 CPU devices on this machine (SLURM's
   variables; for TPU metadata, JAX's coordinator variables); `sacrebleu -t wmt14` reads a small
   newstest2014 from a local cache instead of downloading;
@@ -32,6 +35,7 @@ import pytest
 import helpers
 import readme
 import readme_sandbox
+import test_download
 
 
 def readme_run(test):
@@ -104,6 +108,7 @@ def test_install_commands_resolve_and_ci_runs_the_test_command(tmp_path):
     if part.strip().startswith("pip install")
   }
   extras = {'pip install -e ".[prepare]"', 'pip install -e ".[export]"', "pip install -e ."}
+  extras |= {'pip install -e ".[cuda12]"', 'pip install -e ".[tpu]"', "pip install ."}
   assert extras <= installs
   for i, install in enumerate(sorted(installs)):
     report = tmp_path / f"report{i}.json"
@@ -132,7 +137,9 @@ def _run_chain(chain: str, tmp_path: pathlib.Path, overrides: dict[str, list[str
   """Runs the chain's commands in README order; yields (command, process, sandbox) to check."""
   box = readme_sandbox.Sandbox(tmp_path, overrides)
   box.env.update(env)
-  for command in readme.in_chain(chain):
+  chain_commands = readme.in_chain(chain)
+  chain_commands.sort(key=lambda c: "--mode=prepare" not in c.text)  # stable: otherwise in order
+  for command in chain_commands:
     if command.text.startswith("pip install -e . && "):  # installed already: .ci/run, above
       command = readme.Command(command.text[len("pip install -e . && ") :], "bash", "")
     if command.text.startswith("pip install"):
@@ -144,7 +151,7 @@ def _run_chain(chain: str, tmp_path: pathlib.Path, overrides: dict[str, list[str
 def test_demo_chain(tmp_path):
   """Quick start, using a trained model, translating and exporting, the demo's results."""
   overrides = {"demo": _DEMO}
-  seen = []
+  seen, trained = [], []
   for command, proc, box in _run_chain("demo", tmp_path, overrides):
     seen.append(command.text)
     work = box.repo / "runs" / "demo"
@@ -164,10 +171,18 @@ def test_demo_chain(tmp_path):
     elif command.kind == "python":
       printed = ast.literal_eval(proc.stdout.strip().splitlines()[-1])  # a list of strings
       assert len(printed) == 2 and all(isinstance(t, str) and t for t in printed)
-    elif "--mode" not in command.text and "main.py" in command.text:
+    elif "--mode" not in command.text and ("main.py" in command.text or "nmt --" in command.text):
       result = _last_json(proc)
       assert result["step"] == 30 and "test_sacrebleu_beam4" in result
+      if "runs/demo " in command.text + " ":
+        # The quick start's command on the results table's finished runs/demo: the same figures,
+        # read back from the workdir, with nothing trained or decoded again.
+        trained.append(result)
+        assert result == trained[0]
+        assert ("already trained to step 30" in proc.stderr) == (len(trained) > 1)
   assert any("demo_bf16" in s for s in seen) and len(seen) >= 10
+  assert "flaxformer-nmt --config=demo --workdir=runs/demo" in seen  # the quick start's
+  assert len(trained) == 2
 
 
 @readme_run
@@ -206,25 +221,39 @@ def test_wmt14_chain(tmp_path):
 
 @readme_run
 def test_files_chain(tmp_path):
-  """Your own files (Multi30k's names), the Multi30k script and its results rows, the input
-  pipeline benchmark on the same files."""
-  overrides = {"files": _SMALL_MODEL + _SHORT, "wmt14": _SMALL_MODEL + _SHORT}
+  """Multi30k's download (from 127.0.0.1) and training, your own files (Multi30k's), the Multi30k
+  script and its results rows, the input pipeline benchmark on the same files."""
+  server = test_download.Server(helpers.MULTI30K)
+  small = _SMALL_MODEL + _SHORT
+  overrides = {
+    "files": small,
+    "wmt14": small,
+    "multi30k": [*small, f"--config.data.url={server.url}"],
+  }
   overrides.update(_BENCHMARKS)
-  ran_script = False
-  for command, proc, box in _run_chain("files", tmp_path, overrides):
-    if "multi30k.sh" in command.text:
-      work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
-      last = _last_json(proc)
-      assert last == json.loads((work / "multi30k_result.json").read_text())
-      assert last["steps"] == 20 and len(last["averaged_steps"]) == 5
-      assert (work / "learning_curve.png").stat().st_size > 0
-      ran_script = True
-    elif "--mode=eval" in command.text:
-      assert ran_script
-      assert 0.0 <= _last_json(proc)["test_sacrebleu_greedy"] <= 100.0
-    else:
-      _last_json(proc)  # training results, the benchmark's JSON
-  assert ran_script
+  ran_script = prepared = False
+  try:
+    for command, proc, box in _run_chain("files", tmp_path, overrides):
+      if "--mode=prepare" in command.text:
+        result = _last_json(proc)
+        assert (result["downloaded"], result["dev_sentences"]) == (6, 1014)
+        assert len(list((box.repo / "data" / "multi30k").iterdir())) == 6
+        prepared = True
+      elif "multi30k.sh" in command.text:
+        work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
+        last = _last_json(proc)
+        assert last == json.loads((work / "multi30k_result.json").read_text())
+        assert last["steps"] == 20 and len(last["averaged_steps"]) == 5
+        assert (work / "learning_curve.png").stat().st_size > 0
+        ran_script = True
+      elif "--mode=eval" in command.text:
+        assert ran_script
+        assert _last_json(proc)["test_sentences"] == 1000
+      else:
+        _last_json(proc)  # training results, the benchmark's JSON
+  finally:
+    server.close()
+  assert ran_script and prepared and len(server.requests) == 6
 
 
 @readme_run
