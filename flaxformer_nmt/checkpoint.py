@@ -12,12 +12,14 @@ What that takes here:
   steps (beyond `keep`) only after the new one is committed; a kill at any moment leaves the
   previous checkpoints intact (leftover temporary directories are cleaned at the next start).
 * A read that fails is retried (storage on NFS or GCS has bad seconds). A checkpoint is set aside,
-  to `<dir>/unreadable/<step>` with a warning naming it, only when its own files show it corrupt:
-  missing files or metadata, metadata that is not JSON, a truncated or checksum-failing array
-  file. Then the previous one is restored; moving (not deleting) keeps it for inspection and lets
-  the resumed run save that step number again. A read that still fails for any other reason (an
-  I/O error) stops with a one-line error and leaves everything where it is: resuming from an older
-  checkpoint would silently throw away work that is probably intact.
+  to `<dir>/unreadable/<step>` with a warning naming it and the steps that costs, only on positive
+  evidence that a file which is present is damaged: metadata that is not JSON, a truncated or
+  checksum-failing array file. Then the previous one is restored; moving (not deleting) keeps it
+  for inspection and lets the resumed run save that step number again. A *missing* file is not
+  such evidence: on eventually consistent storage (GCS-FUSE, NFS) a host can list a step before it
+  sees all its files. A miss is retried like any I/O error, and a read that still fails stops with
+  a one-line error and leaves everything where it is: resuming from an older checkpoint would
+  silently throw away work that is probably intact.
 * A checkpoint of another model (trained as base, resumed as big) is not "unreadable": falling
   back past it would silently train something else, so it is a one-line error naming the first
   mismatching parameter and both shapes, found from the checkpoint's metadata before any array is
@@ -30,9 +32,11 @@ with a `state` item and a `data` item (the averaged one stores `{"params": ...}`
 step at once (averaging).
 
 Multi-process runs (`jax.distributed`): every process calls `save` and `restore`; orbax writes numpy
-arrays and JSON from process 0 only, and synchronises the processes around each save. The decision
-to save is the same on all processes (a time-based one is taken on process 0 and broadcast, since
-host clocks differ and a save that only some processes enter deadlocks).
+arrays and JSON from process 0 only, and synchronises the processes around each save. Which step
+a restore reads is decided by process 0 alone (it also sets corrupt steps aside) and broadcast:
+hosts that list a shared folder at different moments would otherwise restore different steps.
+The decision to save is the same on all processes (a time-based one is taken on process 0 and
+broadcast, since host clocks differ and a save that only some processes enter deadlocks).
 """
 
 from __future__ import annotations
@@ -66,15 +70,15 @@ WHICH = ("auto", "latest", "averaged")
 # Waits before the second and third attempt at a read that failed without showing corruption.
 RETRY_DELAYS_S = (1.0, 5.0)
 # Status codes (tensorstore) and messages with which a checkpoint's own files show it is damaged.
+# A missing file (NOT_FOUND, "No such file") is not among them: see the module docstring.
 _CORRUPTION_SIGNS = (
   "DATA_LOSS",
   "OUT_OF_RANGE",
-  "NOT_FOUND",
   "Expecting value",
   "JSONDecodeError",
-  "No such file",
   "checksum",
 )
+_MISSING_SIGNS = ("NOT_FOUND", "No such file", "is missing")
 
 PyTree = Any
 
@@ -86,15 +90,22 @@ class Unreadable(CheckpointError):
     self.path = path
     self.reason = " ".join(str(cause).split())[:300] or type(cause).__name__
     self.corrupt = corrupt
+    self.missing = isinstance(cause, FileNotFoundError) or any(
+      sign in str(cause) for sign in _MISSING_SIGNS
+    )
     super().__init__(f"{path}: {self.reason}")
 
 
 def _shows_corruption(e: BaseException) -> bool:
-  if isinstance(e, (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError)):
+  """Positive evidence that a file which is present is damaged (never a missing file)."""
+  if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
     return True
   if isinstance(e, OSError):
-    return False  # EIO, ETIMEDOUT, ESTALE...: the storage, not the checkpoint
-  return any(sign in str(e) for sign in _CORRUPTION_SIGNS)
+    return False  # ENOENT, EIO, ETIMEDOUT, ESTALE...: the storage, not the checkpoint
+  message = str(e)
+  if any(sign in message for sign in _MISSING_SIGNS):
+    return False
+  return any(sign in message for sign in _CORRUPTION_SIGNS)
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -184,8 +195,16 @@ def _check_matches(ckpt: epath.Path, saved: dict[str, Any], wanted: dict[str, An
 def _manager(
   directory: epath.Path, *, keep: int | None = None, read_only: bool = False
 ) -> ocp.CheckpointManager:
-  """An orbax manager with our two items; read-only managers create and clean nothing."""
+  """An orbax manager with our two items; read-only managers create and clean nothing.
+
+  A read-only manager is this process's own: orbax's restore ends in a barrier across the
+  processes of the job, which would make a read that one process does alone (process 0 choosing
+  the step to resume) wait forever. Reads share nothing between processes, so none is needed.
+  """
   directory = epath.Path(os.path.abspath(directory))  # orbax rejects relative paths
+  local = ocp.options.MultiprocessingOptions(
+    primary_host=jax.process_index(), active_processes={jax.process_index()}
+  )
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep,
     save_interval_steps=0 if read_only else 1,  # our own `due` decides; orbax is forced
@@ -193,6 +212,7 @@ def _manager(
     read_only=read_only,
     cleanup_tmp_directories=not read_only,
     enable_async_checkpointing=not read_only,
+    **({"multiprocessing_options": local} if read_only else {}),
   )
   return ocp.CheckpointManager(
     directory,
@@ -230,9 +250,9 @@ class CheckpointDir:
   Read-only: it creates, cleans and moves nothing, so it is safe beside a training job.
   """
 
-  def __init__(self, directory: str, manager: ocp.CheckpointManager | None = None) -> None:
+  def __init__(self, directory: str) -> None:
     self.directory = epath.Path(os.path.abspath(directory))
-    self._manager = manager
+    self._manager: ocp.CheckpointManager | None = None
 
   @property
   def manager(self) -> ocp.CheckpointManager | None:
@@ -255,9 +275,14 @@ class CheckpointDir:
     CheckpointMismatchError (from metadata, before reading arrays) or Unreadable.
     """
     path, manager = self.path(step), self.manager
-    for item in (_STATE, _DATA) if with_data else (_STATE,):
-      if not (path / item).is_dir():
-        raise Unreadable(path, f"its {item}/ directory is missing", corrupt=True)
+    items_wanted = (_STATE, _DATA) if with_data else (_STATE,)
+
+    def require_items() -> None:
+      for item in items_wanted:
+        if not (path / item).is_dir():
+          raise FileNotFoundError(f"its {item}/ directory is missing")
+
+    _with_retries(path, require_items)
     self.check_matches(step, template)
 
     abstract = jax.tree.map(_abstract_leaf, template)
@@ -279,9 +304,14 @@ class CheckpointDir:
     stops before any data is read. Unreadable if the metadata cannot be read.
     """
     path = self.path(step)
-    metadata = _with_retries(path, lambda: self.manager.item_metadata(step)[_STATE])
-    if metadata is None:
-      raise Unreadable(path, "its array metadata (state/_METADATA) is missing", corrupt=True)
+
+    def read_metadata() -> Any:
+      metadata = self.manager.item_metadata(step)[_STATE]
+      if metadata is None:
+        raise FileNotFoundError("its array metadata (state/_METADATA) is missing")
+      return metadata
+
+    metadata = _with_retries(path, read_metadata)
     saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
     wanted = _flatten(template)
     prefixes = {p.split("/")[0] for p in wanted}
@@ -299,21 +329,30 @@ class CheckpointDir:
 
     A corrupt step is passed to `on_corrupt` (which may move it and says how in its return value)
     and skipped with a warning naming it; any other failure is a CheckpointError, nothing moved.
+    In a multi-process run process 0 alone looks for that step (and sets corrupt ones aside), then
+    every process reads the step it found, or all stop with one line.
     """
+    if jax.process_count() == 1:
+      return self._newest_readable_here(template, with_data=with_data, on_corrupt=on_corrupt)
+    return self._newest_readable_agreed(template, with_data=with_data, on_corrupt=on_corrupt)
+
+  def _newest_readable_here(
+    self,
+    template: PyTree,
+    *,
+    with_data: bool,
+    on_corrupt: Callable[[int, epath.Path], str] | None,
+  ) -> tuple[int, PyTree, Any] | None:
     steps = self.steps()[::-1]
     if not steps:
       return None
-    bad: list[str] = []
+    bad: list[int] = []
     for step in steps:
       try:
         tree, data = self.read(step, template, with_data=with_data)
       except Unreadable as e:
         if not e.corrupt:
-          raise CheckpointError(
-            f"Could not read checkpoint {e.path} after {len(RETRY_DELAYS_S) + 1} attempts "
-            f"({e.reason}); its files look intact, so nothing was moved. Rerun when the "
-            "storage answers."
-          ) from e
+          raise CheckpointError(_not_moved_message(e, self.directory)) from e
         moved = on_corrupt(step, e.path) if on_corrupt else ""
         logging.warning(
           "Checkpoint %s is corrupt (%s)%s; falling back to the previous one.",
@@ -321,13 +360,74 @@ class CheckpointDir:
           e.reason,
           moved,
         )
-        bad.append(str(e.path))
+        bad.append(step)
         continue
+      if bad:
+        logging.warning(
+          "Resuming from step %d, not from the corrupt step %s: %d steps will be trained again.",
+          step,
+          ", ".join(map(str, bad)),
+          bad[0] - step,
+        )
       return step, tree, data
     raise CheckpointError(
-      f"None of the {len(steps)} checkpoints in {self.directory} could be read "
-      f"({', '.join(bad)}); see the warnings above."
+      f"None of the {len(steps)} checkpoints in {self.directory} could be read (corrupt: steps "
+      f"{', '.join(map(str, bad))}); see the warnings above."
     )
+
+  def _newest_readable_agreed(
+    self,
+    template: PyTree,
+    *,
+    with_data: bool,
+    on_corrupt: Callable[[int, epath.Path], str] | None,
+  ) -> tuple[int, PyTree, Any] | None:
+    """`newest_readable` for several processes: process 0 chooses, everyone reads that step."""
+    found, failure = None, ""
+    if jax.process_index() == 0:
+      try:
+        found = self._newest_readable_here(template, with_data=with_data, on_corrupt=on_corrupt)
+      except CheckpointError as e:
+        failure = str(e)
+    code = -2 if failure else (found[0] if found else -1)
+    chosen = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
+    if self.manager is not None:
+      self.manager.reload()  # what process 0 set aside
+    if chosen == -2:
+      raise CheckpointError(
+        failure or f"Process 0 could not restore from {self.directory}: see its log."
+      )
+    if chosen == -1:
+      return None
+    if found is None:
+      try:
+        found = (chosen, *self.read(chosen, template, with_data=with_data))
+      except Unreadable as e:
+        failure = _not_moved_message(e, self.directory)
+    failed = np.asarray(multihost_utils.process_allgather(np.asarray(bool(failure)))).reshape(-1)
+    if failed.any():
+      which = ", ".join(str(i) for i in np.flatnonzero(failed))
+      raise CheckpointError(
+        failure
+        or f"Process(es) {which} could not read checkpoint {self.path(chosen)}, which process 0 "
+        "restores (see their logs); nothing was moved."
+      )
+    return found
+
+
+def _not_moved_message(e: Unreadable, directory: epath.Path) -> str:
+  """The one line for a checkpoint that failed to read without showing damage."""
+  if e.missing:
+    return (
+      f"Could not read checkpoint {e.path} after {len(RETRY_DELAYS_S) + 1} attempts ({e.reason}). "
+      "A missing file is not taken as damage (shared storage can be late to show one), so "
+      "nothing was moved: rerun when the storage shows it, or move the step into "
+      f"{directory / UNREADABLE} to resume from the previous checkpoint."
+    )
+  return (
+    f"Could not read checkpoint {e.path} after {len(RETRY_DELAYS_S) + 1} attempts ({e.reason}); "
+    "its files look intact, so nothing was moved. Rerun when the storage answers."
+  )
 
 
 def write(directory: str, step: int, tree: PyTree, data: Any, *, replace: bool = False) -> str:
@@ -376,9 +476,8 @@ class Checkpointer:
     self._every_steps = every_steps
     self._every_secs = float(every_secs)
     self._manager = _manager(self._directory, keep=keep)
-    self._reader = CheckpointDir(str(self._directory), self._manager)
+    self._reader = CheckpointDir(str(self._directory))  # reads with its own, local manager
     self._last_save_time = time.monotonic()
-    self._quarantines = 0
     self._closed = False
     self._pending = False  # a save was started and not waited for
     _run_before_thread_shutdown(functools.partial(_close_at_exit, weakref.ref(self)))
@@ -480,6 +579,7 @@ class Checkpointer:
     found = self._reader.newest_readable(
       state_dict(template), with_data=True, on_corrupt=self._move_aside
     )
+    self._manager.reload()  # steps process 0 set aside are gone for every process
     if found is None:
       return None
     step, state_sd, data = found
@@ -489,16 +589,14 @@ class Checkpointer:
 
   def _move_aside(self, step: int, path: epath.Path) -> str:
     """Moves a corrupt step to `unreadable/`, so the run can save that step number again."""
+    # Process 0 alone decides what to restore (CheckpointDir.newest_readable), so only it gets here;
+    # the others reload their listing once it has decided.
     dest = self._directory / UNREADABLE / str(step)
     if dest.exists():
       dest = self._directory / UNREADABLE / f"{step}.{int(time.time())}"
-    if jax.process_index() == 0:
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      path.rename(dest)
-    if jax.process_count() > 1:
-      self._quarantines += 1
-      ocp.multihost.sync_global_processes(f"flaxformer_nmt_unreadable_{step}_{self._quarantines}")
-    self._manager.reload()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    path.rename(dest)
+    self._reader.manager.reload()
     return f"; moved it to {dest}"
 
   def wait_until_finished(self) -> None:
