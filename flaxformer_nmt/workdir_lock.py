@@ -18,13 +18,18 @@ A holder also checks, at every heartbeat, that the file still names it. If a slo
 hid its heartbeats long enough for another job to take over, the holder learns it at its next beat
 and stops before its next checkpoint (`check_held`), so two jobs never both write checkpoints.
 
-Taking over is safe against a third job doing the same: the stale file is first renamed away (only
-one rename of it can succeed), then the new lock is created with O_EXCL. In a multi-process run only
-process 0 holds the lock; the others learn the outcome from it.
+Who may judge the record at all is decided by the OS: a job first takes an exclusive `flock` on the
+file, which one process at a time can hold and which the kernel frees when its holder dies. So of
+many jobs started at once on a stale lock exactly one takes it over (the others stop with one
+line). Across hosts `flock` works where the filesystem shares locks (NFS); where it does not
+(FUSE mounts such as Google Drive), the heartbeat above and the check at each beat are what keep
+two jobs apart. In a multi-process run only process 0 holds the lock; the others learn the outcome
+from it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -35,7 +40,7 @@ from typing import Any
 
 from absl import logging
 
-from flaxformer_nmt import errors, parallel
+from flaxformer_nmt import errors, files, parallel
 
 LOCK_NAME = "train.lock"
 HEARTBEAT_S = 10.0
@@ -82,6 +87,7 @@ class WorkdirLock:
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
     self._held = False
+    self._fd: int | None = None  # holds the OS lock (flock) while held
     self.lost_to: dict[str, Any] | None = None  # set by the heartbeat if another job took over
 
   def _holder(self) -> dict[str, Any] | None:
@@ -129,41 +135,73 @@ class WorkdirLock:
         return now is None  # touched or rewritten: alive; removed: free
     return True
 
-  def _try_create(self) -> bool:
-    try:
-      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      return False
-    with os.fdopen(fd, "w") as f:
-      json.dump(self._me, f)
-    return True
+  def _refusal(self, holder: dict[str, Any]) -> errors.WorkdirLockedError:
+    return errors.WorkdirLockedError(
+      f"{self.path}: another training job holds this workdir (host "
+      f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started "
+      f"{holder.get('started', '?')}); stop it, or train in another --workdir."
+    )
+
+  def _os_lock(self) -> int | None:
+    """An open descriptor of the lock file holding the OS's exclusive `flock` on it, or None
+    where the filesystem has no flock (then the record and heartbeat alone decide).
+
+    The OS grants the lock to one process at a time and frees it when its holder dies, however it
+    dies, so same-host contenders cannot both win. A holder removes the file when it is done, so
+    a descriptor opened just before that removal may lock a file that is gone: the lock counts
+    only if the path still names the locked file.
+    """
+    for _ in range(10):
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(fd)
+        raise self._refusal(self._holder() or {}) from None
+      except OSError as e:  # ENOLCK, EOPNOTSUPP: e.g. some FUSE mounts
+        os.close(fd)
+        logging.info("%s: no OS file lock here (%s); the heartbeat alone decides.", self.path, e)
+        return None
+      try:
+        same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+      except FileNotFoundError:
+        same = False
+      if same:
+        return fd
+      os.close(fd)  # the previous holder removed the file between our open and our lock
+    raise errors.WorkdirLockedError(f"{self.path}: could not take the workdir's lock; try again.")
 
   def _acquire(self) -> None:
-    for _ in range(3):  # another job may win a race for a stale lock; then it is the holder
-      if self._try_create():
-        return
+    """Takes the OS lock, then judges the record left in the file: none, ours to take over (its
+    job is gone), or a live job on another host (which this host's OS lock cannot see)."""
+    self._fd = self._os_lock()
+    try:
       holder = self._holder()
-      if holder is None:
-        continue  # released meanwhile
-      if not self._stale(holder):
-        raise errors.WorkdirLockedError(
-          f"{self.path}: another training job holds this workdir (host "
-          f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started "
-          f"{holder.get('started', '?')}); stop it, or train in another --workdir."
+      if holder:  # a record: a job that ended without removing it, or one on another host
+        if not self._stale(holder):
+          raise self._refusal(holder)
+        logging.warning(
+          "Took over the lock of a job that is gone (host %s, pid %s, started %s).",
+          holder.get("host", "?"),
+          holder.get("pid", "?"),
+          holder.get("started", "?"),
         )
-      aside = f"{self.path}.stale-{os.getpid()}-{int(time.time())}"
-      try:
-        os.rename(self.path, aside)
-      except FileNotFoundError:
-        continue  # someone else took it over first
-      os.remove(aside)
-      logging.warning(
-        "Took over the lock of a job that is gone (host %s, pid %s, started %s).",
-        holder.get("host", "?"),
-        holder.get("pid", "?"),
-        holder.get("started", "?"),
-      )
-    raise errors.WorkdirLockedError(f"{self.path}: could not take the workdir's lock; try again.")
+      record = json.dumps(self._me).encode()
+      if self._fd is None:
+        with files.atomic_path(self.path) as tmp, open(tmp, "wb") as f:
+          f.write(record)
+      else:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, record, 0)
+        os.fsync(self._fd)
+    except BaseException:
+      self._release_os_lock()
+      raise
+
+  def _release_os_lock(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)  # frees the flock
+      self._fd = None
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
@@ -216,5 +254,6 @@ class WorkdirLock:
     if self._thread is not None:
       self._thread.join()
     if self._held and (self._holder() or {}).get("token") == self._me["token"]:
-      os.remove(self.path)
+      os.remove(self.path)  # before the OS lock is freed: see `_os_lock`
+    self._release_os_lock()
     self._held = False

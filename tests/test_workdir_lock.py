@@ -164,3 +164,61 @@ def test_the_heartbeat_keeps_a_long_job_fresh(tmp_path, monkeypatch):
     while path.stat().st_mtime < time.time() - 100 and time.time() < deadline:
       time.sleep(0.02)
     assert path.stat().st_mtime > time.time() - 100
+
+
+_CONTENDER = r"""
+import os, sys, time
+from flaxformer_nmt import errors, workdir_lock
+
+workdir, go, out = sys.argv[1:4]
+real_stale = workdir_lock.WorkdirLock._stale
+
+
+def slow_stale(self, holder):
+  # A slow filesystem or a descheduled process: time passes between judging the old record
+  # stale and taking the lock over, while the other contenders judge it too.
+  stale = real_stale(self, holder)
+  time.sleep(0.3)
+  return stale
+
+
+workdir_lock.WorkdirLock._stale = slow_stale
+while not os.path.exists(go):
+  time.sleep(0.005)
+try:
+  with workdir_lock.WorkdirLock(workdir):
+    line = "won"
+    time.sleep(2.0)  # hold it while the others try
+except errors.WorkdirLockedError:
+  line = "refused"
+with open(out, "a") as f:
+  f.write(line + "\n")
+"""
+
+
+@pytest.mark.slow
+def test_of_many_simultaneous_contenders_for_a_stale_lock_exactly_one_wins(tmp_path):
+  """12 processes start together on the lock of a dead job: exactly one takes it over."""
+  _write_lock(
+    tmp_path,
+    host=workdir_lock.socket.gethostname(),
+    pid=_dead_pid(),
+    process_start="1",
+    started="then",
+  )
+  script, go, out = tmp_path / "contender.py", tmp_path / "go", tmp_path / "outcomes.txt"
+  script.write_text(_CONTENDER)
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  os.rename(tmp_path / workdir_lock.LOCK_NAME, workdir / workdir_lock.LOCK_NAME)
+  procs = [
+    subprocess.Popen([sys.executable, str(script), str(workdir), str(go), str(out)])
+    for _ in range(12)
+  ]
+  time.sleep(3.0)  # every contender imported and waiting for the start
+  go.touch()
+  for proc in procs:
+    assert proc.wait(timeout=60) == 0
+  outcomes = sorted(out.read_text().split())
+  assert outcomes == ["refused"] * 11 + ["won"], outcomes
+  assert not (workdir / workdir_lock.LOCK_NAME).exists()  # the winner released it
