@@ -50,6 +50,18 @@ def _forward(model: Transformer, params: Any, batch: Batch, train: bool, rngs=No
   )  # [rows, tgt_len, vocab]
 
 
+def applied_count(state: TrainState) -> Array:
+  """The number of updates the optimizer has applied: what its schedule is evaluated at.
+
+  It equals `state.step` unless `skip_nonfinite` skipped updates (the step still advances to
+  move the data and dropout keys on, optax's count does not), so the learning rate of an update
+  is `schedule(applied_count(state))`, not `schedule(state.step)`. An optimizer that keeps no count
+  (plain SGD in tests) has no schedule to follow: then the step.
+  """
+  counts = optax.tree_utils.tree_get_all_with_path(state.opt_state, "count")
+  return counts[0][1] if counts else state.step
+
+
 def _global_norm(tree: Any) -> Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
@@ -154,7 +166,7 @@ def train_step(
   metrics.update(
     grad_norm=grad_norm,
     param_norm=_global_norm(new_params),
-    learning_rate=schedule(state.step),
+    learning_rate=schedule(applied_count(state)),  # the rate this update applied
     nonfinite=1.0 - finite.astype(jnp.float32),
   )
   return new_state, metrics

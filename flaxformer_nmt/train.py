@@ -154,9 +154,18 @@ class Run:
     self.tx, self.schedule = optim.make_optimizer(config.optim, self.model_cfg.d_model)
 
   def initial_state(self) -> steps.TrainState:
+    """The state at step 0: freshly initialised parameters, Adam's zeros (host arrays)."""
+    return jax.device_get(self._make_initial_state())
+
+  def _make_initial_state(self) -> steps.TrainState:
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(self.config.seed))
     params = jax.jit(init_params, static_argnums=0)(self.model_cfg, init_rng)
-    return jax.device_get(steps.create_train_state(params, self.tx, dropout_rng))
+    return steps.create_train_state(params, self.tx, dropout_rng)
+
+  def abstract_state(self) -> steps.TrainState:
+    """The train state's structure, shapes and dtypes, allocating nothing: the template a resume
+    restores into (the real initial state of big is ~2.5 GB of host memory thrown away)."""
+    return jax.eval_shape(self._make_initial_state)
 
   def abstract_params(self) -> Any:
     return jax.eval_shape(lambda rng: init_params(self.model_cfg, rng), jax.random.PRNGKey(0))
@@ -238,10 +247,11 @@ class Trainer:
       every_steps=config.checkpoint_every_steps,
       every_secs=config.checkpoint_every_secs,
     )
-    state = run.initial_state()
-    restored = self.checkpoints.restore(state)
+    restored = self.checkpoints.restore(run.abstract_state())
     trained_seconds = 0.0
-    if restored is not None:
+    if restored is None:
+      state = run.initial_state()
+    else:
       state, data_state, step = restored
       _restore_data_state(run.data.train, data_state)
       trained_seconds = float(data_state.get("train_seconds", 0.0))

@@ -1,5 +1,6 @@
 """A shortened demo run, in process: the loss falls, checkpoints and TensorBoard files appear."""
 
+import functools
 import json
 import logging
 import os
@@ -7,9 +8,12 @@ import pathlib
 import re
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from flaxformer_nmt import config_lib, errors, train
+from flaxformer_nmt import config_lib, errors, losses, optim, steps, train
+from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
 
 import helpers
 
@@ -103,9 +107,16 @@ def test_bfloat16_demo_trains_close_to_float32_with_float32_state(
 
 
 def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
-  trained_demo, tmp_path, tiny_config, caplog
+  trained_demo, tmp_path, tiny_config, caplog, monkeypatch
 ):
-  """A run killed between saving step 60 and evaluating it: rerunning fills the hole."""
+  """A run killed between saving step 60 and evaluating it: rerunning fills the hole. The resume
+  restores into the state's abstract shapes: no initial parameters and Adam zeros are built only
+  to be overwritten (for big, ~2.5 GB of host memory per process)."""
+
+  def no_initial_state(self):
+    raise AssertionError("a resume built the initial train state")
+
+  monkeypatch.setattr(train.Run, "initial_state", no_initial_state)
   import shutil
 
   result, done = trained_demo
@@ -144,3 +155,43 @@ def test_average_and_translate_read_no_corpus(trained_demo, tmp_path):
   modes.translate(c, str(workdir), "auto", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"))
   out = (tmp_path / "out.txt").read_text().split("\n")
   assert len(out) == 4 and out[0] and out[1] == "" and out[2] and out[3] == ""
+
+
+def test_skipped_updates_log_the_learning_rate_actually_applied(monkeypatch):
+  """With skip_nonfinite, a skipped update leaves Adam's count (and so the schedule) behind the
+  step counter; the logged rate is the one the next update applies, schedule(count)."""
+  poison = 63  # a target id that makes the loss NaN: the "bad batch"
+  real_loss = losses.label_smoothed_cross_entropy
+
+  def loss_with_poison(logits, targets, weights, smoothing):
+    loss_sum, nll_sum, tokens = real_loss(logits, targets, weights, smoothing)
+    return jnp.where(jnp.any(targets == poison), jnp.nan, loss_sum), nll_sum, tokens
+
+  monkeypatch.setattr(losses, "label_smoothed_cross_entropy", loss_with_poison)
+  c = config_lib.base_config("tiny")
+  cfg = TransformerConfig.from_config(c.model, 64)
+  c.optim.warmup_steps = 4
+  tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
+  state = steps.create_train_state(
+    init_params(cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
+  )
+  step = jax.pmap(
+    functools.partial(
+      steps.train_step, model=Transformer(cfg), tx=tx, schedule=schedule, label_smoothing=0.1,
+      axis_name="batch", skip_nonfinite=True,
+    ),
+    axis_name="batch",
+    devices=jax.local_devices()[:1],
+  )  # fmt: skip
+  good = {k: np.full((1, 2, 8), 5, np.int32) for k in ("inputs", "targets")}
+  bad = dict(good, targets=np.full_like(good["targets"], poison))
+  p_state = jax.tree.map(lambda x: np.asarray(x)[None], state)  # [1 device, ...]
+  rates = []
+  for batch in (bad, good, good):
+    p_state, metrics = step(p_state, batch)
+    rates.append((float(metrics["nonfinite"][0]), float(metrics["learning_rate"][0])))
+  assert [r[0] for r in rates] == [1.0, 0.0, 0.0] and int(p_state.step[0]) == 3
+  # Updates applied before each step: 0, 0 (the first was skipped), 1.
+  expected = [float(schedule(n)) for n in (0, 0, 1)]
+  np.testing.assert_allclose([r[1] for r in rates], expected, rtol=1e-6)
+  assert expected[1] != float(schedule(1))  # what the step counter would have said
