@@ -9,8 +9,9 @@ detokenized, 13a-tokenized score; a paper comparison needs the former, a compari
 literature the latter. We never write BLEU ourselves: both go through
 sacrebleu, and the Moses tokenizer is sacremoses' port of tokenizer.perl.
 
-`dev_loss`, `dev_bleu` and `test_scores` score a model (the BLEU ones decode on every device of
-every process); the training loop and `--mode=eval` call them.
+`dev_loss`, `dev_bleu` and `test_scores` score a model given only what they use: batches and an
+eval step, or sentence pairs and a `Translate` function (`run.Run.translator`, which decodes on
+every device of every process); the training loop and `--mode=eval` call them.
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ import json
 import os
 import re
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from absl import logging
 from sacrebleu.metrics import BLEU
 
-from flaxformer_nmt import files, parallel, translate
+from flaxformer_nmt import files, parallel
 from flaxformer_nmt.config_lib import COMPOUND_SPLITS
 
-if TYPE_CHECKING:
-  from flaxformer_nmt.train import Run
+# (source sentences, beam size) -> their translations: how a model is asked to translate.
+Translate = Callable[[Sequence[str], int], list[str]]
 
 # t2t's `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`. Perl without -C reads bytes, where
 # \S means "not ASCII whitespace"; re.ASCII gives Python the same \S (non-ASCII letters count as
@@ -144,10 +145,12 @@ def score_and_write(
 # Scoring a model: dev BLEU during training, both BLEUs on the test set.
 
 
-def dev_loss(run: Run, p_eval_step: Any, replicated_params: Any) -> dict[str, float]:
-  """Per-token dev loss, perplexity and accuracy over the whole dev set, in order."""
+def dev_loss(
+  batches: Iterable[dict[str, np.ndarray]], p_eval_step: Any, replicated_params: Any
+) -> dict[str, float]:
+  """Per-token dev loss, perplexity and accuracy over the whole dev set (`batches`), in order."""
   totals: dict[str, float] = {}
-  for batch in run.data.eval_batches("dev"):
+  for batch in batches:
     out = jax.tree.map(
       float, parallel.local_replica(p_eval_step(replicated_params, parallel.shard(batch)))
     )
@@ -163,69 +166,54 @@ def dev_loss(run: Run, p_eval_step: Any, replicated_params: Any) -> dict[str, fl
   }
 
 
-def dev_bleu(run: Run, replicated_params: Any) -> dict[str, float]:
-  """BLEU of greedy (by default) decoding on the first dev sentences: a cheap learning signal.
-
-  `replicated_params` are on every local device (the train state's); all processes decode.
-  """
-  n = run.config.eval.dev_bleu_sentences
-  pairs = run.data.pairs("dev")[:n]
+def dev_bleu(
+  pairs: Sequence[tuple[str, str]], translate_fn: Translate, beam_size: int
+) -> dict[str, float]:
+  """sacreBLEU of (greedy, by default) translations of dev `pairs`: a cheap learning signal."""
   if not pairs:
     return {}
-  hyps = translate.translate_lines(
-    [s for s, _ in pairs],
-    run.tokenizer,
-    run.model,
-    replicated_params,
-    run.config.decode,
-    max_src_len=run.config.data.max_len,
-    replicated=True,
-    beam_size=run.config.eval.dev_bleu_beam_size,
-  )
+  hyps = translate_fn([s for s, _ in pairs], beam_size)
   score, _ = sacrebleu_score(hyps, [r for _, r in pairs])
   return {"dev_bleu": score}
 
 
-def test_scores(run: Run, params: Any, tag: str, *, replicated: bool = False) -> dict[str, Any]:
-  """Decodes the test set greedily and with the configured beam, and scores both both ways.
+def test_scores(
+  pairs: Sequence[tuple[str, str]],
+  translate_fn: Translate,
+  *,
+  test_set: str,
+  beam_size: int,
+  beam_style: str,
+  tgt_lang: str,
+  compound_split: str,
+  out_dir: str,
+  tag: str,
+) -> dict[str, Any]:
+  """Translates the test `pairs` greedily and with `beam_size`, and scores both both ways.
 
   Every process decodes its share and scores the whole set; process 0 writes
-  `<workdir>/eval/test_<tag>_<greedy|beamK>.{hyp.txt,scores.json}`. The result names the test set
+  `<out_dir>/test_<tag>_<greedy|beamK>.{hyp.txt,scores.json}`. The result names the test set
   (e.g. `newstest2014` for the WMT14 configs), its size and how the tokenized BLEU was made.
   """
-  pairs = run.data.pairs("test")
-  test_set = run.data.split_name("test")
-  tgt_lang = run.config.data.tgt_lang
-  compound_split = splits_compounds(run.config.eval.compound_split, tgt_lang)
+  split = splits_compounds(compound_split, tgt_lang)
   sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
-  if not replicated:
-    params, replicated = parallel.replicate(params), True  # once for both searches
   out: dict[str, Any] = {
     "test_set": test_set,
     "test_sentences": len(pairs),
-    "beam_style": run.config.decode.beam_style,
-    "tokenized_bleu_method": tokenized_bleu_method(tgt_lang, compound_split),
+    "beam_style": beam_style,
+    "tokenized_bleu_method": tokenized_bleu_method(tgt_lang, split),
   }
-  for beam in sorted({1, run.config.decode.beam_size}):
+  for beam in sorted({1, beam_size}):
     start = time.monotonic()
-    hyps = translate.translate_lines(
-      sources,
-      run.tokenizer,
-      run.model,
-      params,
-      run.config.decode,
-      max_src_len=run.config.data.max_len,
-      replicated=replicated,
-      beam_size=beam,
-    )
+    hyps = translate_fn(sources, beam)
     name = "greedy" if beam == 1 else f"beam{beam}"
     scores = score_and_write(
       hyps,
       refs,
-      os.path.join(run.workdir, "eval"),
+      out_dir,
       f"test_{tag}_{name}",
       tgt_lang,
-      compound_split=compound_split,
+      compound_split=split,
       write=parallel.is_main_process(),
     )
     logging.info(

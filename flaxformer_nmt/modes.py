@@ -14,11 +14,14 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import accelerators, averaging, config_lib, files, parallel, reporting
-from flaxformer_nmt import evaluate as evaluate_lib
-from flaxformer_nmt import train as train_lib
+from flaxformer_nmt.run import Run, check_checkpoint_fits, check_workdir
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (or resumes, or returns a finished run's saved figures); see train.py."""
+  from flaxformer_nmt import train as train_lib  # the training loop: this mode only
+
+  config_lib.validate(config)
   accelerators.warn_if_unused()
   result = train_lib.train_and_evaluate(config, workdir)
   reporting.write_result(workdir, result)
@@ -27,13 +30,13 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 def _inference_run(
   config: ml_collections.ConfigDict, workdir: str, which: str, data: str
-) -> tuple[train_lib.Run, object, str]:
+) -> tuple[Run, object, str]:
   config_lib.validate(config)
-  train_lib.check_workdir(workdir)
+  check_workdir(workdir)
   accelerators.warn_if_unused()
   which = averaging.resolve_inference_source(workdir, which)  # none: fail before any work
-  train_lib.check_checkpoint_fits(config, workdir, averaging.inference_dir(workdir, which))
-  run = train_lib.Run(config, workdir, data=data)
+  check_checkpoint_fits(config, workdir, averaging.inference_dir(workdir, which))
+  run = Run(config, workdir, data=data)
   params, description = averaging.load_inference_params(workdir, run.abstract_params(), which)
   logging.info("Using %s.", description)
   return run, params, description
@@ -44,7 +47,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> dic
   run, params, description = _inference_run(config, workdir, which, data="test")
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
   result = {"mode": "eval", "checkpoint": description}
-  result.update(evaluate_lib.test_scores(run, params, tag=tag))
+  result.update(run.test_scores(params, tag))
   reporting.write_result(workdir, result)
   return result
 
@@ -117,7 +120,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   vocabulary into the workdir; see prepare.py."""
   from flaxformer_nmt import prepare as prepare_lib
 
-  train_lib.check_workdir(workdir)
+  config_lib.validate(config)
+  check_workdir(workdir)
   accelerators.warn_if_unused()
   result = prepare_lib.prepare(config, workdir, jax.process_count())
   reporting.write_result(workdir, result)
@@ -164,10 +168,10 @@ def average(
 ) -> dict[str, Any]:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
   config_lib.validate(config)
-  train_lib.check_workdir(workdir)
+  check_workdir(workdir)
   averaging.check_num_checkpoints(workdir, num_checkpoints)  # before any work
   accelerators.warn_if_unused()
-  run = train_lib.Run(config, workdir, data="none")
+  run = Run(config, workdir, data="none")
   params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
   path = averaging.save_averaged(workdir, params, steps)
   result = {"mode": "average", "steps": steps, "path": path, "num_checkpoints": len(steps)}

@@ -23,7 +23,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import config_lib, errors
+from flaxformer_nmt import errors
 from flaxformer_nmt.data import download, pipeline, sources
 
 INSTALL_HINT = 'pip install -e ".[prepare]"'
@@ -72,7 +72,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, process_count: int)
 
   Run it once, on one host: the build writes one shared dataset directory.
   """
-  config_lib.validate(config)
   if process_count > 1:
     raise errors.ConfigError(
       f"--mode=prepare runs in {process_count} processes; run it once, on one host (it writes "

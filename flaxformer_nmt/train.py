@@ -27,10 +27,8 @@ from absl import logging
 
 from flaxformer_nmt import (
   checkpoint,
-  config_lib,
   errors,
   files,
-  optim,
   parallel,
   reporting,
   steps,
@@ -38,42 +36,8 @@ from flaxformer_nmt import (
 )
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import evaluate as evaluate_lib
-from flaxformer_nmt import tokenizer as tokenizer_lib
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
 from flaxformer_nmt.preemption import PreemptionGuard
-
-
-def check_workdir(workdir: str) -> None:
-  """ConfigError if `--workdir` names something other than a directory (before any work)."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise errors.ConfigError(f"--workdir={workdir} exists and is not a directory.")
-
-
-def prepare_workdir(workdir: str) -> None:
-  check_workdir(workdir)
-  os.makedirs(workdir, exist_ok=True)
-
-
-def check_checkpoint_fits(config: ml_collections.ConfigDict, workdir: str, directory: str) -> None:
-  """CheckpointMismatchError, before any data is read, if `directory`'s newest checkpoint holds
-  another model (e.g. trained as base, resumed with the big config). Nothing if it holds none.
-
-  Only parameter names and shapes are compared, from the checkpoint's metadata; a checkpoint whose
-  metadata cannot be read is left to the restore (which falls back past a corrupt one).
-  """
-  reader = checkpoint.CheckpointDir(directory)
-  steps_saved = reader.steps()
-  if not steps_saved:
-    return
-  tokenizer = tokenizer_lib.load_tokenizer(config.data, workdir)  # the run's: it exists
-  model_cfg = TransformerConfig.from_config(
-    config.model, tokenizer.vocab_size, auto_dtype=parallel.auto_dtype()
-  )
-  params = jax.eval_shape(lambda rng: init_params(model_cfg, rng), jax.random.PRNGKey(0))
-  try:
-    reader.check_matches(steps_saved[-1], {"params": checkpoint.state_dict(params)})
-  except checkpoint.Unreadable:
-    pass
+from flaxformer_nmt.run import Run, check_checkpoint_fits, prepare_workdir
 
 
 def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
@@ -110,65 +74,6 @@ def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str
     with open(reporting.result_path(workdir, "train")) as f:
       found = json.load(f)
   return found
-
-
-class Run:
-  """The pieces every mode needs: data, tokenizer, model, optimizer, checkpoints.
-
-  `data` says how much of the corpora a mode reads: "train" (training: all splits, tokenized),
-  "eval" (dev and test text, for BLEU), "test" (`--mode=eval`: the test text only) or "none"
-  (average, translate: the vocabulary only).
-  """
-
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, data: str) -> None:
-    config_lib.validate(config)
-    prepare_workdir(workdir)
-    self.config = config
-    self.workdir = workdir
-    self.data = None
-    if data == "none":
-      self.tokenizer = tokenizer_lib.load_tokenizer(config.data, workdir)
-    else:
-      self.data = data_lib.make_data(
-        config,
-        workdir,
-        num_devices=jax.device_count(),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        need_train=data == "train",
-        accumulate_steps=config.optim.accumulate_steps,
-        eval_splits=("test",) if data == "test" else ("dev", "test"),
-      )
-      self.tokenizer = self.data.tokenizer
-    self.model_cfg = TransformerConfig.from_config(
-      config.model, self.tokenizer.vocab_size, auto_dtype=parallel.auto_dtype()
-    )
-    logging.info(
-      "Model: %s size, %s matrix products (config.model.dtype=%s)%s; parameters float32.",
-      config.model.size,
-      np.dtype(self.model_cfg.dtype).name,
-      config.model.dtype,
-      ", rematerialised layers" if self.model_cfg.remat else "",
-    )
-    self.model = Transformer(self.model_cfg)
-    self.tx, self.schedule = optim.make_optimizer(config.optim, self.model_cfg.d_model)
-
-  def initial_state(self) -> steps.TrainState:
-    """The state at step 0: freshly initialised parameters, Adam's zeros (host arrays)."""
-    return jax.device_get(self._make_initial_state())
-
-  def _make_initial_state(self) -> steps.TrainState:
-    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(self.config.seed))
-    params = jax.jit(init_params, static_argnums=0)(self.model_cfg, init_rng)
-    return steps.create_train_state(params, self.tx, dropout_rng)
-
-  def abstract_state(self) -> steps.TrainState:
-    """The train state's structure, shapes and dtypes, allocating nothing: the template a resume
-    restores into (the real initial state of big is ~2.5 GB of host memory thrown away)."""
-    return jax.eval_shape(self._make_initial_state)
-
-  def abstract_params(self) -> Any:
-    return jax.eval_shape(lambda rng: init_params(self.model_cfg, rng), jax.random.PRNGKey(0))
 
 
 def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -339,8 +244,11 @@ class Trainer:
     self.flush()
     start = time.monotonic()
     dev = {"train_minutes": self.clock.seconds() / 60.0}
-    dev.update(evaluate_lib.dev_loss(self.run, self.p_eval_step, self.p_state.params))
-    dev.update(evaluate_lib.dev_bleu(self.run, self.p_state.params))
+    params, c = self.p_state.params, self.config
+    dev.update(evaluate_lib.dev_loss(self.run.data.eval_batches("dev"), self.p_eval_step, params))
+    dev_pairs = self.run.data.pairs("dev")[: c.eval.dev_bleu_sentences]
+    translate_fn = self.run.translator(params, replicated=True)
+    dev.update(evaluate_lib.dev_bleu(dev_pairs, translate_fn, c.eval.dev_bleu_beam_size))
     logging.info(
       "step %d  %s  (%.1fs)",
       self.step,
@@ -387,8 +295,10 @@ class Trainer:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (resuming from the workdir's latest checkpoint) and returns the final figures."""
-  config_lib.validate(config)
+  """Trains (resuming from the workdir's latest checkpoint) and returns the final figures.
+
+  `config` is validated (`modes.train`, the entry of the command and of the API, does it once).
+  """
   prepare_workdir(workdir)
   with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
     saved = finished_result(config, workdir)
@@ -439,9 +349,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       result: dict[str, Any] = {"mode": "train", "step": trainer.step, **trainer.last_dev}
       # The training figures are on disk before the (long) test decoding starts.
       reporting.write_result(workdir, dict(result, test="pending"), echo=False)
-      result.update(
-        evaluate_lib.test_scores(
-          run, trainer.p_state.params, tag=f"step{trainer.step}", replicated=True
-        )
-      )
+      result.update(run.test_scores(trainer.p_state.params, f"step{trainer.step}", replicated=True))
   return result

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import pathlib
-import runpy
 import subprocess
 import sys
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+
+from flaxformer_nmt import config_files
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K
@@ -51,7 +52,7 @@ def demo_config(**overrides: Any) -> ml_collections.ConfigDict:
 
   `overrides` are dotted field names with `__` for the dots: `model__dtype="float32"`.
   """
-  c = runpy.run_path(str(REPO / "configs" / "demo.py"))["get_config"]()
+  c = config_files.load("demo")
   c.num_train_steps = 60
   c.log_every_steps = 10
   c.eval_every_steps = 60

@@ -1,18 +1,15 @@
 """Every experiment config loads, picks the paper's values, and overrides reach the model."""
 
-import pathlib
 import re
-import runpy
 
 import pytest
 
-from flaxformer_nmt import config_lib, errors
-
-CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+from flaxformer_nmt import config_files, config_lib, errors
 
 
 def load(name: str, *args: str):
-  return runpy.run_path(str(CONFIGS / f"{name}.py"))["get_config"](*args)
+  """The config as main.py and the API load it (`name:arg`)."""
+  return config_files.load(":".join([name, *args]))
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import averaging, errors, export, translate
-from flaxformer_nmt import train as train_lib
+from flaxformer_nmt import run as run_lib
 
 import helpers
 
@@ -33,7 +33,7 @@ def exported(trained_demo, tmp_path_factory):
   assert result["files"] == ["config.json", "model.bin", "shared_vocabulary.json", "spm.model"]
   assert json.loads((work / "export_result.json").read_text())["output"] == str(out)
   config = helpers.demo_config(model__dtype="float32")
-  run = train_lib.Run(config, str(work), data="eval")
+  run = run_lib.Run(config, str(work), data="eval")
   params, _ = averaging.load_inference_params(str(work), run.abstract_params(), "latest")
   return run, params, str(out)
 

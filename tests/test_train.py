@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import config_lib, errors, losses, optim, steps, train
+from flaxformer_nmt import config_lib, errors, losses, modes, optim, steps, train
+from flaxformer_nmt import run as run_lib
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
 
 import helpers
@@ -70,7 +71,7 @@ def test_bad_config_values_fail_before_any_work(tmp_path, field, value, message)
   c = config_lib.base_config("tiny")
   c[field] = value
   with pytest.raises(errors.ConfigError, match=re.escape(message)):
-    train.train_and_evaluate(c, str(tmp_path / "w"))
+    modes.train(c, str(tmp_path / "w"))  # the entry of the command and of the API
   assert not (tmp_path / "w").exists()  # nothing was created
 
 
@@ -116,7 +117,7 @@ def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
   def no_initial_state(self):
     raise AssertionError("a resume built the initial train state")
 
-  monkeypatch.setattr(train.Run, "initial_state", no_initial_state)
+  monkeypatch.setattr(run_lib.Run, "initial_state", no_initial_state)
   import shutil
 
   result, done = trained_demo
@@ -141,13 +142,11 @@ def test_average_and_translate_read_no_corpus(trained_demo, tmp_path):
   """Modes that need only the vocabulary and a checkpoint work with the corpus gone."""
   import shutil
 
-  from flaxformer_nmt import modes
-
   _, done = trained_demo
   workdir = tmp_path / "w"
   shutil.copytree(done, workdir)
   c = helpers.demo_config(data__source="files", data__dir=str(tmp_path / "gone"))
-  run = train.Run(c, str(workdir), data="none")
+  run = run_lib.Run(c, str(workdir), data="none")
   assert run.data is None and run.tokenizer.vocab_size == c.data.vocab_size
   modes.average(c, str(workdir), 2)
   assert json.loads((workdir / "average_result.json").read_text())["steps"] == [30, 60]
