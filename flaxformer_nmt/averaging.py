@@ -3,7 +3,7 @@
 The paper averages the last 5 (base) or 20 (big) checkpoints; the mean is saved with orbax under
 `<workdir>/averaged/<step>` (named after the newest averaged step), next to the training
 checkpoints that `checkpoint.py` writes. `load_inference_params` picks one of the two. Everything
-here reads through `checkpoint.CheckpointDir` and writes through `checkpoint.write`.
+here reads through `checkpoint_reader.CheckpointDir` and writes through `checkpoint.write`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import checkpoint
+from flaxformer_nmt import checkpoint, checkpoint_reader
 from flaxformer_nmt.errors import CheckpointError
 
 PyTree = checkpoint.PyTree
@@ -32,7 +32,7 @@ def _is_float(x: np.ndarray) -> bool:
 
 def check_num_checkpoints(workdir: str, num_checkpoints: int) -> list[int]:
   """The steps `--num_checkpoints` would average; CheckpointError if there are not that many."""
-  steps = checkpoint.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
+  steps = checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
   if not 1 <= num_checkpoints <= len(steps):
     raise CheckpointError(
       f"--num_checkpoints={num_checkpoints}, but {checkpoint.checkpoint_dir(workdir)} holds "
@@ -51,15 +51,15 @@ def average_checkpoints(
   Sums are taken in float64 so the mean of K equal checkpoints is exactly that checkpoint.
   """
   chosen = check_num_checkpoints(workdir, num_checkpoints)
-  reader = checkpoint.CheckpointDir(checkpoint.checkpoint_dir(workdir))
+  reader = checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir))
   params_template = _params_template(template)
-  template_sd = {"params": checkpoint.state_dict(params_template)}
+  template_sd = {"params": checkpoint_reader.state_dict(params_template)}
   total: PyTree = None
   newest: PyTree = None
   for step in chosen:
     try:
       state_sd, _ = reader.read(step, template_sd)
-    except checkpoint.Unreadable as e:
+    except checkpoint_reader.Unreadable as e:
       raise CheckpointError(
         f"Cannot average: checkpoint {e.path} is unreadable ({e.reason})."
       ) from e
@@ -102,8 +102,8 @@ def resolve_inference_source(workdir: str, which: str = "auto") -> str:
   if which not in checkpoint.WHICH:
     raise ValueError(f"which must be one of {checkpoint.WHICH}, got {which!r}.")
   train_dir, avg_dir = checkpoint.checkpoint_dir(workdir), checkpoint.averaged_dir(workdir)
-  train_steps = checkpoint.CheckpointDir(train_dir).steps()
-  avg_steps = checkpoint.CheckpointDir(avg_dir).steps()
+  train_steps = checkpoint_reader.CheckpointDir(train_dir).steps()
+  avg_steps = checkpoint_reader.CheckpointDir(avg_dir).steps()
   if which == "averaged" and not avg_steps:
     raise CheckpointError(
       f"No averaged checkpoint in {avg_dir}; make one with --mode=average --num_checkpoints=K."
@@ -136,7 +136,7 @@ def inference_dir(workdir: str, which: str) -> str:
 
 def training_steps(workdir: str) -> list[int]:
   """Steps of the training checkpoints in `workdir`, oldest first."""
-  return checkpoint.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
+  return checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
 
 
 def load_inference_params(
@@ -149,10 +149,10 @@ def load_inference_params(
   A corrupt newest checkpoint falls back to the previous one with a warning; nothing is moved.
   """
   which = resolve_inference_source(workdir, which)
-  reader = checkpoint.CheckpointDir(inference_dir(workdir, which))
+  reader = checkpoint_reader.CheckpointDir(inference_dir(workdir, which))
   params_template = _params_template(template_params)
   found = reader.newest_readable(
-    {"params": checkpoint.state_dict(params_template)}, with_data=which == "averaged"
+    {"params": checkpoint_reader.state_dict(params_template)}, with_data=which == "averaged"
   )
   assert found is not None  # steps were listed above
   step, state_sd, info = found

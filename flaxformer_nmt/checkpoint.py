@@ -28,8 +28,8 @@ What that takes here:
 Layout under a workdir: `checkpoints/<step>/` (training) and `averaged/<step>/` (the mean of the
 last K training checkpoints' params, named after the newest of them), both orbax step directories
 with a `state` item and a `data` item (the averaged one stores `{"params": ...}` and a description).
-`Checkpointer` writes the first during training; `CheckpointDir` reads either; `write` writes one
-step at once (averaging).
+`Checkpointer` writes the first during training; `checkpoint_reader.CheckpointDir` reads either;
+`write` writes one step at once (averaging).
 
 Multi-process runs (`jax.distributed`): every process calls `save` and `restore`; orbax writes numpy
 arrays and JSON from process 0 only, and synchronises the processes around each save. Which step
@@ -48,7 +48,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax.serialization
@@ -59,53 +59,19 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from flaxformer_nmt.errors import CheckpointError, CheckpointMismatchError
+from flaxformer_nmt.checkpoint_reader import (
+  DATA_ITEM,
+  STATE_ITEM,
+  UNREADABLE,
+  CheckpointDir,
+  PyTree,
+  open_manager,
+  state_dict,
+)
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
-UNREADABLE = "unreadable"
-_STATE = "state"  # orbax item: the train state's PyTree (or {"params": ...} when averaged)
-_DATA = "data"  # orbax item: JSON (input position, training time; the averaging description)
 WHICH = ("auto", "latest", "averaged")
-# Waits before the second and third attempt at a read that failed without showing corruption.
-RETRY_DELAYS_S = (1.0, 5.0)
-# Status codes (tensorstore) and messages with which a checkpoint's own files show it is damaged.
-# A missing file (NOT_FOUND, "No such file") is not among them: see the module docstring.
-_CORRUPTION_SIGNS = (
-  "DATA_LOSS",
-  "OUT_OF_RANGE",
-  "Expecting value",
-  "JSONDecodeError",
-  "checksum",
-)
-_MISSING_SIGNS = ("NOT_FOUND", "No such file", "is missing")
-
-PyTree = Any
-
-
-class Unreadable(CheckpointError):
-  """A checkpoint that exists but cannot be read. `corrupt`: its own files show damage."""
-
-  def __init__(self, path: epath.Path, cause: object, *, corrupt: bool) -> None:
-    self.path = path
-    self.reason = " ".join(str(cause).split())[:300] or type(cause).__name__
-    self.corrupt = corrupt
-    self.missing = isinstance(cause, FileNotFoundError) or any(
-      sign in str(cause) for sign in _MISSING_SIGNS
-    )
-    super().__init__(f"{path}: {self.reason}")
-
-
-def _shows_corruption(e: BaseException) -> bool:
-  """Positive evidence that a file which is present is damaged (never a missing file)."""
-  if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
-    return True
-  if isinstance(e, OSError):
-    return False  # ENOENT, EIO, ETIMEDOUT, ESTALE...: the storage, not the checkpoint
-  message = str(e)
-  if any(sign in message for sign in _MISSING_SIGNS):
-    return False
-  return any(sign in message for sign in _CORRUPTION_SIGNS)
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -116,18 +82,6 @@ def checkpoint_dir(workdir: str) -> str:
 def averaged_dir(workdir: str) -> str:
   """Where `averaging.save_averaged` writes the averaged parameters of `workdir`."""
   return str(epath.Path(workdir) / AVERAGED)
-
-
-# ----------------------------------------------------------------------------- pytree helpers
-
-
-def state_dict(tree: PyTree) -> PyTree:
-  """Plain nested dicts (dataclass fields, optax namedtuples by name, tuples by index).
-
-  Storing this rather than the Python objects keeps checkpoints readable if TrainState or optax's
-  state classes change, and gives parameter paths like `params/encoder/layer_0/...` in errors.
-  """
-  return flax.serialization.to_state_dict(tree)
 
 
 def _host_leaf(x: Any) -> np.ndarray:
@@ -142,301 +96,13 @@ def _host_leaf(x: Any) -> np.ndarray:
   return np.array(x)
 
 
-def _abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
-  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-  return jax.ShapeDtypeStruct(np.shape(x), dtype)
-
-
-def _path_str(path: Sequence[Any]) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
-
-
-def _flatten(tree: PyTree, *, metadata: bool = False) -> dict[str, Any]:
-  """`{"params/encoder/...": leaf}`; for orbax metadata trees, every non-container is a leaf."""
-  is_leaf = (lambda x: not isinstance(x, (dict, list, tuple))) if metadata else None
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-  return {_path_str(path): leaf for path, leaf in flat}
-
-
-def _check_matches(ckpt: epath.Path, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
-  """Raises CheckpointMismatchError naming the first parameter whose name or shape differs.
-
-  `params/...` are checked first: a user who changed the model size wants to hear about a weight
-  matrix, not about the Adam moment that happens to sort first.
-  """
-  order = [p for p in wanted if p.startswith("params/")]
-  order += [p for p in wanted if not p.startswith("params/")]
-  hint = "was it trained with another --config or model size?"
-  for path in order:
-    want = tuple(wanted[path].shape)
-    if path not in saved:
-      raise CheckpointMismatchError(
-        f"Checkpoint {ckpt} does not match the model: it has no {path} (shape {want} in the "
-        f"model); {hint}"
-      )
-    have = tuple(getattr(saved[path], "shape", ()) or ())
-    if have != want:
-      raise CheckpointMismatchError(
-        f"Checkpoint {ckpt} does not match the model: {path} has shape {have} in the checkpoint "
-        f"but {want} in the model; {hint}"
-      )
-  extra = [p for p in saved if p not in wanted]
-  if extra:
-    shape = tuple(getattr(saved[extra[0]], "shape", ()) or ())
-    raise CheckpointMismatchError(
-      f"Checkpoint {ckpt} does not match the model: it has {extra[0]} (shape {shape}), which the "
-      f"model lacks; {hint}"
-    )
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def _manager(
-  directory: epath.Path, *, keep: int | None = None, read_only: bool = False
-) -> ocp.CheckpointManager:
-  """An orbax manager with our two items; read-only managers create and clean nothing.
-
-  A read-only manager is this process's own: orbax's restore ends in a barrier across the
-  processes of the job, which would make a read that one process does alone (process 0 choosing
-  the step to resume) wait forever. Reads share nothing between processes, so none is needed.
-  """
-  directory = epath.Path(os.path.abspath(directory))  # orbax rejects relative paths
-  local = ocp.options.MultiprocessingOptions(
-    primary_host=jax.process_index(), active_processes={jax.process_index()}
-  )
-  options = ocp.CheckpointManagerOptions(
-    max_to_keep=keep,
-    save_interval_steps=0 if read_only else 1,  # our own `due` decides; orbax is forced
-    create=not read_only,
-    read_only=read_only,
-    cleanup_tmp_directories=not read_only,
-    enable_async_checkpointing=not read_only,
-    **({"multiprocessing_options": local} if read_only else {}),
-  )
-  return ocp.CheckpointManager(
-    directory,
-    options=options,
-    item_handlers={_STATE: ocp.PyTreeCheckpointHandler(), _DATA: ocp.JsonCheckpointHandler()},
-  )
-
-
-def _with_retries(path: epath.Path, read: Callable[[], Any]) -> Any:
-  """`read()`, retried after a failure that does not show corruption; Unreadable in the end."""
-  for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
-    try:
-      return read()
-    except CheckpointMismatchError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except  (classified right here)
-      corrupt = _shows_corruption(e)
-      if corrupt or delay is None:
-        raise Unreadable(path, e, corrupt=corrupt) from e
-      logging.warning(
-        "Reading %s failed (%s); attempt %d of %d in %.0fs.",
-        path,
-        " ".join(str(e).split())[:200],
-        attempt + 2,
-        len(RETRY_DELAYS_S) + 1,
-        delay,
-      )
-      time.sleep(delay)
-  raise AssertionError("unreachable")
-
-
-class CheckpointDir:
-  """Reads the orbax step directories under one folder (training checkpoints, or averaged ones).
-
-  Read-only: it creates, cleans and moves nothing, so it is safe beside a training job.
-  """
-
-  def __init__(self, directory: str) -> None:
-    self.directory = epath.Path(os.path.abspath(directory))
-    self._manager: ocp.CheckpointManager | None = None
-
-  @property
-  def manager(self) -> ocp.CheckpointManager | None:
-    if self._manager is None and self.directory.is_dir():
-      self._manager = _manager(self.directory, read_only=True)
-    return self._manager
-
-  def steps(self) -> list[int]:
-    """Committed steps, oldest first (none if the folder does not exist)."""
-    return sorted(self.manager.all_steps()) if self.manager is not None else []
-
-  def path(self, step: int) -> epath.Path:
-    return self.directory / str(step)
-
-  def read(self, step: int, template: PyTree, *, with_data: bool = False) -> tuple[PyTree, Any]:
-    """(arrays shaped like `template`, the JSON item or None) of one step, as host numpy.
-
-    `template` is a state dict (nested dicts: `state_dict(...)`), possibly a subtree of what was
-    saved (e.g. `{"params": ...}`); leaves may be arrays or jax.ShapeDtypeStruct. Raises
-    CheckpointMismatchError (from metadata, before reading arrays) or Unreadable.
-    """
-    path, manager = self.path(step), self.manager
-    items_wanted = (_STATE, _DATA) if with_data else (_STATE,)
-
-    def require_items() -> None:
-      for item in items_wanted:
-        if not (path / item).is_dir():
-          raise FileNotFoundError(f"its {item}/ directory is missing")
-
-    _with_retries(path, require_items)
-    self.check_matches(step, template)
-
-    abstract = jax.tree.map(_abstract_leaf, template)
-    restore_args = jax.tree.map(
-      lambda a: ocp.RestoreArgs(restore_type=np.ndarray, dtype=a.dtype), abstract
-    )
-    items = {
-      _STATE: ocp.args.PyTreeRestore(abstract, restore_args=restore_args, partial_restore=True)
-    }
-    if with_data:
-      items[_DATA] = ocp.args.JsonRestore()
-    restored = _with_retries(path, lambda: manager.restore(step, args=ocp.args.Composite(**items)))
-    return restored[_STATE], (restored[_DATA] if with_data else None)
-
-  def check_matches(self, step: int, template: PyTree) -> None:
-    """CheckpointMismatchError if `step`'s parameter names or shapes differ from `template`'s.
-
-    Reads the metadata only (no arrays), so a resume or an evaluation with the wrong --config
-    stops before any data is read. Unreadable if the metadata cannot be read.
-    """
-    path = self.path(step)
-
-    def read_metadata() -> Any:
-      metadata = self.manager.item_metadata(step)[_STATE]
-      if metadata is None:
-        raise FileNotFoundError("its array metadata (state/_METADATA) is missing")
-      return metadata
-
-    metadata = _with_retries(path, read_metadata)
-    saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
-    wanted = _flatten(template)
-    prefixes = {p.split("/")[0] for p in wanted}
-    saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}
-    _check_matches(path, saved, wanted)
-
-  def newest_readable(
-    self,
-    template: PyTree,
-    *,
-    with_data: bool,
-    on_corrupt: Callable[[int, epath.Path], str] | None = None,
-  ) -> tuple[int, PyTree, Any] | None:
-    """(step, tree, data) of the newest step that reads; None if there is none at all.
-
-    A corrupt step is passed to `on_corrupt` (which may move it and says how in its return value)
-    and skipped with a warning naming it; any other failure is a CheckpointError, nothing moved.
-    In a multi-process run process 0 alone looks for that step (and sets corrupt ones aside), then
-    every process reads the step it found, or all stop with one line.
-    """
-    if jax.process_count() == 1:
-      return self._newest_readable_here(template, with_data=with_data, on_corrupt=on_corrupt)
-    return self._newest_readable_agreed(template, with_data=with_data, on_corrupt=on_corrupt)
-
-  def _newest_readable_here(
-    self,
-    template: PyTree,
-    *,
-    with_data: bool,
-    on_corrupt: Callable[[int, epath.Path], str] | None,
-  ) -> tuple[int, PyTree, Any] | None:
-    steps = self.steps()[::-1]
-    if not steps:
-      return None
-    bad: list[int] = []
-    for step in steps:
-      try:
-        tree, data = self.read(step, template, with_data=with_data)
-      except Unreadable as e:
-        if not e.corrupt:
-          raise CheckpointError(_not_moved_message(e, self.directory)) from e
-        moved = on_corrupt(step, e.path) if on_corrupt else ""
-        logging.warning(
-          "Checkpoint %s is corrupt (%s)%s; falling back to the previous one.",
-          e.path,
-          e.reason,
-          moved,
-        )
-        bad.append(step)
-        continue
-      if bad:
-        logging.warning(
-          "Resuming from step %d, not from the corrupt step %s: %d steps will be trained again.",
-          step,
-          ", ".join(map(str, bad)),
-          bad[0] - step,
-        )
-      return step, tree, data
-    raise CheckpointError(
-      f"None of the {len(steps)} checkpoints in {self.directory} could be read (corrupt: steps "
-      f"{', '.join(map(str, bad))}); see the warnings above."
-    )
-
-  def _newest_readable_agreed(
-    self,
-    template: PyTree,
-    *,
-    with_data: bool,
-    on_corrupt: Callable[[int, epath.Path], str] | None,
-  ) -> tuple[int, PyTree, Any] | None:
-    """`newest_readable` for several processes: process 0 chooses, everyone reads that step."""
-    found, failure = None, ""
-    if jax.process_index() == 0:
-      try:
-        found = self._newest_readable_here(template, with_data=with_data, on_corrupt=on_corrupt)
-      except CheckpointError as e:
-        failure = str(e)
-    code = -2 if failure else (found[0] if found else -1)
-    chosen = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
-    if self.manager is not None:
-      self.manager.reload()  # what process 0 set aside
-    if chosen == -2:
-      raise CheckpointError(
-        failure or f"Process 0 could not restore from {self.directory}: see its log."
-      )
-    if chosen == -1:
-      return None
-    if found is None:
-      try:
-        found = (chosen, *self.read(chosen, template, with_data=with_data))
-      except Unreadable as e:
-        failure = _not_moved_message(e, self.directory)
-    failed = np.asarray(multihost_utils.process_allgather(np.asarray(bool(failure)))).reshape(-1)
-    if failed.any():
-      which = ", ".join(str(i) for i in np.flatnonzero(failed))
-      raise CheckpointError(
-        failure
-        or f"Process(es) {which} could not read checkpoint {self.path(chosen)}, which process 0 "
-        "restores (see their logs); nothing was moved."
-      )
-    return found
-
-
-def _not_moved_message(e: Unreadable, directory: epath.Path) -> str:
-  """The one line for a checkpoint that failed to read without showing damage."""
-  if e.missing:
-    return (
-      f"Could not read checkpoint {e.path} after {len(RETRY_DELAYS_S) + 1} attempts ({e.reason}). "
-      "A missing file is not taken as damage (shared storage can be late to show one), so "
-      "nothing was moved: rerun when the storage shows it, or move the step into "
-      f"{directory / UNREADABLE} to resume from the previous checkpoint."
-    )
-  return (
-    f"Could not read checkpoint {e.path} after {len(RETRY_DELAYS_S) + 1} attempts ({e.reason}); "
-    "its files look intact, so nothing was moved. Rerun when the storage answers."
-  )
-
-
 def write(directory: str, step: int, tree: PyTree, data: Any, *, replace: bool = False) -> str:
   """Writes one step (`tree`'s arrays as host numpy, `data` as JSON) and waits until it is on disk.
 
   `replace` first deletes an existing step of that number. Returns the step's path. Every process
   of a multi-process run calls it (orbax writes from process 0).
   """
-  manager = _manager(epath.Path(directory))
+  manager = open_manager(epath.Path(directory))
   try:
     if step in manager.all_steps():
       if not replace:
@@ -447,7 +113,7 @@ def write(directory: str, step: int, tree: PyTree, data: Any, *, replace: bool =
     manager.save(
       step,
       args=ocp.args.Composite(
-        **{_STATE: ocp.args.PyTreeSave(host), _DATA: ocp.args.JsonSave(data)}
+        **{STATE_ITEM: ocp.args.PyTreeSave(host), DATA_ITEM: ocp.args.JsonSave(data)}
       ),
       force=True,
     )
@@ -475,7 +141,7 @@ class Checkpointer:
     self._directory = epath.Path(os.path.abspath(directory))  # `--workdir=runs/x` is relative
     self._every_steps = every_steps
     self._every_secs = float(every_secs)
-    self._manager = _manager(self._directory, keep=keep)
+    self._manager = open_manager(self._directory, keep=keep)
     self._reader = CheckpointDir(str(self._directory))  # reads with its own, local manager
     self._last_save_time = time.monotonic()
     self._closed = False
@@ -543,7 +209,7 @@ class Checkpointer:
     self._manager.save(
       step,
       args=ocp.args.Composite(
-        **{_STATE: ocp.args.PyTreeSave(host_state), _DATA: ocp.args.JsonSave(data)}
+        **{STATE_ITEM: ocp.args.PyTreeSave(host_state), DATA_ITEM: ocp.args.JsonSave(data)}
       ),
       force=True,
     )

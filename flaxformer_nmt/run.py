@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import checkpoint, errors, evaluate, optim, parallel, steps, translate
+from flaxformer_nmt import checkpoint_reader, errors, evaluate, optim, parallel, steps, translate
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import tokenizer as tokenizer_lib
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
@@ -41,7 +41,7 @@ def check_checkpoint_fits(config: ml_collections.ConfigDict, workdir: str, direc
   Only parameter names and shapes are compared, from the checkpoint's metadata; a checkpoint whose
   metadata cannot be read is left to the restore (which falls back past a corrupt one).
   """
-  reader = checkpoint.CheckpointDir(directory)
+  reader = checkpoint_reader.CheckpointDir(directory)
   steps_saved = reader.steps()
   if not steps_saved:
     return
@@ -51,8 +51,8 @@ def check_checkpoint_fits(config: ml_collections.ConfigDict, workdir: str, direc
   )
   params = jax.eval_shape(lambda rng: init_params(model_cfg, rng), jax.random.PRNGKey(0))
   try:
-    reader.check_matches(steps_saved[-1], {"params": checkpoint.state_dict(params)})
-  except checkpoint.Unreadable:
+    reader.check_matches(steps_saved[-1], {"params": checkpoint_reader.state_dict(params)})
+  except checkpoint_reader.Unreadable:
     pass
 
 

@@ -27,6 +27,7 @@ from absl import logging
 
 from flaxformer_nmt import (
   checkpoint,
+  checkpoint_reader,
   errors,
   files,
   parallel,
@@ -66,7 +67,7 @@ def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str
       and not saved.get("preempted")
     )
     if complete and same_config:
-      saved_steps = checkpoint.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
+      saved_steps = checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
       found = saved if saved_steps and saved_steps[-1] == saved["step"] else None
   if not parallel.broadcast_from_main(found is not None):
     return None

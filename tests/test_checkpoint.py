@@ -16,7 +16,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from flaxformer_nmt import averaging, checkpoint, errors, parallel, preemption
+from flaxformer_nmt import averaging, checkpoint, checkpoint_reader, errors, parallel, preemption
 from flaxformer_nmt.steps import TrainState
 
 import helpers
@@ -126,7 +126,7 @@ def test_one_save_decision_every_n_steps_or_every_s_seconds(tmp_path, monkeypatc
     assert not ckpt.save(14, make(14))  # the clock restarted at the forced save
     assert made == [5, 10, 12, 13]
     ckpt.wait_until_finished()
-  assert checkpoint.CheckpointDir(str(tmp_path)).steps() == [5, 10, 12, 13]
+  assert checkpoint_reader.CheckpointDir(str(tmp_path)).steps() == [5, 10, 12, 13]
 
 
 # Orbax's asyncio loop reports, at garbage collection, the tensorstore error it already raised.
@@ -166,7 +166,7 @@ def test_a_corrupt_latest_falls_back_with_a_warning_naming_it_and_its_cost(
 def test_a_missing_file_is_retried_never_taken_for_damage(tmp_path, monkeypatch, missing):
   """On eventually consistent storage a listed step can lack files for a while: no quarantine,
   no silent fall back to an older step; one line saying what to do."""
-  monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.0, 0.0))
+  monkeypatch.setattr(checkpoint_reader, "RETRY_DELAYS_S", (0.0, 0.0))
   with new_ckpt(tmp_path) as ckpt:
     states = save_steps(ckpt, [1, 2])
   bad = tmp_path / "2"
@@ -189,7 +189,7 @@ def test_a_missing_file_is_retried_never_taken_for_damage(tmp_path, monkeypatch,
 
 def test_a_file_that_shows_up_late_is_read_not_set_aside(tmp_path, monkeypatch):
   """GCS-FUSE/NFS: the step is listed before this host sees its array files; a retry finds them."""
-  monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.3, 0.3))
+  monkeypatch.setattr(checkpoint_reader, "RETRY_DELAYS_S", (0.3, 0.3))
   with new_ckpt(tmp_path) as ckpt:
     states = save_steps(ckpt, [1, 2])
   hidden = tmp_path / "hidden"
@@ -204,7 +204,7 @@ def test_a_file_that_shows_up_late_is_read_not_set_aside(tmp_path, monkeypatch):
 
 def test_a_failed_read_is_retried_and_moves_nothing(tmp_path, monkeypatch, caplog):
   """NFS/GCS have bad seconds: an I/O error is not evidence that the checkpoint is corrupt."""
-  monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.0, 0.0))
+  monkeypatch.setattr(checkpoint_reader, "RETRY_DELAYS_S", (0.0, 0.0))
   with new_ckpt(tmp_path) as ckpt:
     states = save_steps(ckpt, [1, 2])
   real_restore = ocp.CheckpointManager.restore
@@ -238,7 +238,7 @@ def test_no_readable_checkpoint_is_one_clear_error(tmp_path):
     states = save_steps(ckpt, [1])
   (tmp_path / "1" / "state" / "_METADATA").write_text("{not json")
   with new_ckpt(tmp_path) as ckpt:
-    with pytest.raises(checkpoint.CheckpointError, match="None of the 1 checkpoints"):
+    with pytest.raises(errors.CheckpointError, match="None of the 1 checkpoints"):
       ckpt.restore(abstract(states[1]))
 
 
@@ -246,7 +246,7 @@ def test_shape_mismatch_is_a_one_line_error_not_a_fallback(tmp_path):
   with new_ckpt(tmp_path) as ckpt:
     save_steps(ckpt, [1, 2], width=8)
   with new_ckpt(tmp_path) as ckpt:
-    with pytest.raises(checkpoint.CheckpointMismatchError) as info:
+    with pytest.raises(errors.CheckpointMismatchError) as info:
       ckpt.restore(abstract(make_state(0, width=16)))
     message = str(info.value)
     assert "\n" not in message
@@ -256,7 +256,7 @@ def test_shape_mismatch_is_a_one_line_error_not_a_fallback(tmp_path):
 
     renamed = make_state(0)
     renamed.params["dense"]["weight"] = renamed.params["dense"].pop("kernel")
-    with pytest.raises(checkpoint.CheckpointMismatchError, match="params/dense"):
+    with pytest.raises(errors.CheckpointMismatchError, match="params/dense"):
       ckpt.restore(abstract(renamed))
 
 
@@ -512,13 +512,13 @@ import os, sys
 import numpy as np
 import jax
 import orbax.checkpoint as ocp
-from flaxformer_nmt import checkpoint
+from flaxformer_nmt import checkpoint, checkpoint_reader
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(
     os.environ["JAX_COORDINATOR_ADDRESS"], 2, int(os.environ["JAX_PROCESS_ID"]))
 pid, directory = jax.process_index(), sys.argv[1]
-checkpoint.RETRY_DELAYS_S = (0.2, 0.2)
+checkpoint_reader.RETRY_DELAYS_S = (0.2, 0.2)
 state = {"params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "step": np.int32(4)}
 with checkpoint.Checkpointer(directory, keep=3, every_steps=0) as ckpt:
   for step in (4, 6):
@@ -528,8 +528,8 @@ ocp.multihost.sync_global_processes("saved")
 if pid == 1:
   # Eventually consistent storage, as seen from host 1: it lists step 6 late, and its first read
   # of step 6 finds a file missing.
-  real_steps, real_restore = checkpoint.CheckpointDir.steps, ocp.CheckpointManager.restore
-  checkpoint.CheckpointDir.steps = lambda self: [s for s in real_steps(self) if s < 6]
+  real_steps, real_restore = checkpoint_reader.CheckpointDir.steps, ocp.CheckpointManager.restore
+  checkpoint_reader.CheckpointDir.steps = lambda self: [s for s in real_steps(self) if s < 6]
   misses = [1]
 
   def late_restore(self, step, *args, **kwargs):
