@@ -1,13 +1,17 @@
 """Every mistake a user can make is one line (`error: ...`), exit status 2, and touches nothing.
 
-Each case runs `python main.py` as a user would. Where the workdir already holds a trained run,
-every file in it must be byte-for-byte and timestamp-for-timestamp as it was. All cases start at
-once (module fixture `outcomes`), so the table costs about one start-up of JAX per core.
-An internal error, by contrast, keeps its traceback.
+The table of mistakes runs in this process, through what `main.py` runs: flag mistakes through
+`cli.parse_flags` (which prints the line and exits 2), the rest through the mode functions, which
+must raise a `UserError` whose message is one line naming the culprit (`cli.main` prints exactly
+that and exits 2). Where the workdir already holds a trained run, every file in it must be
+byte-for-byte and timestamp-for-timestamp as it was. Two cases also run as `python main.py`
+subprocesses, checking the wrapper itself end to end; an internal error, by contrast, keeps its
+traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import pathlib
 import shutil
@@ -16,13 +20,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent import futures
 
 import pytest
 
-import helpers
+from flaxformer_nmt import api, cli, errors, modes, parallel
 
-pytestmark = pytest.mark.slow
+import helpers
 
 LINES = ["A man rides a bike .", "Two dogs play .", "A child smiles ."]
 GERMAN = ["Ein Mann fährt Rad .", "Zwei Hunde spielen .", "Ein Kind lächelt ."]
@@ -213,50 +216,97 @@ CASES = [
 ]
 
 
-@dataclasses.dataclass
-class Outcome:
-  result: subprocess.CompletedProcess
-  workdir: pathlib.Path | None
-  before: dict
-  after: dict = dataclasses.field(default_factory=dict)
+# Mistakes in the flags themselves: main.py's flag parsing prints the line and exits.
+FLAG_CASES = {
+  "mistyped config field",
+  "missing config file",
+  "unknown flag",
+  "config value of the wrong type",
+}
 
 
-@pytest.fixture(scope="module")
-def outcomes(trained_demo, tmp_path_factory) -> dict[str, Outcome]:
-  """Every case, run concurrently; the trained workdirs' files before and after."""
-  _, trained = trained_demo
+def _value(text: str) -> object:
+  """A command-line override's value as the flag parser reads it (ints, floats, bools, strings)."""
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
-  def run(case: Case) -> Outcome:
-    base = tmp_path_factory.mktemp("case")
-    args = case.setup(base, trained)
-    env = dict(a[4:].split("=", 1) for a in args if a.startswith("ENV:"))
-    args = [a for a in args if not a.startswith("ENV:")]
-    workdir = pathlib.Path(args[0].split("=", 1)[1]) if case.trained else None
-    before = helpers.snapshot(workdir) if workdir else {}
-    outcome = Outcome(helpers.run_main(*args, env=env), workdir, before)
-    if workdir:
-      outcome.after = helpers.snapshot(workdir)
-    return outcome
 
-  with futures.ThreadPoolExecutor(max_workers=4) as pool:
-    return dict(zip([c.name for c in CASES], pool.map(run, CASES), strict=True))
+def _run_mode(args: list[str]) -> None:
+  """What `cli.main` runs for these arguments, in this process (overrides as the API takes them)."""
+  flag = dict(a[2:].split("=", 1) for a in args)
+  overrides = {k[len("config.") :]: _value(v) for k, v in flag.items() if k.startswith("config.")}
+  parallel.maybe_initialize_distributed("auto")
+  config = api.load_config(flag["config"], overrides)
+  workdir, mode = flag["workdir"], flag.get("mode", "train")
+  if mode == "train":
+    modes.train(config, workdir)
+  elif mode == "eval":
+    modes.evaluate(config, workdir, "auto")
+  elif mode == "translate":
+    modes.translate(config, workdir, "auto", flag["input"], "-")
+  elif mode == "average":
+    modes.average(config, workdir, int(flag["num_checkpoints"]))
+  else:
+    raise AssertionError(f"no such mode in the table: {mode}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_one_line_exit_2_and_nothing_touched(outcomes, case):
-  outcome = outcomes[case.name]
-  stderr = outcome.result.stderr
-  assert outcome.result.returncode == 2, stderr[-3000:]
-  assert "Traceback" not in stderr, stderr[-3000:]
-  errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and case.culprit in errors[0], stderr[-3000:]
-  assert errors[0] == stderr.strip().splitlines()[-1]  # the last thing the user sees
-  print(f"{case.name}: {errors[0]}")
-  if outcome.workdir is not None:
-    assert outcome.before and outcome.after == outcome.before
-    assert (outcome.workdir / "checkpoints").is_dir()
+def test_one_line_exit_2_and_nothing_touched(case, trained_demo, tmp_path, monkeypatch, capsys):
+  _, trained = trained_demo
+  monkeypatch.chdir(helpers.REPO)  # the paths in the arguments are a clone's (configs/demo.py)
+  args = case.setup(tmp_path, trained)
+  for name, value in (a[4:].split("=", 1) for a in args if a.startswith("ENV:")):
+    monkeypatch.setenv(name, value)
+  args = [a for a in args if not a.startswith("ENV:")]
+  workdir = pathlib.Path(args[0].split("=", 1)[1]) if case.trained else None
+  before = helpers.snapshot(workdir) if workdir else {}
+  if case.name in FLAG_CASES:
+    argv, saved = ["main.py", *args], sys.argv[:]
+    sys.argv[:] = argv  # ml_collections finds `--config.x=y` overrides in sys.argv itself
+    try:
+      with pytest.raises(SystemExit) as exit_info:
+        cli.parse_flags(argv)
+    finally:
+      sys.argv[:] = saved
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    line = lines[0]
+  else:
+    with pytest.raises(errors.UserError) as error_info:
+      _run_mode(args)
+    line = f"error: {' '.join(str(error_info.value).split())}"  # exactly what cli.main prints
+  assert case.culprit in line, line
+  print(f"{case.name}: {line}")
+  if workdir is not None:
+    assert before and helpers.snapshot(workdir) == before
+    assert (workdir / "checkpoints").is_dir()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "name", ["shape-mismatched checkpoint", "unknown flag"], ids=["mode error", "flag error"]
+)
+def test_main_py_prints_one_line_exits_2_and_touches_nothing(name, trained_demo, tmp_path):
+  """The wrapper end to end, as a user runs it: a mistake found deep in a mode and one in the
+  flags, each the last line of stderr, exit status 2, no traceback."""
+  (case,) = [c for c in CASES if c.name == name]
+  _, trained = trained_demo
+  args = case.setup(tmp_path, trained)
+  workdir = pathlib.Path(args[0].split("=", 1)[1])
+  before = helpers.snapshot(workdir)
+  result = helpers.run_main(*args)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors_printed = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors_printed) == 1 and case.culprit in errors_printed[0], result.stderr[-3000:]
+  assert errors_printed[0] == result.stderr.strip().splitlines()[-1]
+  assert helpers.snapshot(workdir) == before
+
+
+@pytest.mark.slow
 def test_a_second_training_job_on_a_workdir_stops_at_once(tmp_path):
   """A real training job holds the workdir; a second one names it, and leaves it be."""
   workdir = tmp_path / "w"
@@ -297,6 +347,7 @@ def test_a_second_training_job_on_a_workdir_stops_at_once(tmp_path):
   assert not lock.exists()
 
 
+@pytest.mark.slow
 def test_an_internal_error_keeps_its_traceback(tmp_path):
   """A bug (here: the train step raising) is not a user error: the traceback shows where."""
   script = tmp_path / "broken_main.py"
