@@ -9,6 +9,7 @@ orbax directly, not with the code under test.
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
 import re
@@ -18,6 +19,8 @@ import signal
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+
+from flaxformer_nmt import api, modes
 
 import cluster  # tests/cluster.py (pytest puts tests/ on the path)
 import helpers
@@ -151,28 +154,45 @@ def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
   assert len(list(workdir.glob("events.out.tfevents.*"))) == 3  # one per launch, process 0 only
 
 
+def _in_process_config():
+  """TINY as a config, loaded as the API loads it (for runs in this 8-device test process)."""
+  overrides = {}
+  for flag in TINY[1:]:
+    name, value = flag[len("--config.") :].split("=", 1)
+    overrides[name] = ast.literal_eval(value)
+  return api.load_config("demo", overrides)
+
+
 def test_eval_translate_average_under_two_processes_match_one(base, reference, tmp_path):
+  """Decoding spread over 2 processes gives what 1 process of 8 devices gives: the eval against
+  the reference run's own final test decoding, the translation against one made in this
+  process (8 devices)."""
   lines = ["I have three hundred and forty-five apples.", "", "twelve", "the year 1984"]
   source = tmp_path / "in.txt"
   source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-  outputs = {}
-  for processes, devices in ((2, 4), (1, 8)):
-    run = lambda *args: cluster.launch(
-      [f"--workdir={reference}", *TINY, *args],
-      processes=processes,
-      devices=devices,
-      log_prefix=tmp_path / f"p{processes}",
-      cache_dir=base / "jax_cache",
-    )
-    job = run("--mode=eval", "--checkpoint=latest")
-    assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
-    evaluation = json.loads((reference / "eval_result.json").read_text())
-    hyps = (reference / "eval" / f"test_step{TOTAL}_beam2.hyp.txt").read_text()
-    job = run("--mode=translate", f"--input={source}", f"--output={tmp_path / f'out{processes}'}")
-    assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
-    outputs[processes] = (evaluation, hyps, (tmp_path / f"out{processes}").read_text())
-  assert outputs[1] == outputs[2]
-  translations = outputs[2][2].splitlines()
+  trained = json.loads((reference / "train_result.json").read_text())
+  names = [f"test_step{TOTAL}_{search}.hyp.txt" for search in ("greedy", "beam2")]
+  want_hyps = [(reference / "eval" / name).read_text() for name in names]
+  run = lambda *args: cluster.launch(
+    [f"--workdir={reference}", *TINY, *args],
+    processes=2,
+    devices=4,
+    log_prefix=tmp_path / "p2",
+    cache_dir=base / "jax_cache",
+  )
+  job = run("--mode=eval", "--checkpoint=latest")
+  assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
+  evaluation = json.loads((reference / "eval_result.json").read_text())
+  assert [(reference / "eval" / name).read_text() for name in names] == want_hyps
+  for key in ("test_sacrebleu_greedy", "test_sacrebleu_beam2", "test_tokenized_bleu_beam2"):
+    assert evaluation[key] == pytest.approx(trained[key], abs=1e-6), key
+  assert evaluation["test_sentences"] == trained["test_sentences"] == 16
+
+  job = run("--mode=translate", f"--input={source}", f"--output={tmp_path / 'out2'}")
+  assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
+  translations = (tmp_path / "out2").read_text().splitlines()
+  one_process, _, _ = modes.translate_lines(_in_process_config(), str(reference), "auto", lines)
+  assert translations == one_process
   assert len(translations) == 4 and translations[1] == "" and all(translations[i] for i in (0, 2))
 
   # Averaging under 2 processes: the mean of the last 2 checkpoints, written once.
