@@ -21,6 +21,17 @@ def _write_lock(workdir, **holder) -> str:
   return path
 
 
+def _write_dead_holders_lock(workdir) -> str:
+  """The lock a job on this host left when it was killed (its pid is gone)."""
+  return _write_lock(
+    workdir,
+    host=workdir_lock.socket.gethostname(),
+    pid=_dead_pid(),
+    process_start="1",
+    started="then",
+  )
+
+
 def _dead_pid() -> int:
   proc = subprocess.Popen([sys.executable, "-c", "pass"])
   proc.wait()
@@ -63,13 +74,7 @@ def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
 
 
 def test_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
-  _write_lock(
-    tmp_path,
-    host=workdir_lock.socket.gethostname(),
-    pid=_dead_pid(),
-    process_start="1",
-    started="then",
-  )
+  _write_dead_holders_lock(tmp_path)
   with workdir_lock.WorkdirLock(str(tmp_path)):
     assert json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
   assert "Took over the lock" in caplog.text
@@ -199,18 +204,11 @@ with open(out, "a") as f:
 @pytest.mark.slow
 def test_of_many_simultaneous_contenders_for_a_stale_lock_exactly_one_wins(tmp_path):
   """12 processes start together on the lock of a dead job: exactly one takes it over."""
-  _write_lock(
-    tmp_path,
-    host=workdir_lock.socket.gethostname(),
-    pid=_dead_pid(),
-    process_start="1",
-    started="then",
-  )
-  script, go, out = tmp_path / "contender.py", tmp_path / "go", tmp_path / "outcomes.txt"
-  script.write_text(_CONTENDER)
   workdir = tmp_path / "w"
   workdir.mkdir()
-  os.rename(tmp_path / workdir_lock.LOCK_NAME, workdir / workdir_lock.LOCK_NAME)
+  _write_dead_holders_lock(workdir)
+  script, go, out = tmp_path / "contender.py", tmp_path / "go", tmp_path / "outcomes.txt"
+  script.write_text(_CONTENDER)
   procs = [
     subprocess.Popen([sys.executable, str(script), str(workdir), str(go), str(out)])
     for _ in range(12)
