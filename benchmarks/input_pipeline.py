@@ -64,6 +64,7 @@ def main(argv: list[str]) -> None:
       cells += batch["targets"].size
     elapsed = time.perf_counter() - start
 
+  first = data.train.get_state()[0]  # the first device's stream: epochs done, with the fraction
   result = {
     "data_dir": _DATA_DIR.value,
     "rows": data.global_rows,
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> None:
     "source_tokens_per_s": round(src_tokens / elapsed),
     "target_non_padding": round(tgt_tokens / cells, 4),
     "source_non_padding": round(src_tokens / cells, 4),
-    "epochs": round(data.train.epoch, 2),  # of the first device's stream
+    "epochs": round(first["epoch"] + first["index"] / first["size"], 2),
   }
   logging.info("Setup (vocabulary + tokenization): %.1fs.", setup_s)
   print(

@@ -3,7 +3,7 @@ r"""Estimated training time of the paper's WMT14 recipes (Table 2), from FLOPs a
   python benchmarks/recipe_cost.py                 # at 40% MFU
   python benchmarks/recipe_cost.py --mfu=0.3
 
-An estimate, not a measurement: steps x the analytic FLOPs of one step (benchmarks/flops.py, the
+An estimate, not a measurement: steps x the analytic FLOPs of one step (flaxformer_nmt/flops.py, the
 count train_step.py checks against XLA's cost analysis) / (devices x dense bf16 peak x MFU). The
 MFU is an assumption (the flag); measure yours with `python benchmarks/train_step.py --size=base`
 on the device and pass it. Evaluation and checkpointing time are not included, nor what keeps a
@@ -15,15 +15,10 @@ launch overheads exposed. Last line: JSON.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flops  # noqa: E402  pylint: disable=g-import-not-at-top
-
-from flaxformer_nmt import config_lib  # noqa: E402  pylint: disable=g-import-not-at-top
+from flaxformer_nmt import config_lib, flops
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("mfu", 0.40, "Assumed model FLOPs utilisation of the train step.")

@@ -8,7 +8,7 @@ r"""Train-step throughput and memory for a model size at a fixed token budget pe
 Times the real pmapped train step (steps.train_step over all local devices) on a packed random
 batch of `tokens_per_step` target tokens (and as many source tokens), after a compile warm-up.
 
-MFU: the step's FLOPs are counted analytically (benchmarks/flops.py: every matrix product,
+MFU: the step's FLOPs are counted analytically (flaxformer_nmt/flops.py: every matrix product,
 backward = 2x forward) and checked against XLA's cost analysis of the compiled step (reported as
 `xla_to_analytic_flops`; XLA also counts element-wise work, so it comes out a little higher). The
 peak is *measured in the same process*: the best of several large square matrix products in the
@@ -24,8 +24,6 @@ compilation does not count). Last line: JSON.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 
 import jax
@@ -34,10 +32,8 @@ import numpy as np
 from absl import app, flags
 
 from flaxformer_nmt import config_lib, optim, parallel, steps
+from flaxformer_nmt import flops as flop_count
 from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flops as flop_count  # noqa: E402  (benchmarks/flops.py)
 
 flags.DEFINE_enum("size", "base", sorted(config_lib.SIZES), "Model size from the size table.")
 flags.DEFINE_integer("tokens_per_step", 4096, "Target (and source) tokens per global step.")

@@ -134,11 +134,6 @@ def inference_dir(workdir: str, which: str) -> str:
   return checkpoint.checkpoint_dir(workdir)
 
 
-def training_steps(workdir: str) -> list[int]:
-  """Steps of the training checkpoints in `workdir`, oldest first."""
-  return checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
-
-
 def load_inference_params(
   workdir: str, template_params: PyTree, which: str = "auto"
 ) -> tuple[PyTree, str]:

@@ -148,7 +148,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       alpha=0.6,  # length penalty ((5 + len) / 6) ** alpha
       # "t2t": K live hypotheses from the top 2K plus the K best finished, as tensor2tensor (which
       # gave the paper's BLEU); "shrinking": a finished hypothesis keeps its slot, so the live
-      # beam shrinks (beam 1 is then exactly greedy). See decode.py.
+      # beam shrinks (beam 1 is then exactly greedy). See search.py.
       beam_style="shrinking",
       max_len_offset=50,  # maximum output length = input length + this
       batch_size=64,  # sentences per device in a decoding batch (all devices decode)
@@ -274,7 +274,7 @@ SOURCES = ("demo", "tfds", "files")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
 POSITIONALS = ("sinusoidal", "learned")
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # layers.dropout_keep_mask
-BEAM_STYLES = ("shrinking", "t2t")  # decode.py's module docstring
+BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
 COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
 
 

@@ -214,36 +214,3 @@ def export_ctranslate2(
     "files": sorted(os.listdir(output)),
     "bytes": size,
   }
-
-
-def ctranslate2_translate(
-  model_dir: str,
-  lines: list[str],
-  *,
-  beam_size: int = 4,
-  length_penalty: float = 0.6,
-  max_decoding_length: int = 256,
-  batch_size: int = 32,
-  intra_threads: int = 0,
-  translator: Any = None,
-) -> list[str]:
-  """Translates `lines` with an exported model: spm.model pieces in, detokenized text out.
-
-  For the tests and benchmarks (how users call CTranslate2 directly is in the README).
-  CTranslate2's length penalty divides by length^alpha, where ours is GNMT's ((5 + len) / 6)^alpha,
-  so beam outputs can differ; greedy (`beam_size=1`) is the same search.
-  """
-  ctranslate2 = import_ctranslate2()
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-
-  sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
-  if translator is None:
-    translator = ctranslate2.Translator(model_dir, device="cpu", intra_threads=intra_threads)
-  results = translator.translate_batch(
-    [sp.encode(line, out_type=str) for line in lines],
-    max_batch_size=batch_size,
-    beam_size=beam_size,
-    length_penalty=length_penalty,
-    max_decoding_length=max_decoding_length,
-  )
-  return [sp.decode(r.hypotheses[0]) for r in results]

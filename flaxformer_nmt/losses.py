@@ -15,18 +15,6 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def smoothed_targets(targets: Array, vocab_size: int, label_smoothing: float) -> Array:
-  """q(k) = (1 - eps) * [k == y] + eps / (V - 1) * [k != y]: the mass eps spread over the others.
-
-  This is tensor2tensor's form (the one the paper's numbers come from): the true class keeps
-  exactly 1 - eps. The loss below never builds q; this explicit form is the reference the tests
-  check it against.
-  """
-  # targets: [batch, length] -> [batch, length, vocab]
-  off = label_smoothing / (vocab_size - 1)
-  return jax.nn.one_hot(targets, vocab_size) * (1.0 - label_smoothing - off) + off
-
-
 def label_smoothed_cross_entropy(
   logits: Array, targets: Array, weights: Array, label_smoothing: float
 ) -> tuple[Array, Array, Array]:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from flaxformer_nmt import layers
+from flaxformer_nmt import attention_layers, layers
 
 Array = jax.Array
 
@@ -49,7 +49,7 @@ class TransformerConfig:
   max_len: int = 256
   dtype: Any = jnp.float32  # of matrix products; see the module docstring
   remat: bool = False
-  dropout_rng: str = "threefry16"  # how masks are drawn: layers.DROPOUT_RNGS
+  dropout_rng: str = "threefry16"  # how masks are drawn: config_lib.DROPOUT_RNGS
 
   @classmethod
   def from_config(
@@ -71,8 +71,8 @@ def _layer_norm(name: str) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
 
 
-def _attention(cfg: TransformerConfig, name: str) -> layers.MultiHeadAttention:
-  return layers.MultiHeadAttention(
+def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadAttention:
+  return attention_layers.MultiHeadAttention(
     cfg.num_heads,
     cfg.d_model,
     cfg.attention_dropout_rate,
@@ -219,9 +219,9 @@ class Transformer(nn.Module):
   ) -> Array:
     """inputs: [B, S] ids (0 = padding) -> [B, S, D]."""
     deterministic = not train
-    mask = layers.padding_mask(inputs, inputs)
+    mask = attention_layers.padding_mask(inputs, inputs)
     if inputs_segmentation is not None:
-      mask = mask & layers.segment_mask(inputs_segmentation, inputs_segmentation)
+      mask = mask & attention_layers.segment_mask(inputs_segmentation, inputs_segmentation)
     x = self.encoder_positions(self._embed(self.embedding, inputs), inputs_position)
     x = self.dropout(x, deterministic=deterministic)
     for layer in self.encoder_layers:
@@ -260,11 +260,12 @@ class Transformer(nn.Module):
       cross_mask = (inputs > 0)[:, None, None, :]  # [B, 1, 1, S]
     else:
       decoder_input = shift_right(targets, targets_segmentation)
-      self_mask = layers.padding_mask(targets, targets) & layers.causal_mask(targets.shape[1])
-      cross_mask = layers.padding_mask(targets, inputs)
+      causal = attention_layers.causal_mask(targets.shape[1])
+      self_mask = attention_layers.padding_mask(targets, targets) & causal
+      cross_mask = attention_layers.padding_mask(targets, inputs)
       if targets_segmentation is not None:
-        self_mask &= layers.segment_mask(targets_segmentation, targets_segmentation)
-        cross_mask &= layers.segment_mask(targets_segmentation, inputs_segmentation)
+        self_mask &= attention_layers.segment_mask(targets_segmentation, targets_segmentation)
+        cross_mask &= attention_layers.segment_mask(targets_segmentation, inputs_segmentation)
     table = self.embedding if cfg.share_embeddings else self.target_embedding
     y = self.decoder_positions(self._embed(table, decoder_input), targets_position, decode=decode)
     y = self.dropout(y, deterministic=deterministic)

@@ -139,24 +139,15 @@ def auto_dtype() -> str:
 # pmap.
 
 
-def pmap_train_step(
-  step_fn: Callable[..., Any], devices: Sequence[jax.Device] | None = None, **static: Any
-) -> Callable[..., Any]:
+def pmap_train_step(step_fn: Callable[..., Any], **static: Any) -> Callable[..., Any]:
   """pmapped train step; the incoming state's buffers are donated (updated in place)."""
   return jax.pmap(
-    functools.partial(step_fn, axis_name=AXIS, **static),
-    axis_name=AXIS,
-    devices=devices,
-    donate_argnums=(0,),
+    functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS, donate_argnums=(0,)
   )
 
 
-def pmap_eval_step(
-  step_fn: Callable[..., Any], devices: Sequence[jax.Device] | None = None, **static: Any
-) -> Callable[..., Any]:
-  return jax.pmap(
-    functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS, devices=devices
-  )
+def pmap_eval_step(step_fn: Callable[..., Any], **static: Any) -> Callable[..., Any]:
+  return jax.pmap(functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS)
 
 
 def pmap_rows(fn: Callable[[Any, jax.Array], Any]) -> Callable[[Any, np.ndarray], np.ndarray]:
@@ -263,14 +254,6 @@ def broadcast_from_main(x: np.ndarray) -> np.ndarray:
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
   return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(x)))
-
-
-def sync(name: str) -> None:
-  """A barrier across processes (no-op in a single process)."""
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-
-    multihost_utils.sync_global_processes(name)
 
 
 def shard(batch: dict[str, np.ndarray], num_devices: int | None = None) -> dict[str, np.ndarray]:

@@ -46,8 +46,8 @@ def chain_of(command: Command) -> str:
   config = _config(t)
   if command.kind == "python":
     return "api" if "flaxformer_nmt import api" in t else "demo" if "ctranslate2" in t else ""
-  if "pytest" in t:
-    return "ci"  # the test commands: .ci/run runs them verbatim
+  if "pytest" in t or t.startswith("python tools/"):
+    return "ci"  # the test commands and checks: .ci/run runs them verbatim
   if t.startswith("pip install"):
     return "install" if "&&" not in t else "demo"  # the quick start's demo, after its install
   if "#SBATCH" in t or t.startswith("srun "):

@@ -132,7 +132,7 @@ class Sandbox:
     bench = self.repo / "benchmarks"
     bench.mkdir()
     for path in (REPO / "benchmarks").iterdir():
-      if path.suffix == ".py" and path.stem != "flops":
+      if path.suffix == ".py":
         (bench / path.name).write_text(_BENCHMARK_SHIM)
       elif path.is_file():
         (bench / path.name).symlink_to(path)

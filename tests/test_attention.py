@@ -41,8 +41,9 @@ def pictures(trained_demo, tmp_path_factory):
 def test_attention_pngs_are_layer_by_head_grids(pictures):
   result, out = pictures
   layers, heads = 2, 4  # configs/demo.py: the tiny size
-  width, height = attention.grid_figure_inches(layers, heads)
-  expected = (round(height * attention.DPI), round(width * attention.DPI))
+  # 1.6-inch panels plus margins of 1.2 (width) and 0.9 (height) inches, at 100 dpi: 4 panels
+  # wide (1.2 + 6.4 = 7.6 inches) and 2 high (0.9 + 3.2 = 4.1 inches).
+  expected = (410, 760)  # [height, width] pixels
   for kind in attention.KINDS:
     assert result["grids"][kind] == [layers, heads]
     image = matplotlib.image.imread(out / f"{kind}.png")  # [height, width, RGBA]
@@ -73,6 +74,6 @@ def test_a_grid_has_one_panel_per_layer_and_head(tmp_path):
   weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(3, 2, 4))  # [3, 2, 4, 5]
   grid = attention.plot_grid(weights, list("abcd"), list("vwxyz"), "t", str(tmp_path / "g.png"))
   assert grid == (3, 2)
-  width, height = attention.grid_figure_inches(3, 2)
   image = matplotlib.image.imread(tmp_path / "g.png")
-  assert image.shape[:2] == (round(height * attention.DPI), round(width * attention.DPI))
+  # 2 panels of 1.6 inches wide plus 1.2 of margin, 3 high plus 0.9, at 100 dpi.
+  assert image.shape[:2] == (570, 440)  # [height, width] pixels

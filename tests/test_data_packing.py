@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.data import packing, pipeline
+from flaxformer_nmt.data import packing, streams
 from flaxformer_nmt.data.tokenized import TokenizedSplit
 from flaxformer_nmt.tokenizer import EOS_ID
 
@@ -43,6 +43,12 @@ def _multi30k_like(n: int, seed: int = 0) -> TokenizedSplit:
   return _split(src, tgt, seed)
 
 
+def _pair(data: TokenizedSplit, i: int) -> tuple[np.ndarray, np.ndarray]:
+  """Ids of pair i, source and target (EOS excluded)."""
+  s, t = data.src_offsets, data.tgt_offsets
+  return data.src_ids[s[i] : s[i + 1]], data.tgt_ids[t[i] : t[i + 1]]
+
+
 def _segments(batch: dict[str, np.ndarray], side: str) -> dict[tuple[int, int], np.ndarray]:
   """{(row, segment id): tokens} of one side, checking positions and the closing EOS."""
   out = {}
@@ -67,7 +73,8 @@ def _pairs_in(batch: dict[str, np.ndarray], data: TokenizedSplit) -> list[int]:
   pairs = []
   for key in src:
     i = int(src[key][0]) - 3
-    assert np.array_equal(src[key], data.pair(i)[0]) and np.array_equal(tgt[key], data.pair(i)[1])
+    want_src, want_tgt = _pair(data, i)
+    assert np.array_equal(src[key], want_src) and np.array_equal(tgt[key], want_tgt)
     pairs.append(i)
   return pairs
 
@@ -82,7 +89,7 @@ def test_batches_are_valid_packings_within_budget() -> None:
   data = _multi30k_like(3000)
   tokens_per_batch, max_len = 2048, 64
   rows = packing.num_rows(tokens_per_batch, max_len, 8)
-  it = pipeline.TrainIterator(data, rows, max_len, seed=0)
+  it = streams.TrainIterator(data, rows, max_len, seed=0)
   for _ in range(5):
     batch = next(it)
     assert set(batch) == set(packing.FEATURES)
@@ -95,7 +102,7 @@ def test_batches_are_valid_packings_within_budget() -> None:
 
 def test_non_padding_share_on_multi30k_like_lengths() -> None:
   data = _multi30k_like(4000)
-  it = pipeline.TrainIterator(data, packing.num_rows(4096, 64, 8), 64, seed=0)
+  it = streams.TrainIterator(data, packing.num_rows(4096, 64, 8), 64, seed=0)
   batches = [next(it) for _ in range(20)]
   for side in ("inputs", "targets"):
     share = np.mean([np.mean(b[side] > 0) for b in batches])
@@ -107,7 +114,7 @@ def test_drops_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
   #          ok  long-src  empty-tgt  ok  long-tgt  ok  max fits exactly
   src_lens = [5, 20, 4, 3, 2, 6, 15]
   tgt_lens = [5, 3, 0, 3, 16, 6, 15]
-  it = pipeline.TrainIterator(_split(src_lens, tgt_lens), 2, 16, seed=0)
+  it = streams.TrainIterator(_split(src_lens, tgt_lens), 2, 16, seed=0)
   assert it.examples_per_epoch == 4
   assert "4 of 7 pairs; dropped 2 with a side longer than data.max_len=16" in caplog.text
   assert "and 1 with an empty side" in caplog.text
@@ -119,12 +126,12 @@ def test_drops_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_nothing_left_is_one_clear_error() -> None:
   with pytest.raises(errors.DataError, match="No training pairs left: 0 of 2 pairs"):
-    pipeline.TrainIterator(_split([40, 0], [3, 3]), 2, 16, seed=0)
+    streams.TrainIterator(_split([40, 0], [3, 3]), 2, 16, seed=0)
 
 
 def test_every_pair_once_per_epoch() -> None:
   data = _multi30k_like(500)
-  it = pipeline.TrainIterator(data, 8, 64, seed=0)
+  it = streams.TrainIterator(data, 8, 64, seed=0)
   seen = []
   while it.get_state()["epoch"] == 0:
     seen += _pairs_in(next(it), data)
@@ -136,7 +143,7 @@ def test_every_pair_once_per_epoch() -> None:
 
 def test_same_seed_same_batches_other_seed_other_batches() -> None:
   data = _multi30k_like(1000)
-  a, b, c = (pipeline.TrainIterator(data, 8, 64, seed=s) for s in (0, 0, 1))
+  a, b, c = (streams.TrainIterator(data, 8, 64, seed=s) for s in (0, 0, 1))
   for _ in range(4):
     x, y, z = next(a), next(b), next(c)
     for k in x:
@@ -147,12 +154,12 @@ def test_same_seed_same_batches_other_seed_other_batches() -> None:
 @pytest.mark.parametrize("skip", [3, 40])  # 40 batches cross an epoch boundary
 def test_restore_continues_with_next_batch(skip: int) -> None:
   data = _multi30k_like(300)
-  it = pipeline.TrainIterator(data, 8, 64, seed=0)
+  it = streams.TrainIterator(data, 8, 64, seed=0)
   for _ in range(skip):
     next(it)
   state = json.loads(json.dumps(it.get_state()))  # survives a JSON checkpoint
   expected = [next(it) for _ in range(3)]
-  restored = pipeline.TrainIterator(data, 8, 64, seed=0)
+  restored = streams.TrainIterator(data, 8, 64, seed=0)
   restored.set_state(state)
   for want in expected:
     got = next(restored)
@@ -163,7 +170,7 @@ def test_restore_continues_with_next_batch(skip: int) -> None:
 
 
 def test_bad_state() -> None:
-  it = pipeline.TrainIterator(_multi30k_like(50), 8, 64, seed=0)
+  it = streams.TrainIterator(_multi30k_like(50), 8, 64, seed=0)
   with pytest.raises(errors.CheckpointError, match="does not fit this data"):
     it.set_state({"epoch": 0, "index": 51})
 
@@ -173,7 +180,7 @@ def test_eval_batches_in_order_nothing_dropped() -> None:
   tgt_lens = [4, 3, 2, 60, 7, 11, 10, 2, 3, 2, 9]
   data = _split(src_lens, tgt_lens)
   max_len, rows = 16, 4
-  batches = list(pipeline.eval_batches(data, rows, max_len))
+  batches = list(streams.eval_batches(data, rows, max_len))
   order = []
   for b in batches:
     seg_src, seg_tgt = _segments(b, "inputs"), _segments(b, "targets")
@@ -181,8 +188,8 @@ def test_eval_batches_in_order_nothing_dropped() -> None:
     for key in seg_tgt:
       i = int(seg_tgt[key][0]) - 3
       in_batch.append(i)
-      want_src = data.pair(i)[0][: max_len - 1]
-      want_tgt = data.pair(i)[1][: max_len - 1]  # truncated, still closed by EOS
+      want_src = _pair(data, i)[0][: max_len - 1]
+      want_tgt = _pair(data, i)[1][: max_len - 1]  # truncated, still closed by EOS
       assert np.array_equal(seg_tgt[key], want_tgt)
       if len(want_src):
         assert np.array_equal(seg_src[key], want_src)
@@ -196,8 +203,8 @@ def test_eval_batches_in_order_nothing_dropped() -> None:
 
 def test_eval_batches_split_over_processes() -> None:
   data = _multi30k_like(200)
-  whole = list(pipeline.eval_batches(data, 8, 64))
-  parts = [list(pipeline.eval_batches(data, 8, 64, p, 2)) for p in range(2)]
+  whole = list(streams.eval_batches(data, 8, 64))
+  parts = [list(streams.eval_batches(data, 8, 64, p, 2)) for p in range(2)]
   assert len(parts[0]) == len(parts[1]) == len(whole)
   for w, p0, p1 in zip(whole, *parts, strict=True):
     np.testing.assert_array_equal(np.concatenate([p0["targets"], p1["targets"]]), w["targets"])
@@ -205,6 +212,6 @@ def test_eval_batches_split_over_processes() -> None:
 
 def test_each_epoch_has_its_own_order() -> None:
   data = _multi30k_like(300)
-  first, second = (pipeline.TrainIterator(data, 8, 64, seed=0) for _ in range(2))
+  first, second = (streams.TrainIterator(data, 8, 64, seed=0) for _ in range(2))
   second.set_state({"epoch": 1, "index": 0})
   assert _pairs_in(next(first), data) != _pairs_in(next(second), data)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import config_lib, errors
-from flaxformer_nmt.data import pipeline, sources, tokenized
+from flaxformer_nmt.data import pipeline, sources, streams, tokenized
 
 import helpers
 
@@ -138,16 +138,11 @@ def test_global_batches_do_not_depend_on_the_process_count(corpus, tmp_path) -> 
 
 def test_resume_positions_exact_or_approximate() -> None:
   saved = {"streams": [{"epoch": 2, "index": 10 + d, "size": 40} for d in range(8)]}
-  positions, exact = pipeline.resume_positions(saved, 4, [40] * 4, 8)
+  positions, exact = streams.resume_positions(saved, 4, [40] * 4, 8)
   assert exact and positions == [{"epoch": 2, "index": 14 + j} for j in range(4)]
   # Another device count: every stream restarts at the earliest saved fraction of the epoch.
-  positions, exact = pipeline.resume_positions(saved, 0, [80, 81], 2)
+  positions, exact = streams.resume_positions(saved, 0, [80, 81], 2)
   assert not exact and positions == [{"epoch": 2, "index": 20}, {"epoch": 2, "index": 20}]
-  # A data item from before streams (one position per process, no sizes): epoch start.
-  positions, exact = pipeline.resume_positions(
-    {"processes": [{"epoch": 3, "index": 7}]}, 0, [50], 1
-  )
-  assert not exact and positions == [{"epoch": 3, "index": 0}]
 
 
 def test_demo_end_to_end(tmp_path) -> None:

@@ -19,6 +19,7 @@ import optax
 import pytest
 
 from flaxformer_nmt import config_lib, decode
+from flaxformer_nmt import search as search_lib
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_decode_cache, init_params
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
@@ -31,7 +32,7 @@ V = 6
 # Toy step functions.
 
 
-def _bigram_step(log_table: np.ndarray) -> decode.StepFn:
+def _bigram_step(log_table: np.ndarray) -> search_lib.StepFn:
   """logits = log_table[previous token]: a first-order Markov chain; the cache counts steps."""
   table = jnp.asarray(log_table, jnp.float32)
 
@@ -41,7 +42,7 @@ def _bigram_step(log_table: np.ndarray) -> decode.StepFn:
   return step
 
 
-def _trigram_step(log_table: np.ndarray) -> decode.StepFn:
+def _trigram_step(log_table: np.ndarray) -> search_lib.StepFn:
   """logits = log_table[token two back, previous token] + a per-row bias.
 
   The token two back lives only in the cache, and the bias is a [rows, vocab] cache leaf, so
@@ -109,10 +110,10 @@ def _known_bigram() -> np.ndarray:
 
 
 def test_length_penalty_is_gnmt_formula():
-  assert float(decode.length_penalty(1, 0.6)) == pytest.approx(1.0)
-  assert float(decode.length_penalty(10, 0.6)) == pytest.approx((15 / 6) ** 0.6)
-  assert float(decode.length_penalty(74, 0.6)) == pytest.approx((79 / 6) ** 0.6)
-  np.testing.assert_allclose(decode.length_penalty(jnp.arange(1, 50), 0.0), 1.0)
+  assert float(search_lib.length_penalty(1, 0.6)) == pytest.approx(1.0)
+  assert float(search_lib.length_penalty(10, 0.6)) == pytest.approx((15 / 6) ** 0.6)
+  assert float(search_lib.length_penalty(74, 0.6)) == pytest.approx((79 / 6) ** 0.6)
+  np.testing.assert_allclose(search_lib.length_penalty(jnp.arange(1, 50), 0.0), 1.0)
 
 
 def test_max_length_is_source_length_plus_offset_capped():
@@ -129,27 +130,24 @@ def test_max_length_is_source_length_plus_offset_capped():
 @pytest.mark.parametrize("beam", [1, 3])
 def test_outputs_stop_at_each_sentences_max_length(beam):
   """Without EOS every hypothesis runs to its own cap; past it the output is padding."""
-  step = _bigram_step(np.zeros((V, V)))  # uniform: nothing ever prefers to stop
+  uniform = np.zeros((V, V))  # nothing ever prefers to stop
+  no_eos = uniform.copy()
+  no_eos[:, EOS_ID] = -np.inf  # a step function that never allows EOS
   max_lengths = jnp.array([2, 5, 0, 3], jnp.int32)
-  for allow_eos in (False, True):
+  for allow_eos, table in ((False, no_eos), (True, uniform)):
+    step = _bigram_step(table)
     if beam == 1:
-      result = decode.greedy_search(
-        step,
-        {"index": jnp.array(0)},
-        max_lengths,
-        max_decode_len=6,
-        alpha=0.6,
-        allow_eos=allow_eos,
+      result = search_lib.greedy_search(
+        step, {"index": jnp.array(0)}, max_lengths, max_decode_len=6, alpha=0.6
       )
     else:
-      result = decode.beam_search(
+      result = search_lib.beam_search(
         step,
         {"index": jnp.array(0)},
         max_lengths,
         beam_size=beam,
         alpha=0.6,
         max_decode_len=6,
-        allow_eos=allow_eos,
       )
     tokens = np.asarray(result.tokens)
     lengths = np.asarray(result.lengths)
@@ -171,7 +169,7 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
   probs[:, PAD_ID] = 0.0
   step = _bigram_step(np.log(probs + 1e-30))
   max_lengths = jnp.array([40, 50], jnp.int32)
-  result = decode.beam_search(
+  result = search_lib.beam_search(
     step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=50
   )
   assert int(result.num_steps) == 1
@@ -186,10 +184,10 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
 def test_beam_finds_what_greedy_misses():
   step = _bigram_step(_known_bigram())
   max_lengths = jnp.array([10], jnp.int32)
-  greedy = decode.greedy_search(
+  greedy = search_lib.greedy_search(
     step, {"index": jnp.array(0)}, max_lengths, max_decode_len=10, alpha=0.6
   )
-  beam = decode.beam_search(
+  beam = search_lib.beam_search(
     step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=10
   )
   np.testing.assert_array_equal(greedy.tokens[0, :4], [A, C, EOS_ID, PAD_ID])
@@ -203,7 +201,7 @@ def test_beam_finds_what_greedy_misses():
   )
 
 
-@pytest.mark.parametrize("style", decode.BEAM_STYLES)
+@pytest.mark.parametrize("style", config_lib.BEAM_STYLES)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_wide_beam_equals_brute_force(alpha, style):
   """With more slots than prefixes nothing is pruned: the search (early stopping included) must
@@ -214,7 +212,7 @@ def test_wide_beam_equals_brute_force(alpha, style):
   bias = rng.normal(scale=1.0, size=(3, V))
   max_lengths = np.array([3, 4, 2])
   beam = 4**3  # prefixes of content tokens alive after 3 steps
-  result = decode.beam_search(
+  result = search_lib.beam_search(
     _trigram_step(log_table),
     _trigram_cache(bias, beam),
     jnp.asarray(max_lengths),
@@ -238,10 +236,10 @@ def test_beam_one_is_greedy_on_a_trigram_chain():
   log_table = rng.normal(scale=1.5, size=(V, V, V))
   bias = rng.normal(size=(5, V))
   max_lengths = jnp.array([6, 8, 3, 8, 1], jnp.int32)
-  greedy = decode.greedy_search(
+  greedy = search_lib.greedy_search(
     _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, max_decode_len=8, alpha=0.6
   )
-  beam = decode.beam_search(
+  beam = search_lib.beam_search(
     _trigram_step(log_table),
     _trigram_cache(bias, 1),
     max_lengths,
@@ -265,7 +263,7 @@ def _chain(rows: dict[int, dict[int, float]]) -> np.ndarray:
 
 
 def _final_state(log_table: np.ndarray, style: str, beam: int, alpha: float, max_len: int = 10):
-  return decode.run_beam_search(
+  return search_lib.run_beam_search(
     _bigram_step(log_table),
     {"index": jnp.array(0)},
     jnp.array([max_len], jnp.int32),
@@ -310,7 +308,7 @@ def test_t2t_returns_the_best_finished_by_normalised_score():
   )
   for style, want, prob in (("t2t", [B, C, D, EOS_ID], 0.25), ("shrinking", [EOS_ID], 0.35)):
     final = _final_state(table, style, beam=2, alpha=1.0)
-    result = decode.beam_search(
+    result = search_lib.beam_search(
       _bigram_step(table),
       {"index": jnp.array(0)},
       jnp.array([10], jnp.int32),
@@ -448,7 +446,7 @@ def test_t2t_beam_one_is_greedy_search_on_the_transformer(trained_tiny):
   np.testing.assert_array_equal(beam.lengths, greedy.lengths)
 
 
-@pytest.mark.parametrize("style", decode.BEAM_STYLES)
+@pytest.mark.parametrize("style", config_lib.BEAM_STYLES)
 def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny, style):
   model, params, inputs = trained_tiny
   search = decode.SearchConfig(beam_size=4, alpha=0.6, max_len_offset=3, style=style)
@@ -489,7 +487,7 @@ def test_per_sentence_cross_attention_equals_repeating_the_source_per_beam(train
     rows_inputs = jnp.repeat(inputs, k, axis=0)
     cache = init_decode_cache(model, batch * k, max_decode_len, src_len)  # one row per beam
     # model_step_fn projects the repeated encoder output: K copies of each sentence's keys.
-    return decode.beam_search(
+    return search_lib.beam_search(
       decode.model_step_fn(model, params, rows_encoded, rows_inputs),
       cache,
       decode.max_output_lengths(inputs, offset, max_decode_len),

@@ -1,18 +1,11 @@
-"""benchmarks/flops.py's analytic count (the numerator of MFU) against XLA's cost analysis."""
-
-import sys
+"""flaxformer_nmt/flops.py's analytic count (the numerator of MFU) against XLA's cost analysis."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt import config_lib, flops
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
-
-from helpers import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import flops  # noqa: E402  (benchmarks/flops.py)
 
 
 @pytest.mark.parametrize("size,vocab", [("tiny", 4000), ("small", 8000)])

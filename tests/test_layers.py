@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import layers
+from flaxformer_nmt import attention_layers, layers
 
 
 def naive_attention(q, k, v, mask):
@@ -28,8 +28,8 @@ def test_attention_matches_naive_reference_with_padding_and_causal_masks():
   rs = np.random.RandomState(0)
   q, k, v = (rs.randn(2, 5, 3, 4).astype(np.float32) for _ in range(3))
   tokens = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
-  mask = np.asarray(layers.padding_mask(tokens, tokens) & layers.causal_mask(5))
-  got = layers.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
+  mask = np.asarray(attention_layers.padding_mask(tokens, tokens) & attention_layers.causal_mask(5))
+  got = attention_layers.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
   want = naive_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask)
   valid = tokens > 0
   np.testing.assert_allclose(np.asarray(got)[valid], want[valid], rtol=1e-5, atol=1e-5)
@@ -37,11 +37,12 @@ def test_attention_matches_naive_reference_with_padding_and_causal_masks():
 
 def test_masks_value_by_value():
   tokens = np.array([[3, 4, 0]])
-  pad = np.asarray(layers.padding_mask(tokens, tokens))[0, 0]
+  pad = np.asarray(attention_layers.padding_mask(tokens, tokens))[0, 0]
   np.testing.assert_array_equal(pad, [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
-  causal = np.asarray(layers.causal_mask(3))[0, 0]
+  causal = np.asarray(attention_layers.causal_mask(3))[0, 0]
   np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
-  seg = np.asarray(layers.segment_mask(np.array([[1, 1, 2]]), np.array([[1, 2, 2]])))[0, 0]
+  seg = attention_layers.segment_mask(np.array([[1, 1, 2]]), np.array([[1, 2, 2]]))
+  seg = np.asarray(seg)[0, 0]
   np.testing.assert_array_equal(seg, [[1, 0, 0], [1, 0, 0], [0, 1, 1]])
 
 
@@ -62,7 +63,7 @@ def test_self_attention_cache_after_one_step():
 
   Keys are cached as [B, N, H, L] (the layout the score product reads), values as [B, N, L, H].
   """
-  mha = layers.MultiHeadAttention(num_heads=2, d_model=8)
+  mha = attention_layers.MultiHeadAttention(num_heads=2, d_model=8)
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
   variables = mha.init(jax.random.PRNGKey(1), x, x, None, decode=True)
   cache = jax.tree.map(jnp.zeros_like, variables["cache"])
@@ -94,22 +95,24 @@ def test_fully_masked_rows_stay_finite_in_low_precision(dtype):
   rs = np.random.RandomState(0)
   q, k, v = (jnp.asarray(rs.randn(1, 3, 2, 4) * 4, dtype) for _ in range(3))
   tokens = np.array([[5, 6, 0]])
-  mask = layers.padding_mask(tokens, tokens)  # query 2 (padding) may attend to nothing
-  out = layers.dot_product_attention(q, k, v, mask)
+  mask = attention_layers.padding_mask(tokens, tokens)  # query 2 (padding) may attend to nothing
+  out = attention_layers.dot_product_attention(q, k, v, mask)
   assert out.dtype == dtype
   assert np.all(np.isfinite(np.asarray(out, np.float32)))
-  assert float(layers.mask_value(dtype)) == float(jnp.finfo(dtype).min)
-  assert np.isfinite(float(layers.mask_value(dtype)))
+  assert float(attention_layers.mask_value(dtype)) == float(jnp.finfo(dtype).min)
+  assert np.isfinite(float(attention_layers.mask_value(dtype)))
 
 
 def test_multi_head_attention_in_bfloat16_keeps_float32_parameters():
-  attn = layers.MultiHeadAttention(num_heads=2, d_model=8, dtype=jnp.bfloat16)
+  attn = attention_layers.MultiHeadAttention(num_heads=2, d_model=8, dtype=jnp.bfloat16)
   x = jnp.asarray(np.random.RandomState(0).randn(2, 3, 8), jnp.float32)  # the float32 residual
   params = attn.init(jax.random.PRNGKey(0), x, x, None)["params"]
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
   out = attn.apply({"params": params}, x, x, None)
   assert out.dtype == jnp.bfloat16  # the products ran in bfloat16
-  want = layers.MultiHeadAttention(num_heads=2, d_model=8).apply({"params": params}, x, x, None)
+  want = attention_layers.MultiHeadAttention(num_heads=2, d_model=8).apply(
+    {"params": params}, x, x, None
+  )
   np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=0.05, atol=0.05)
 
 

@@ -68,10 +68,20 @@ def test_without_smoothing_loss_is_nll():
   np.testing.assert_allclose(float(loss_sum), float(nll_sum), rtol=1e-6)
 
 
+def _smoothed_targets(targets, vocab_size, eps):
+  """q(k) = (1 - eps) * [k == y] + eps / (V - 1) * [k != y]: the mass eps spread over the others.
+
+  tensor2tensor's form (the one the paper's numbers come from): the true class keeps exactly
+  1 - eps. targets: [batch, length] -> [batch, length, vocab].
+  """
+  off = eps / (vocab_size - 1)
+  return jax.nn.one_hot(targets, vocab_size) * (1.0 - eps - off) + off
+
+
 def _reference_losses(logits, targets, weights, eps):
   """The textbook form: explicit smoothed targets q and log-softmax (what the loss avoids)."""
   log_probs = jax.nn.log_softmax(logits, axis=-1)
-  q = losses.smoothed_targets(targets, logits.shape[-1], eps)
+  q = _smoothed_targets(targets, logits.shape[-1], eps)
   loss = -jnp.sum(q * log_probs, -1) - losses._entropy(eps, logits.shape[-1])
   nll = -jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
   return jnp.sum(loss * weights), jnp.sum(nll * weights)

@@ -1,5 +1,7 @@
 """The pmapped step gives the same result on 8 devices as on 1 for the same global batch."""
 
+import functools
+
 import jax
 import numpy as np
 import optax
@@ -18,6 +20,16 @@ def _packed_batch(rows: int, length: int, vocab: int) -> dict[str, np.ndarray]:
   return batch
 
 
+def _pmap_train_step(devices, **static):
+  """`parallel.pmap_train_step` (which takes every local device) on the given `devices`."""
+  return jax.pmap(
+    functools.partial(steps.train_step, axis_name=parallel.AXIS, **static),
+    axis_name=parallel.AXIS,
+    devices=devices,
+    donate_argnums=(0,),
+  )
+
+
 def test_eight_devices_equal_one_device():
   assert jax.local_device_count() == 8, "tests/conftest.py should provide 8 CPU devices"
   c = config_lib.base_config("tiny")
@@ -34,9 +46,7 @@ def test_eight_devices_equal_one_device():
   results = {}
   for n in (1, 8):
     devices = jax.local_devices()[:n]
-    step = parallel.pmap_train_step(
-      steps.train_step, devices=devices, model=model, tx=tx, schedule=schedule, label_smoothing=0.1
-    )
+    step = _pmap_train_step(devices, model=model, tx=tx, schedule=schedule, label_smoothing=0.1)
     p_state = parallel.replicate(state, devices)
     for batch in batches:
       p_state, metrics = step(p_state, parallel.shard(batch, n))
@@ -63,9 +73,8 @@ def test_shard_rejects_uneven_split():
 
 
 def _run_steps(state, batches, tx, model, devices, accumulate_steps):
-  step = parallel.pmap_train_step(
-    steps.train_step,
-    devices=devices,
+  step = _pmap_train_step(
+    devices,
     model=model,
     tx=tx,
     schedule=optim.paper_schedule(model.cfg.d_model, 10),

@@ -46,11 +46,6 @@ class TokenizedSplit:
   def tgt_lens(self) -> np.ndarray:  # [n] int64
     return np.diff(self.tgt_offsets)
 
-  def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ids of pair i (for tests and inspection)."""
-    s, t = self.src_offsets, self.tgt_offsets
-    return self.src_ids[s[i] : s[i + 1]], self.tgt_ids[t[i] : t[i + 1]]
-
   def save(self, path: str) -> None:
     """Writes atomically (temporary name, then rename): a killed run never leaves half a cache."""
     tmp = f"{path}.tmp-{os.getpid()}.npz"

@@ -1,0 +1,259 @@
+"""Multi-head attention (Sec. 3.2) with its incremental-decoding caches, and the masks it takes.
+
+Kept apart from layers.py because the decode caches are most of it: self-attention keys/values grow
+one step at a time in the `cache` collection, in the layouts the per-step products read; cross-
+attention keys/values are projected from the encoder output once, before the search loop, into the
+`cross_cache` collection, one row per sentence, which the K beams of that sentence share.
+
+Einsum letters and shape comments are layers.py's (B batch, T query and S key/value positions, N
+heads, H one head's width, D d_model, L a decode cache's length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flaxformer_nmt.layers import dropout, einsum_f32
+
+Array = jax.Array
+Dtype = Any
+
+
+def mask_value(dtype: Dtype) -> Array:
+  """The most negative finite value of `dtype`: a "minus infinity" that stays finite.
+
+  A fully masked row (a padding query) then gets a uniform softmax instead of NaNs, and its output
+  is ignored downstream by the loss mask. A fixed constant would not do: -1e9 is -inf in float16.
+  """
+  return jnp.asarray(jnp.finfo(dtype).min, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks. Shapes are [B, 1, T, S] (broadcast over heads); True = may attend.
+
+
+def padding_mask(query_tokens: Array, key_tokens: Array) -> Array:
+  """Attention allowed only between non-padding (id != 0) positions."""
+  # query_tokens: [B, T], key_tokens: [B, S] -> [B, 1, T, S]
+  return (query_tokens > 0)[:, None, :, None] & (key_tokens > 0)[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+  """Position i may attend to positions <= i. [1, 1, length, length]."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segments: Array, key_segments: Array) -> Array:
+  """Packed rows: a token attends only within its own sentence pair. [B, 1, T, S]."""
+  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention.
+
+
+def attention_weights(query: Array, key: Array, mask: Array | None) -> Array:
+  """softmax(Q K^T / sqrt(d_k)): query [B, T, N, H], key [B, S, N, H] -> [B, N, T, S] float32."""
+  d_k = query.shape[-1]
+  logits = einsum_f32("BTNH,BSNH->BNTS", query, key)
+  logits = logits / np.float32(np.sqrt(d_k))  # [B, N, T, S] float32
+  if mask is not None:
+    logits = jnp.where(mask, logits, mask_value(logits.dtype))
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def dot_product_attention(
+  query: Array,
+  key: Array,
+  value: Array,
+  mask: Array | None,
+  *,
+  dropout_rate: float = 0.0,
+  dropout_rng: Array | None = None,
+  deterministic: bool = True,
+  dropout_kind: str = "threefry16",
+) -> Array:
+  """softmax(Q K^T / sqrt(d_k)) V, per head (Eq. 1 of the paper).
+
+  Args:
+    query: [B, T, N, H]
+    key: [B, S, N, H]
+    value: [B, S, N, H]
+    mask: boolean, broadcastable to [B, N, T, S]; True = may attend.
+
+  Returns:
+    [B, T, N, H]
+
+  The scores Q K^T are accumulated and kept in float32 whatever the inputs' dtype, and the
+  softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on.
+  """
+  weights = attention_weights(query, key, mask).astype(value.dtype)  # [B, N, T, S]
+  if not deterministic:
+    weights = dropout(weights, dropout_rate, dropout_rng, dropout_kind)
+  return jnp.einsum("BNTS,BSNH->BTNH", weights, value)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
+
+  Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O), stored as
+  separate [D, D] parameters. They are concatenated at use, so self-attention runs one [D, 3D]
+  product and cross-attention one [D, 2D] product for keys and values (one wide product instead
+  of three narrow ones), and the checkpoint layout does not change.
+
+  Decode mode:
+    - self-attention (`cross=False`): keys/values of each new token are written into the cache
+      at `cache_index` (keys [B, N, H, L], values [B, N, L, H]: see `_init_self_cache`); queries
+      see positions <= index.
+    - cross-attention (`cross=True`): keys/values of the encoder output are projected once,
+      before the search loop, into the separate `cross_cache` collection, one row per
+      *sentence*. In beam search the queries come in K rows per sentence (`inputs_q` has K times
+      the rows of `inputs_kv`); the K beams of a sentence then act as K query positions against
+      the one copy of that sentence's keys, so nothing is repeated or reordered per beam.
+  """
+
+  num_heads: int
+  d_model: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
+  dropout_kind: str = "threefry16"  # config_lib.DROPOUT_RNGS
+
+  @nn.compact
+  def __call__(
+    self,
+    inputs_q: Array,
+    inputs_kv: Array,
+    mask: Array | None,
+    *,
+    deterministic: bool = True,
+    decode: bool = False,
+    cross: bool = False,
+  ) -> Array:
+    """inputs_q: [B, T, D]; inputs_kv: [B, S, D] ([B / K, S, D] in beam decoding) -> [B, T, D].
+
+    Passing the same array as `inputs_q` and `inputs_kv` (self-attention) fuses Q, K and V.
+    """
+    d, n = self.d_model, self.num_heads
+    h = d // n
+    # Xavier over (fan_in, fan_out) of each unsplit d_model x d_model matrix, as the paper's W's.
+    w_q, w_k, w_v, w_o = (self.param(name, self.kernel_init, (d, d)) for name in _PROJECTIONS)
+    w_o = w_o.astype(self.dtype)
+
+    # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
+    def project(x: Array, *weights: Array) -> list[Array]:
+      # x: [B, S, D] -> len(weights) arrays [B, S, N, H], from one [D, len * D] product.
+      w = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, len * D]
+      out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), w)  # [B, S, len * D]
+      return [p.reshape(*x.shape[:2], n, h) for p in jnp.split(out, len(weights), axis=-1)]
+
+    if inputs_kv is inputs_q and not cross:
+      query, key, value = project(inputs_q, w_q, w_k, w_v)
+    else:
+      (query,) = project(inputs_q, w_q)
+      key = value = None  # projected below, except where the cache already holds them
+
+    if decode and cross:
+      key, value = self._cached_cross_kv(inputs_kv, lambda kv: tuple(project(kv, w_k, w_v)))
+    elif key is None:
+      key, value = project(inputs_kv, w_k, w_v)  # [B, S, N, H]
+    if decode and not cross and self.has_variable("cache", "cached_key"):
+      out = self._cached_self_attention(query, key, value, mask)  # [B, 1, N, H]
+      return out.reshape(query.shape[0], -1, d) @ w_o
+    if decode and not cross:
+      self._init_self_cache(key, value)  # `init` with the full target length: shapes only
+
+    if not decode and self.is_mutable_collection("intermediates"):
+      # For pictures (attention.py): the probabilities again, only when asked for; the product
+      # below is untouched. Sown as [B, N, T, S] under this module's name.
+      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    rows = query.shape[0]
+    beams = rows // key.shape[0]  # 1, except for cross-attention in beam decoding
+    if beams > 1:
+      # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
+      query = query.reshape(key.shape[0], beams * query.shape[1], n, h)
+    out = dot_product_attention(
+      query,
+      key,
+      value,
+      mask,
+      dropout_rate=self.dropout_rate,
+      dropout_rng=dropout_rng,
+      deterministic=deterministic,
+      dropout_kind=self.dropout_kind,
+    )  # [B, T, N, H]
+    out = out.reshape(rows, -1, d)  # heads concatenated (and beams back to rows): [B, T, D]
+    return out @ w_o
+
+  def _init_self_cache(self, key: Array, value: Array) -> None:
+    """Makes the self-attention cache for [B, L, N, H] keys/values, in the decode layouts.
+
+    Keys are kept as [B, N, H, L] and values as [B, N, L, H]: the layouts the two per-step products
+    (scores = q . K over H, output = weights . V over L) read directly. Kept as [B, L, N, H], XLA
+    transposed the whole cache twice per layer and step, a third of beam-search time on CPU.
+    """
+    b, length, n, h = key.shape
+    self.variable("cache", "cached_key", jnp.zeros, (b, n, h, length), key.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, (b, n, length, h), value.dtype)
+    self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+
+  def _cached_self_attention(
+    self, query: Array, key: Array, value: Array, mask: Array | None
+  ) -> Array:
+    """One decode step: writes this token's key/value at the cache index, attends to 0..index.
+
+    query, key, value: [B, 1, N, H] -> [B, 1, N, H]. Same arithmetic as `dot_product_attention`.
+    """
+    cached_key = self.variable("cache", "cached_key")  # [B, N, H, L]
+    cached_value = self.variable("cache", "cached_value")  # [B, N, L, H]
+    index = self.variable("cache", "cache_index")
+    batch, heads, head_dim, max_len = cached_key.value.shape
+    if key.shape != (batch, 1, heads, head_dim):
+      raise ValueError(f"decode expects one token per step, got keys of shape {key.shape}.")
+    i = index.value
+    keys = jax.lax.dynamic_update_slice(
+      cached_key.value, key.transpose(0, 2, 3, 1), (0, 0, 0, i)
+    )  # [B, N, H, L]
+    values = jax.lax.dynamic_update_slice(
+      cached_value.value, value.transpose(0, 2, 1, 3), (0, 0, i, 0)
+    )  # [B, N, L, H]
+    cached_key.value, cached_value.value, index.value = keys, values, i + 1
+    logits = einsum_f32("BTNH,BNHL->BNTL", query, keys) / np.float32(np.sqrt(head_dim))
+    # The new query (at position i) sees cache positions 0..i: causal masking, incrementally.
+    step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, L]
+    mask = step_mask if mask is None else mask & step_mask
+    logits = jnp.where(mask, logits, mask_value(logits.dtype))  # [B, N, 1, L]
+    weights = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+    return jnp.einsum("BNTL,BNLH->BTNH", weights, values)
+
+  def _cached_cross_kv(
+    self, inputs_kv: Array, project_kv: Callable[[Array], tuple[Array, Array]]
+  ) -> tuple[Array, Array]:
+    """Encoder keys/values, [B, S, N, H] each, from the `cross_cache` collection.
+
+    Projected once per sentence, before the search loop, by a call with `cross_cache` mutable
+    (`decode.model_step_fn`); the loop's steps read it as a constant. Being outside the loop's
+    carried state, it is neither copied nor reordered with the beams, and no step branches on
+    whether it is ready.
+    """
+    if self.is_initializing() or self.is_mutable_collection("cross_cache"):
+      key, value = project_kv(inputs_kv)
+      self.put_variable("cross_cache", "key", key)
+      self.put_variable("cross_cache", "value", value)
+      return key, value
+    if not self.has_variable("cross_cache", "key"):
+      raise ValueError("decode with cross=True needs the cross_cache collection (model_step_fn).")
+    return self.get_variable("cross_cache", "key"), self.get_variable("cross_cache", "value")
+
+
+# Parameter names of W^Q, W^K, W^V, W^O in a MultiHeadAttention.
+_PROJECTIONS = ("query", "key", "value", "out")
