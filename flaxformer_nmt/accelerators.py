@@ -14,20 +14,41 @@ import os
 
 from absl import logging
 
-# What a platform's driver exposes under /, and the install line that makes JAX use it.
-_SIGNS = {
-  "an NVIDIA GPU": (("dev/nvidia[0-9]*", "proc/driver/nvidia/version"), "cuda12"),
-  # TPU v2-v4 VMs expose /dev/accel*, v5e/v5p/v6e VMs VFIO groups (/dev/vfio/<n>).
-  "a TPU": (("dev/accel[0-9]*", "dev/vfio/[0-9]*"), "tpu"),
-}
+# Google's PCI vendor id, and its virtual NIC (gVNIC), which is not a TPU.
+_GOOGLE_VENDOR, _GVNIC_DEVICE = "0x1ae0", "0x0042"
+
+
+def _google_accelerator_on_pci(root: str) -> bool:
+  """Whether a Google PCI device other than the gVNIC is present (a TPU of a v5e/v5p/v6e VM)."""
+  for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+    try:
+      with open(vendor) as f, open(os.path.join(os.path.dirname(vendor), "device")) as g:
+        if f.read().strip() == _GOOGLE_VENDOR and g.read().strip() != _GVNIC_DEVICE:
+          return True
+    except OSError:
+      continue
+  return False
+
+
+def _signs(root: str) -> dict[str, tuple[list[str], str]]:
+  """{platform: (what shows it under `root`, the extra that makes JAX use it)}."""
+  found = lambda *patterns: [  # noqa: E731
+    p for pattern in patterns for p in sorted(glob.glob(os.path.join(root, pattern)))
+  ]
+  # TPU v2-v4 VMs expose /dev/accel*; v5e/v5p/v6e VMs VFIO groups (/dev/vfio/<n>), which other
+  # passed-through devices have too, so those count only beside a Google PCI accelerator.
+  vfio = found("dev/vfio/[0-9]*") if _google_accelerator_on_pci(root) else []
+  return {
+    "an NVIDIA GPU": (found("dev/nvidia[0-9]*", "proc/driver/nvidia/version"), "cuda12"),
+    "a TPU": (found("dev/accel[0-9]*") + vfio, "tpu"),
+  }
 
 
 def unused_accelerator(backend: str, root: str = "/") -> str | None:
   """The warning for a GPU or TPU visible under `root` while JAX's `backend` is the CPU, or None."""
   if backend != "cpu":
     return None
-  for name, (patterns, extra) in _SIGNS.items():
-    found = [p for pattern in patterns for p in sorted(glob.glob(os.path.join(root, pattern)))]
+  for name, (found, extra) in _signs(root).items():
     if found:
       return (
         f"{name} is visible ({found[0]}) but JAX runs on the CPU: install JAX for it with "

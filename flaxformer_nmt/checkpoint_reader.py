@@ -325,14 +325,22 @@ class CheckpointDir:
     on_corrupt: Callable[[int, epath.Path], str] | None,
   ) -> tuple[int, PyTree, Any] | None:
     """`newest_readable` for several processes: process 0 chooses, everyone reads that step."""
-    found, failure = None, ""
+    found, failure, bug = None, "", None
     if jax.process_index() == 0:
       try:
         found = self._newest_readable_here(template, with_data=with_data, on_corrupt=on_corrupt)
       except CheckpointError as e:
         failure = str(e)
-    code = -2 if failure else (found[0] if found else -1)
+      except Exception as e:  # pylint: disable=broad-except  (re-raised below, after the others learn it)
+        bug = e
+    code = -3 if bug else -2 if failure else (found[0] if found else -1)
     chosen = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
+    if bug is not None:
+      raise bug
+    if chosen == -3:  # not a user error: the others must stop too, not wait for process 0
+      raise RuntimeError(
+        f"Process 0 failed choosing a checkpoint in {self.directory}: see its log."
+      )
     if self.manager is not None:
       self.manager.reload()  # what process 0 set aside
     if chosen == -2:

@@ -22,6 +22,19 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   from flaxformer_nmt import train as train_lib  # the training loop: this mode only
 
   config_lib.validate(config)
+  check_workdir(workdir)
+  saved = train_lib.finished_result(config, workdir)
+  if saved is not None:
+    # A rerun of a finished command (a notebook cell after a runtime reset, a repeated job): its
+    # saved figures, with nothing trained, decoded or written again, and no lock to wait for.
+    logging.info(
+      "%s is already trained to step %d with this config: returning the figures saved in "
+      "train_result.json, without decoding again (--mode=eval scores it anew).",
+      workdir,
+      saved["step"],
+    )
+    reporting.print_result(saved)
+    return saved
   accelerators.warn_if_unused()
   result = train_lib.train_and_evaluate(config, workdir)
   reporting.write_result(workdir, result)

@@ -65,7 +65,13 @@ def write_result(workdir: str, result: dict[str, Any], *, echo: bool = True) -> 
     os.path.join(workdir, RESULTS_LOG), {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result}
   )
   if echo:
-    print(line, flush=True)
+    print_result(result)
+
+
+def print_result(result: dict[str, Any]) -> None:
+  """A mode's figures as the one JSON line that ends its output (process 0 only)."""
+  if jax.process_index() == 0:
+    print(json.dumps(result, sort_keys=True), flush=True)
 
 
 class MetricWriter:

@@ -302,15 +302,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   prepare_workdir(workdir)
   with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
-    saved = finished_result(config, workdir)
-    if saved is not None:
-      logging.info(
-        "%s is already trained to step %d with this config: returning the figures saved in "
-        "train_result.json, without decoding again (--mode=eval scores it anew).",
-        workdir,
-        saved["step"],
-      )
-      return saved
     check_checkpoint_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
     run = Run(config, workdir, data="train")
     with Trainer(run, lock) as trainer, PreemptionGuard() as guard:

@@ -88,6 +88,7 @@ class WorkdirLock:
     self._thread: threading.Thread | None = None
     self._held = False
     self._fd: int | None = None  # holds the OS lock (flock) while held
+    self._created = False  # whether this job created the lock file (then it held no record)
     self.lost_to: dict[str, Any] | None = None  # set by the heartbeat if another job took over
 
   def _holder(self) -> dict[str, Any] | None:
@@ -152,7 +153,15 @@ class WorkdirLock:
     only if the path still names the locked file.
     """
     for _ in range(10):
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._created = True
+      except FileExistsError:
+        try:
+          fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+          continue  # removed meanwhile: create it
+        self._created = False
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:
@@ -177,7 +186,9 @@ class WorkdirLock:
     self._fd = self._os_lock()
     try:
       holder = self._holder()
-      if holder:  # a record: a job that ended without removing it, or one on another host
+      # A record: a job that ended without removing it, or one on another host. A file this job
+      # did not create counts even when empty or half-written: another host may be writing it.
+      if holder or (holder is not None and not self._created):
         if not self._stale(holder):
           raise self._refusal(holder)
         logging.warning(
@@ -232,15 +243,19 @@ class WorkdirLock:
       )
 
   def __enter__(self) -> WorkdirLock:
-    failed = ""
+    failed, bug = "", None
     if parallel.is_main_process():
       try:
         self._acquire()
         self._held = True
       except errors.WorkdirLockedError as e:
         failed = str(e)
+      except Exception as e:  # pylint: disable=broad-except  (re-raised below, after the broadcast)
+        bug = e
     # Everyone learns the outcome together: a process left alone would wait in a collective.
-    if parallel.broadcast_from_main(len(failed) > 0):
+    if parallel.broadcast_from_main(bool(failed) or bug is not None):
+      if bug is not None:
+        raise bug
       raise errors.WorkdirLockedError(
         failed or f"{self.path}: held by another job (see process 0)."
       )

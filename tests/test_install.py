@@ -57,8 +57,16 @@ def test_an_unused_gpu_or_tpu_is_one_warning_line(tmp_path):
   (tmp_path / "dev" / "vfio").mkdir()
   (tmp_path / "dev" / "vfio" / "vfio").touch()  # the VFIO control node alone: no TPU
   assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
-  (tmp_path / "dev" / "vfio" / "0").touch()
+  (tmp_path / "dev" / "vfio" / "0").touch()  # a passed-through device, but no TPU beside it
+  assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
+  pci = tmp_path / "sys" / "bus" / "pci" / "devices"
+  for slot, device in (("0000:00:04.0", "0x0042"), ("0000:00:05.0", "0x0062")):
+    (pci / slot).mkdir(parents=True)
+    (pci / slot / "vendor").write_text("0x1ae0\n")
+    (pci / slot / "device").write_text(f"{device}\n")
   assert "a TPU is visible" in accelerators.unused_accelerator("cpu", str(tmp_path))
+  (pci / "0000:00:05.0" / "device").write_text("0x0042\n")  # Google's virtual NIC only
+  assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ download leaves nothing behind, and a file already verified is not fetched again
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import urllib.error
 import urllib.request
@@ -146,7 +147,7 @@ def _fetch(url: str, path: str, size: int, sha256: str) -> None:
           f"with SHA-256 {sha256[:12]}...): not saved. Check config.data.url, then rerun "
           "--mode=prepare."
         )
-  except (urllib.error.URLError, OSError, ValueError) as e:
+  except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
     reason = getattr(e, "reason", None) or e
     raise errors.DataError(
       f"Downloading {os.path.basename(path)} from {url} failed: {' '.join(str(reason).split())}. "
