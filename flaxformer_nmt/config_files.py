@@ -15,10 +15,20 @@ import pathlib
 
 import ml_collections
 
-from flaxformer_nmt import configs as _configs_package
 from flaxformer_nmt import errors
 
-CONFIGS_DIR = pathlib.Path(_configs_package.__file__).resolve().parent
+
+def _configs_dir() -> pathlib.Path:
+  """The installed `flaxformer_nmt.configs`, or a clone's `configs/` beside the package when the
+  project is used without an install (`PYTHONPATH=.`), where the mapping does not exist."""
+  try:
+    from flaxformer_nmt import configs  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return pathlib.Path(__file__).resolve().parent.parent / "configs"
+  return pathlib.Path(configs.__file__).resolve().parent
+
+
+CONFIGS_DIR = _configs_dir()
 
 
 def names() -> list[str]:
