@@ -8,7 +8,7 @@ import ctranslate2  # the [export] extra; [test] includes it, so CI runs these t
 import numpy as np
 import pytest
 
-from flaxformer_nmt import averaging, errors, export, translate
+from flaxformer_nmt import averaging, errors, export
 from flaxformer_nmt import run as run_lib
 
 import helpers
@@ -39,15 +39,7 @@ def exported(trained_demo, tmp_path_factory):
 
 
 def _ours(run, params, sources, beam):
-  return translate.translate_lines(
-    sources,
-    run.tokenizer,
-    run.model,
-    params,
-    run.config.decode,
-    max_src_len=run.config.data.max_len,
-    beam_size=beam,
-  )
+  return run.translator(params, replicated=False)(sources, beam)
 
 
 def _caps(run, sources):

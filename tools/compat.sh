@@ -41,4 +41,5 @@ print(f"compat[{sys.argv[1]}]: Python {sys.version.split()[0]}, jax {jax.__versi
       f"orbax-checkpoint {orbax.checkpoint.__version__}, numpy {numpy.__version__}")
 PY
 python -m pytest -q tests/test_parallel.py tests/test_train.py tests/test_multiprocess.py \
-  tests/test_resume.py tests/test_translate.py tests/test_decode.py tests/test_notebook.py "$@"
+  tests/test_resume.py tests/test_translate.py tests/test_decode.py tests/test_decode_transformer.py \
+  tests/test_checkpoint_multiprocess.py tests/test_notebook.py "$@"
