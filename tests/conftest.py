@@ -21,6 +21,30 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "readme: runs the README's commands (.ci/run: -m readme)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_compilation_cache(tmp_path_factory) -> pathlib.Path:
+  """One JAX compilation cache for the whole test session, in-process and in subprocesses.
+
+  Most of a test's time is XLA compiling the same few tiny-model programs again: in each xdist
+  worker and in every main.py or multi-process launch. The cache lives in the session's own
+  folder (pytest prunes old ones), so every session starts cold, as CI does; nothing carries over.
+  """
+  import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS is set)
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's folder, shared by its workers
+  cache = root / "jax_compilation_cache"
+  cache.mkdir(exist_ok=True)
+  for name, value in (
+    ("jax_compilation_cache_dir", str(cache)),
+    ("jax_persistent_cache_min_compile_time_secs", 0.0),  # the tiny model compiles in < 1 s
+  ):
+    jax.config.update(name, value)
+    os.environ[name.upper()] = str(value)  # for main.py and multi-process launches
+  return cache
+
+
 @pytest.fixture
 def tiny_config():
   """The shared tiny config: configs/demo.py cut to 60 steps and 40-sentence dev and test sets."""
