@@ -11,6 +11,7 @@ heads, H one head's width, D d_model, L a decode cache's length).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -91,12 +92,54 @@ def dot_product_attention(
     [B, T, N, H]
 
   The scores Q K^T are accumulated and kept in float32 whatever the inputs' dtype, and the
-  softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on.
+  softmax runs in float32: bfloat16 loses the small probabilities that long inputs rely on. The
+  probabilities are then rounded to the values' dtype for the product with V. The gradient is
+  written by hand (`_attention_bwd`).
   """
-  weights = attention_weights(query, key, mask).astype(value.dtype)  # [B, N, T, S]
-  if not deterministic:
-    weights = dropout(weights, dropout_rate, dropout_rng, dropout_kind)
-  return jnp.einsum("BNTS,BSNH->BTNH", weights, value)
+  rate = 0.0 if deterministic or dropout_rng is None else float(dropout_rate)
+  return _attention(query, key, value, mask, dropout_rng if rate else None, rate, dropout_kind)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(query, key, value, mask, rng, rate: float, kind: str) -> Array:
+  return _attention_fwd(query, key, value, mask, rng, rate, kind)[0]
+
+
+def _attention_fwd(query, key, value, mask, rng, rate: float, kind: str):
+  probs = attention_weights(query, key, mask).astype(value.dtype)  # [B, N, T, S]
+  kept = dropout(probs, rate, rng, kind) if rate else probs
+  out = jnp.einsum("BNTS,BSNH->BTNH", kept, value)  # [B, T, N, H]
+  return out, (query, key, value, mask, rng, probs, out)
+
+
+def _attention_bwd(rate: float, kind: str, residuals, d_out: Array):
+  """The backward of softmax attention, keeping HBM traffic on [B, N, T, S] arrays low.
+
+  Autodiff kept float32 scores and wrote several float32 [B, N, T, S] intermediates for the
+  softmax's gradient: on a TPU, attention was over half of the base train step, nearly all of it
+  memory traffic on those arrays (benchmarks/train_step.py --target=tpu:v5p). Here only the
+  probabilities (in the values' dtype) are kept, the dropout mask is drawn again from its key,
+  and the softmax gradient dS = P (dP - rowsum(dP P)) takes its row sums from the [B, T, N, H]
+  arrays instead (rowsum(dP P) = dO . O, as FlashAttention does), so dS is one fused pass.
+  """
+  query, key, value, mask, rng, probs, out = residuals
+  kept = dropout(probs, rate, rng, kind) if rate else probs  # [B, N, T, S]
+  d_kept = einsum_f32("BTNH,BSNH->BNTS", d_out, value)  # [B, N, T, S] float32
+  d_value = jnp.einsum("BNTS,BTNH->BSNH", kept, d_out.astype(kept.dtype))
+  d_probs = dropout(d_kept, rate, rng, kind) if rate else d_kept  # the same mask and scale
+  row = jnp.einsum(
+    "BTNH,BTNH->BNT", d_out.astype(jnp.float32), out.astype(jnp.float32)
+  )  # [B, N, T]: rowsum(dP * P)
+  d_logits = probs.astype(jnp.float32) * (d_probs - row[..., None])
+  if mask is not None:
+    d_logits = jnp.where(mask, d_logits, 0.0)
+  d_logits = (d_logits / np.float32(np.sqrt(query.shape[-1]))).astype(query.dtype)
+  d_query = jnp.einsum("BNTS,BSNH->BTNH", d_logits, key.astype(query.dtype))
+  d_key = jnp.einsum("BNTS,BTNH->BSNH", d_logits, query).astype(key.dtype)
+  return d_query, d_key, d_value.astype(value.dtype), None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 class MultiHeadAttention(nn.Module):
@@ -124,6 +167,7 @@ class MultiHeadAttention(nn.Module):
   dtype: Dtype = jnp.float32
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   dropout_kind: str = "threefry16"  # config_lib.DROPOUT_RNGS
+  implementation: str = "ours"  # config_lib.ATTENTIONS: "jax" = jax.nn.dot_product_attention
 
   @nn.compact
   def __call__(
@@ -181,16 +225,21 @@ class MultiHeadAttention(nn.Module):
     if beams > 1:
       # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
       query = query.reshape(key.shape[0], beams * query.shape[1], n, h)
-    out = dot_product_attention(
-      query,
-      key,
-      value,
-      mask,
-      dropout_rate=self.dropout_rate,
-      dropout_rng=dropout_rng,
-      deterministic=deterministic,
-      dropout_kind=self.dropout_kind,
-    )  # [B, T, N, H]
+    if self.implementation == "jax":
+      # config_lib.validate allows it only without attention dropout. cuDNN on GPUs where it
+      # supports the shapes and dtype, XLA elsewhere (jax decides).
+      out = jax.nn.dot_product_attention(query, key, value, mask=mask)  # [B, T, N, H]
+    else:
+      out = dot_product_attention(
+        query,
+        key,
+        value,
+        mask,
+        dropout_rate=self.dropout_rate,
+        dropout_rng=dropout_rng,
+        deterministic=deterministic,
+        dropout_kind=self.dropout_kind,
+      )  # [B, T, N, H]
     out = out.reshape(rows, -1, d)  # heads concatenated (and beams back to rows): [B, T, D]
     return out @ w_o
 

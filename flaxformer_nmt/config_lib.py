@@ -66,6 +66,11 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       # random-number work; the rate is rounded to 1/65536), "threefry" (jax.random.bernoulli),
       # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See layers.py.
       dropout_rng="threefry16",
+      # Which softmax attention trains and scores: "ours" (attention_layers.py: float32 scores
+      # and a hand-written backward) or "jax" (jax.nn.dot_product_attention: cuDNN's fused
+      # kernel on GPUs where it supports the shapes, XLA elsewhere; no attention dropout).
+      # Incremental decoding always runs ours.
+      attention="ours",
     )
   )
 
@@ -274,6 +279,7 @@ SOURCES = ("demo", "tfds", "files")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
 POSITIONALS = ("sinusoidal", "learned")
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # layers.dropout_keep_mask
+ATTENTIONS = ("ours", "jax")  # attention_layers.dot_product_attention / jax.nn's
 BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
 COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
 
@@ -330,6 +336,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _in_unit(config, f"model.{path}")
   _one_of(config, "model.positional", POSITIONALS)
   _one_of(config, "model.dropout_rng", DROPOUT_RNGS)
+  _one_of(config, "model.attention", ATTENTIONS)
+  if m.attention == "jax" and m.attention_dropout_rate:
+    _fail(
+      f"config.model.attention='jax' has no attention dropout, but "
+      f"config.model.attention_dropout_rate={m.attention_dropout_rate}: set it to 0 or use 'ours'."
+    )
   if m.dtype == "float16":
     _fail(
       "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "

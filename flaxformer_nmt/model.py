@@ -50,6 +50,7 @@ class TransformerConfig:
   dtype: Any = jnp.float32  # of matrix products; see the module docstring
   remat: bool = False
   dropout_rng: str = "threefry16"  # how masks are drawn: config_lib.DROPOUT_RNGS
+  attention: str = "ours"  # config_lib.ATTENTIONS
 
   @classmethod
   def from_config(
@@ -78,6 +79,7 @@ def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadA
     cfg.attention_dropout_rate,
     cfg.dtype,
     dropout_kind=cfg.dropout_rng,
+    implementation=cfg.attention,
     name=name,
   )
 
