@@ -4,7 +4,13 @@
 
 Trains (or reuses, with --workdir) the vocabulary and tokenizes the train split once (timed
 separately: a restart loads both from the workdir), then times --num_batches training batches with
-the paper's default budget (25,000 tokens per side) and max_len. The last line is one JSON object.
+the paper's default budget (25,000 tokens per side) and max_len, packed in this thread: one core's
+throughput (training packs in one background thread per process, data/prefetch.py).
+
+It then says how many such cores keep 1, 8 and 32 chips fed when a chip consumes
+--chip_tokens_per_s target tokens per second; the default is the base bf16 step's estimate on one
+v5p chip (benchmarks/train_step.py --target=tpu:v5p, docs/performance.md). The last line is one
+JSON object.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ _NUM_DEVICES = flags.DEFINE_integer("num_devices", 8, "Global devices (rows divi
 _TRAIN_PREFIX = flags.DEFINE_string("train_prefix", "train", "")
 _DEV_PREFIX = flags.DEFINE_string("dev_prefix", "val", "")
 _TEST_PREFIX = flags.DEFINE_string("test_prefix", "test_2016_flickr", "")
+_CHIP_TOKENS_PER_S = flags.DEFINE_float(
+  "chip_tokens_per_s",
+  443_841,
+  "Target tokens per second one chip trains on (default: base bf16, v5p, the compiler's estimate "
+  "from benchmarks/train_step.py --target=tpu:v5p).",
+)
 
 
 def main(argv: list[str]) -> None:
@@ -46,6 +58,7 @@ def main(argv: list[str]) -> None:
       vocab_size=_VOCAB_SIZE.value,
       tokens_per_batch=_TOKENS_PER_BATCH.value,
       max_len=_MAX_LEN.value,
+      prefetch_batches=0,  # packing timed in this thread
     )
   )
   with tempfile.TemporaryDirectory() as tmp:
@@ -79,12 +92,21 @@ def main(argv: list[str]) -> None:
     "target_non_padding": round(tgt_tokens / cells, 4),
     "source_non_padding": round(src_tokens / cells, 4),
     "epochs": round(first["epoch"] + first["index"] / first["size"], 2),
+    "chip_tokens_per_s": _CHIP_TOKENS_PER_S.value,
+  }
+  per_core = tgt_tokens / elapsed
+  # Packing scales with the streams a process packs (one per local device); cores needed to keep
+  # n chips fed at the chip's rate:
+  result["cores_needed"] = {
+    f"{n}_chips": round(n * _CHIP_TOKENS_PER_S.value / per_core, 2) for n in (1, 8, 32)
   }
   logging.info("Setup (vocabulary + tokenization): %.1fs.", setup_s)
   print(
     f"Pipeline: {result['target_tokens_per_s']:,} target and {result['source_tokens_per_s']:,} "
     f"source tokens/s; non-padding share {result['target_non_padding']:.1%} (targets), "
-    f"{result['source_non_padding']:.1%} (sources)."
+    f"{result['source_non_padding']:.1%} (sources). Cores to feed 1 / 8 / 32 chips at "
+    f"{_CHIP_TOKENS_PER_S.value:,.0f} tokens/s each: "
+    + " / ".join(str(v) for v in result["cores_needed"].values())
   )
   print(json.dumps(result))
 

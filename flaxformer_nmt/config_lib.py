@@ -139,6 +139,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       # devices of all processes (and all micro-batches, see optim.accumulate_steps).
       tokens_per_batch=25_000,
       max_len=256,  # pairs with either side longer (in tokens) are dropped and counted
+      # Training batches packed ahead in a background thread (data/prefetch.py), while the
+      # device computes; 0 = pack each in the training loop.
+      prefetch_batches=2,
       # Demo generator sizes.
       demo_train_size=200_000,
       demo_dev_size=500,
@@ -350,6 +353,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     )
   _one_of(config, "model.dtype", DTYPES)
 
+  _at_least(config, "data.prefetch_batches", 0)
   _at_least(config, "optim.warmup_steps", 1)
   _at_least(config, "optim.accumulate_steps", 1)
   for path in ("beta1", "beta2"):

@@ -155,8 +155,9 @@ def format_seconds(seconds: float) -> str:
 
 
 def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
+  wait = metrics.get("input_wait_fraction")
   logging.info(
-    "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s  ETA %s",
+    "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s%s  ETA %s",
     step,
     total,
     metrics["loss"],
@@ -164,5 +165,6 @@ def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> Non
     metrics["learning_rate"],
     metrics["grad_norm"],
     metrics["target_tokens_per_s"],
+    "" if wait is None else f"  input wait {wait:.0%}",
     eta,
   )

@@ -37,6 +37,7 @@ from flaxformer_nmt import (
 )
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import evaluate as evaluate_lib
+from flaxformer_nmt.data import prefetch
 from flaxformer_nmt.preemption import PreemptionGuard
 from flaxformer_nmt.run import Run, check_checkpoint_fits, prepare_workdir
 
@@ -182,6 +183,7 @@ class Trainer:
     self.clock = reporting.TrainClock(trained_seconds)  # process 0's decides for everyone
     self.pending: list[dict[str, Any]] = []  # device metrics not yet fetched (async dispatch)
     self._last_log_seconds = self.clock.seconds()
+    self._last_input_wait = self._input_wait()
     self.last_dev: dict[str, float] = {}
 
   def __enter__(self) -> Trainer:
@@ -190,6 +192,8 @@ class Trainer:
   def __exit__(self, *exc_info: object) -> None:
     self.writer.close()
     self.checkpoints.close()
+    if isinstance(self.run.data.train, prefetch.Prefetcher):
+      self.run.data.train.close()
 
   def train_step(self) -> int:
     """Dispatches the next step and returns its number (one step at most stays in flight)."""
@@ -224,11 +228,21 @@ class Trainer:
     history = self.flush()
     now = self.clock.seconds()
     summary = _summarize(history, now - self._last_log_seconds)
+    wait = self._input_wait()
+    if wait is not None:
+      # The share of training time the loop waited for a packed batch (0 = input kept ahead).
+      elapsed = max(now - self._last_log_seconds, 1e-9)
+      summary["input_wait_fraction"] = min((wait - self._last_input_wait) / elapsed, 1.0)
+      self._last_input_wait = wait
     budget = self.config.max_train_minutes * 60.0
     eta = self.progress.eta(self.step, budget - now if budget else None)
     reporting.log_train(self.step, total, summary, eta)
     self.writer.scalars(self.step, summary, split="train")
     self._last_log_seconds = now
+
+  def _input_wait(self) -> float | None:
+    """Seconds the loop has waited for prefetched batches (None when packing is in the loop)."""
+    return getattr(self.run.data.train, "wait_seconds", None)
 
   def save(self, *, force: bool, check_clock: bool) -> None:
     def make() -> tuple[Any, dict[str, Any]]:

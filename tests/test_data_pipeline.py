@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import config_lib, errors
-from flaxformer_nmt.data import pipeline, sources, streams, tokenized
+from flaxformer_nmt.data import pipeline, prefetch, sources, streams, tokenized
 
 import helpers
 
@@ -110,6 +110,43 @@ def test_two_workdirs_identical_and_restorable(corpus, tmp_path) -> None:
     x, y = next(a.train), next(b.train)
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_prefetched_batches_and_positions_equal_the_training_loops_own(corpus, tmp_path) -> None:
+  """Packed ahead in a thread (the default) or in the loop (prefetch_batches=0): the same batches,
+  and after each the same position (that of the batches handed out, not of those packed ahead),
+  also across a set_state."""
+  ahead = pipeline.make_data(_config(corpus), str(tmp_path / "a"), 8, 0, 1)
+  inline = pipeline.make_data(_config(corpus, prefetch_batches=0), str(tmp_path / "b"), 8, 0, 1)
+  assert isinstance(ahead.train, prefetch.Prefetcher)
+  assert isinstance(inline.train, streams.DeviceStreams)
+  saved: list = []
+  for i in range(12):
+    if i == 6:  # back to an earlier position, as a resume does
+      ahead.train.set_state(saved)
+      inline.train.set_state(saved)
+    x, y = next(ahead.train), next(inline.train)
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+    assert ahead.train.get_state() == inline.train.get_state()
+    if i == 2:
+      saved = inline.train.get_state()
+  assert ahead.train.wait_seconds > 0.0
+  ahead.train.close()
+
+
+def test_a_packing_error_reaches_the_training_loop(corpus, tmp_path, monkeypatch) -> None:
+  data = pipeline.make_data(_config(corpus, prefetch_batches=1), str(tmp_path / "a"), 8, 0, 1)
+  next(data.train)
+
+  def broken(self):
+    raise OSError("disk gone")
+
+  monkeypatch.setattr(streams.DeviceStreams, "__next__", broken)
+  with pytest.raises(OSError, match="disk gone"):
+    for _ in range(4):  # what was packed before the failure comes first
+      next(data.train)
+  data.train.close()
 
 
 def test_global_batches_do_not_depend_on_the_process_count(corpus, tmp_path) -> None:

@@ -16,7 +16,7 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import tokenizer as tokenizer_lib
-from flaxformer_nmt.data import packing, sources, streams, tokenized
+from flaxformer_nmt.data import packing, prefetch, sources, streams, tokenized
 
 Batch = packing.Batch
 
@@ -41,7 +41,8 @@ class Data:
   """Everything the trainer needs from the input side."""
 
   tokenizer: tokenizer_lib.Tokenizer
-  train: streams.DeviceStreams | None  # None when made with need_train=False (eval, translate)
+  # None when made with need_train=False (eval, translate); packed ahead unless prefetch is 0.
+  train: streams.DeviceStreams | prefetch.Prefetcher | None
   global_rows: int  # rows of a global batch; each process yields global_rows / process_count
   eval_rows: int  # rows of a global evaluation batch (one micro-batch's worth)
   num_devices: int  # devices of the whole run: one training stream each
@@ -140,6 +141,8 @@ def make_data(
       max_len=dc.max_len,
       seed=config.seed,
     )
+    if dc.prefetch_batches:
+      train = prefetch.Prefetcher(train, dc.prefetch_batches)
   return Data(
     tokenizer=tokenizer,
     train=train,
