@@ -13,6 +13,13 @@ With --ctranslate2 (default), the same weights are exported to CTranslate2 (flax
 and the same sources decoded there with the same beam and exactly the same number of steps
 (`min_decoding_length = max_decoding_length`, which keeps EOS out as ours does), on the CPU with
 --ct2_threads threads; the report adds its sentences/s and our ratio to it. The last line is JSON.
+
+`--target=tpu:v4|v5e|v5p|v6e` runs nothing: it compiles the same program for one chip of that TPU
+(libtpu, no TPU needed) and reports the TPU compiler's estimate (flaxformer_nmt/tpu_estimate.py)
+of one search step and of the encoder, and from them sentences/s. The cost model counts a loop body
+once, so the search's `while_loop` is compiled twice with its body run in line: two steps and three
+(the compiler simplifies the first step, whose beams and cache it knows to be empty); a step is the
+difference, and a batch is the two-step program plus the remaining steps at that rate.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Parameter and input seed.")
 _CT2 = flags.DEFINE_bool("ctranslate2", True, "Also time CTranslate2 on the same weights.")
 _CT2_THREADS = flags.DEFINE_integer("ct2_threads", 2, "CTranslate2 intra-op threads (CPU).")
 _CT2_QUANT = flags.DEFINE_string("ct2_quantization", "float32", "CTranslate2 weight type.")
+_TARGET = flags.DEFINE_string("target", "host", "host (run it here), or tpu:<chip> (estimate).")
 
 
 def time_ctranslate2(
@@ -110,11 +118,67 @@ def decode_fixed(
   return decode.run_search(model, step, max_lengths, inputs.shape, max_decode_len, search, greedy)
 
 
+class _LaxWithLoop:
+  """jax.lax as search.py sees it, with its while_loop replaced (for estimate_on_tpu)."""
+
+  def __init__(self, while_loop) -> None:
+    self.while_loop = while_loop
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(jax.lax, name)
+
+
+def estimate_on_tpu(model: Transformer, params, inputs, search, steps: int) -> dict[str, Any]:
+  """The compiler's estimate of the search on one TPU chip: encoder, one step, the batch."""
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt import tpu_estimate as te  # pylint: disable=g-import-not-at-top
+
+  try:
+    chip = te.chip(_TARGET.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  try:
+    device = te.device(chip)
+  except te.NoTpuCompiler as e:
+    raise SystemExit(f"--target={_TARGET.value}: {e}") from e
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), (params, inputs)
+  )
+  results = {}
+  for name, loop in (
+    ("two_steps", lambda cond, body, init: body(body(init))),
+    ("three_steps", lambda cond, body, init: body(body(body(init)))),
+  ):
+    fn = functools.partial(decode_fixed.__wrapped__, model, search=search)
+    with mock.patch.object(search_lib, "lax", _LaxWithLoop(loop)):
+      compiled = jax.jit(fn).lower(*abstract).compile()
+    results[name] = te.estimate(compiled, 0.0, chip)
+  two, three = results["two_steps"]["est_ms"], results["three_steps"]["est_ms"]
+  if two is None or three is None:
+    why = results["two_steps"]["why_no_estimate"] or results["three_steps"]["why_no_estimate"]
+    return {"target": _TARGET.value, "est_ms_per_step": None, "why_no_estimate": why}
+  step_ms = three - two
+  batch_ms = two + (steps - 2) * step_ms
+  return {
+    "target": _TARGET.value,
+    "est_encoder_and_two_steps_ms": round(two, 3),
+    "est_ms_per_step": round(step_ms, 4),
+    "est_ms_per_batch": round(batch_ms, 2),
+    "est_sentences_per_s": round(_BATCH.value / (batch_ms / 1e3), 1),
+    "est_tokens_per_s": round(_BATCH.value * steps / (batch_ms / 1e3), 1),
+    "custom_calls_outside_fusions": results["three_steps"]["custom_calls_outside_fusions"],
+  }
+
+
 def main(argv: list[str]) -> None:
   del argv
   c = config_lib.base_config(_SIZE.value)
   if _DTYPE.value:
     c.model.dtype = _DTYPE.value
+  elif _TARGET.value != "host":
+    c.model.dtype = "bfloat16"  # what "auto" is on a TPU
   model = Transformer(
     TransformerConfig.from_config(
       c.model, vocab_size=_VOCAB.value, auto_dtype=parallel.auto_dtype()
@@ -144,6 +208,19 @@ def main(argv: list[str]) -> None:
     jax.devices()[0].device_kind,
   )
 
+  if _TARGET.value != "host":
+    report = estimate_on_tpu(model, params, inputs, search, steps)
+    report.update(
+      benchmark="decode",
+      size=_SIZE.value,
+      dtype=np.dtype(model.cfg.dtype).name,
+      batch_size=_BATCH.value,
+      src_len=_SRC_LEN.value,
+      beam_size=_BEAM.value,
+      decode_steps=steps,
+    )
+    print(json.dumps(report), flush=True)
+    return
   start = time.perf_counter()
   result = jax.block_until_ready(decode_fixed(model, params, inputs, search))
   compile_s = time.perf_counter() - start

@@ -1,5 +1,6 @@
 r"""Train-step throughput and memory for a model size at a fixed token budget per step.
 
+  python benchmarks/train_step.py --size=base --dtype=bfloat16 --target=tpu:v5p   # TPU estimate
   python benchmarks/train_step.py --size=base
   python benchmarks/train_step.py --size=base --steps=3 --remat      # peak host memory with remat
   python benchmarks/train_step.py --size=tiny --tokens_per_step=4096 --steps=20
@@ -19,20 +20,30 @@ where the device is known (or --peak_tflops).
 Memory: XLA's compiled memory analysis of the step (per device) and, on Linux, the process's peak
 resident memory while the timed steps ran (the high-water mark is reset after the warm-up, so
 compilation does not count). Last line: JSON.
+
+`--target=tpu:v4|v5e|v5p|v6e` runs nothing: it compiles the step for one chip of that TPU (libtpu:
+`pip install "jax[tpu]==<jax version>"`, no TPU needed) and reports the TPU compiler's own time
+estimate (`est_step_ms`, `est_tokens_per_s`, `est_mfu` = analytic FLOPs / (estimate x the chip's
+bf16 peak)), with the step broken into separately compiled pieces (benchmarks/step_estimate.py;
+`--nopieces` for the step alone). Defaults there: 25,000 target tokens per chip in rows of 256.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import step_estimate
 from absl import app, flags
 
 from flaxformer_nmt import config_lib, optim, parallel, steps
 from flaxformer_nmt import flops as flop_count
+from flaxformer_nmt import tpu_estimate as te
 from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
 
 flags.DEFINE_enum("size", "base", sorted(config_lib.SIZES), "Model size from the size table.")
@@ -53,6 +64,12 @@ flags.DEFINE_float(
 )
 flags.DEFINE_integer("peak_n", 2048, "Side of the square matrix product that measures the peak.")
 flags.DEFINE_integer("dropout_percent", -1, "Override the size's dropout (percent; -1 = keep).")
+flags.DEFINE_string("target", "host", "host (run it here), or tpu:<chip> (compile and estimate).")
+flags.DEFINE_bool("pieces", True, "With a TPU target: estimate the step's parts too.")
+flags.DEFINE_string("hlo_dir", "", "With a TPU target: write each piece's compiled HLO here.")
+flags.DEFINE_multi_string(
+  "set", [], "Config overrides for the estimate, e.g. model.dropout_rng=rbg."
+)
 FLAGS = flags.FLAGS
 
 # Dense bf16 peaks (TFLOP/s per device) for MFU; CPUs have no meaningful single figure.
@@ -131,8 +148,63 @@ def _batch(rows: int, length: int, vocab: int, seed: int) -> dict[str, np.ndarra
   )
 
 
+def estimate_main() -> None:
+  """--target=tpu:<chip>: the compiler's estimate of the step and its pieces (nothing runs)."""
+  try:
+    chip = te.chip(FLAGS.target)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  tokens = FLAGS.tokens_per_step if FLAGS["tokens_per_step"].present else 25_000
+  max_len = FLAGS.max_len if FLAGS["max_len"].present else 256
+  c = config_lib.base_config(FLAGS.size)
+  c.model.dtype, c.model.remat, c.model.max_len = FLAGS.dtype, FLAGS.remat, max_len
+  if FLAGS.dtype == "auto":
+    c.model.dtype = "bfloat16"  # what "auto" is on every TPU
+  if FLAGS.dropout_percent >= 0:
+    c.model.dropout_rate = FLAGS.dropout_percent / 100
+  for override in FLAGS.set:
+    path, _, text = override.partition("=")
+    config_lib.set_field(
+      c, path, ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
+    )
+  cfg = TransformerConfig.from_config(c.model, FLAGS.vocab_size)
+  rows = max(tokens // max_len, 1)
+  if FLAGS.hlo_dir:
+    os.makedirs(FLAGS.hlo_dir, exist_ok=True)
+    step_estimate.HLO_DIR[:] = [FLAGS.hlo_dir]
+  try:
+    results = step_estimate.estimate_step(c, cfg, rows, max_len, chip, FLAGS.pieces)
+  except te.NoTpuCompiler as e:
+    raise SystemExit(f"--target={FLAGS.target}: {e}") from e
+  for name, r in results.items():
+    print(name, json.dumps(r), flush=True)
+  out = {
+    "target": FLAGS.target,
+    "size": FLAGS.size,
+    "dtype": c.model.dtype,
+    "dropout_rng": cfg.dropout_rng,
+    "remat": cfg.remat,
+    "overrides": FLAGS.set,
+    "rows": rows,
+    "max_len": max_len,
+    "target_tokens_per_step": rows * max_len,
+    "vocab_size": FLAGS.vocab_size,
+    **step_estimate.summary(results, rows * max_len),
+    "dominant": step_estimate.dominant(results) if FLAGS.pieces else None,
+    "pieces": {
+      k: {"est_ms": v["est_ms"], "share_of_step": v.get("share_of_step")}
+      for k, v in results.items()
+    },
+    "step": results["step"],
+  }
+  print(json.dumps(out))
+
+
 def main(argv: list[str]) -> None:
   del argv
+  if FLAGS.target != "host":
+    estimate_main()
+    return
   c = config_lib.base_config(FLAGS.size)
   c.model.dtype, c.model.remat = FLAGS.dtype, FLAGS.remat
   if FLAGS.dropout_percent >= 0:

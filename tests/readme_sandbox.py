@@ -44,6 +44,7 @@ name = os.path.splitext(os.path.basename(__file__))[0]
 path = os.path.join(os.environ["README_TEST_REPO"], "benchmarks", name + ".py")
 overrides = json.loads(os.environ["README_TEST_OVERRIDES"]).get(name, [])
 sys.argv = [path] + sys.argv[1:] + overrides
+sys.path.insert(0, os.path.dirname(path))  # the real script's sibling modules, not their shims
 runpy.run_path(path, run_name="__main__")
 """
 

@@ -64,12 +64,14 @@ _SMALL_MODEL = helpers.SMALL_MODEL_FLAGS + ["--config.decode.max_len_offset=8"]
 _RECIPE = ["--config.num_train_steps=50", "--config.checkpoint_every_steps=10"]
 _SHORT = ["--config.num_train_steps=20", "--config.checkpoint_every_steps=4"]
 _BENCHMARKS = {
+  # --target=host: the docs' TPU estimates need libtpu, which the tests' machines lack.
   "train_step": ["--size=tiny", "--vocab_size=300", "--max_len=32", "--tokens_per_step=512"]
-  + ["--steps=1", "--peak_n=256"],
+  + ["--steps=1", "--peak_n=256", "--target=host"],
   "decode": ["--size=tiny", "--vocab_size=300", "--batch_size=4", "--src_len=8"]
-  + ["--max_len_offset=4", "--repeats=1"],
+  + ["--max_len_offset=4", "--repeats=1", "--target=host"],
   "memory": ["--sizes=tiny", "--dtypes=float32", "--tokens_per_device=512", "--max_len=64"]
   + ["--vocab_size=300", "--target=host"],
+  "recipe_cost": ["--notpu_estimate"],
   "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
   + ["--vocab_size=300"],
 }
