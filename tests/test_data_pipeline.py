@@ -133,6 +133,8 @@ def test_prefetched_batches_and_positions_equal_the_training_loops_own(corpus, t
       saved = inline.train.get_state()
   assert ahead.train.wait_seconds > 0.0
   ahead.train.close()
+  with pytest.raises(RuntimeError, match="prefetcher is closed"):
+    next(ahead.train)  # an error, not a wait forever on an empty queue
 
 
 def test_a_packing_error_reaches_the_training_loop(corpus, tmp_path, monkeypatch) -> None:
@@ -146,6 +148,8 @@ def test_a_packing_error_reaches_the_training_loop(corpus, tmp_path, monkeypatch
   with pytest.raises(OSError, match="disk gone"):
     for _ in range(4):  # what was packed before the failure comes first
       next(data.train)
+  with pytest.raises(RuntimeError, match="packing failed"):
+    next(data.train)  # not a wait forever on a worker that has ended
   data.train.close()
 
 

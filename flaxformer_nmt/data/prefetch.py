@@ -60,18 +60,21 @@ class Prefetcher(Iterator[Batch]):
     self._thread.start()
 
   def _work(self, out: queue.Queue, stop: threading.Event) -> None:
+    def put(item: Any) -> None:
+      # Never blocks past a stop: close() and set_state() join this thread.
+      while not stop.is_set():
+        try:
+          out.put(item, timeout=0.1)
+          return
+        except queue.Full:
+          continue
+
     try:
       while not stop.is_set():
         batch = next(self._streams)
-        item = (batch, self._streams.get_state())
-        while not stop.is_set():
-          try:
-            out.put(item, timeout=0.1)
-            break
-          except queue.Full:
-            continue
+        put((batch, self._streams.get_state()))
     except BaseException as e:  # pylint: disable=broad-except  (re-raised in the trainer)
-      out.put(e)
+      put(e)
 
   def _halt(self) -> None:
     self._stop.set()
@@ -81,10 +84,13 @@ class Prefetcher(Iterator[Batch]):
     return self
 
   def __next__(self) -> Batch:
+    if self._stop.is_set():
+      raise RuntimeError("the input prefetcher is closed (or its packing failed): no more batches.")
     start = time.perf_counter()
     item = self._queue.get()
     self.wait_seconds += time.perf_counter() - start
     if isinstance(item, BaseException):
+      self._stop.set()  # the worker has ended: a later next() says so instead of waiting
       raise item
     batch, self._state = item
     return batch
