@@ -33,9 +33,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import step_estimate
 from absl import app, flags, logging
 
-from flaxformer_nmt import config_lib, optim, steps
+from flaxformer_nmt import config_lib, optim, steps, tpu_estimate
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
 
 flags.DEFINE_list("sizes", ["base"], "Model sizes from the size table.")
@@ -49,7 +50,6 @@ flags.DEFINE_list("capacities_gb", ["16", "40", "80"], "Device memories to fit (
 flags.DEFINE_string("target", "host", "host, or tpu:<generation> (v4, v5e, v5p, v6e).")
 FLAGS = flags.FLAGS
 
-_TOPOLOGIES = {"v4": "v4:1x1x1", "v5e": "v5e:1x1", "v5p": "v5p:1x1x1", "v6e": "v6e:1x1"}
 GIB = 2**30
 
 
@@ -57,21 +57,12 @@ def _device(target: str) -> jax.Device:
   """One device of the compilation target (a real one for 'host')."""
   if target == "host":
     return jax.devices()[0]
-  platform, _, generation = target.partition(":")
-  if platform != "tpu" or generation not in _TOPOLOGIES:
-    raise app.UsageError(f"--target={target}: use host or tpu:{{{','.join(_TOPOLOGIES)}}}.")
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-
   try:
-    topology = topologies.get_topology_desc(
-      platform="tpu", topology_name=_TOPOLOGIES[generation], chips_per_host_bounds=(1, 1, 1)
-    )
-  except Exception as e:  # pylint: disable=broad-except
-    raise SystemExit(
-      f"--target={target}: cannot compile for a TPU here ({' '.join(str(e).split())[:200]}); "
-      'install libtpu with `pip install "jax[tpu]==<your jax version>"`.'
-    ) from e
-  return topology.devices[0]
+    return tpu_estimate.device(tpu_estimate.chip(target))
+  except ValueError as e:
+    raise app.UsageError(f"{e} (or host)") from e
+  except tpu_estimate.NoTpuCompiler as e:
+    raise SystemExit(f"--target={target}: {e}") from e
 
 
 def compile_step(size: str, dtype: str, k: int, device: jax.Device) -> dict[str, float]:
@@ -93,14 +84,7 @@ def compile_step(size: str, dtype: str, k: int, device: jax.Device) -> dict[str,
   state = jax.tree.map(abstract, state)
   batch = {
     name: jax.ShapeDtypeStruct((rows, FLAGS.max_len), jnp.int32, sharding=replicated)
-    for name in (
-      "inputs",
-      "targets",
-      "inputs_position",
-      "targets_position",
-      "inputs_segmentation",
-      "targets_segmentation",
-    )
+    for name in step_estimate.BATCH_FIELDS
   }
   step = jax.shard_map(
     lambda s, b: steps.train_step(
