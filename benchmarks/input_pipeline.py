@@ -7,6 +7,10 @@ separately: a restart loads both from the workdir), then times --num_batches tra
 the paper's default budget (25,000 tokens per side) and max_len, packed in this thread: one core's
 throughput (training packs in one background thread per process, data/prefetch.py).
 
+With --processes=1,2,... it also runs that many packing processes side by side, each packing its
+share of the devices' streams as the processes of a multi-host job do (process_index i of P), and
+reports their summed target tokens/s: the scaling with workers, on as many cores as this host has.
+
 It then says how many such cores keep 1, 8 and 32 chips fed when a chip consumes
 --chip_tokens_per_s target tokens per second; the default is the base bf16 step's estimate on one
 v5p chip (benchmarks/train_step.py --target=tpu:v5p, docs/performance.md). The last line is one
@@ -16,9 +20,13 @@ JSON object.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import sys
 import tempfile
 import time
 
+import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
@@ -44,9 +52,12 @@ _CHIP_TOKENS_PER_S = flags.DEFINE_float(
   "from benchmarks/train_step.py --target=tpu:v5p).",
 )
 
+_PROCESSES = flags.DEFINE_list(
+  "processes", [], "Also time this many packing processes side by side, e.g. 1,2 ('' = not)."
+)
 
-def main(argv: list[str]) -> None:
-  del argv
+
+def _config() -> ml_collections.ConfigDict:
   config = config_lib.base_config("tiny")
   config.data.update(
     dict(
@@ -61,21 +72,67 @@ def main(argv: list[str]) -> None:
       prefetch_batches=0,  # packing timed in this thread
     )
   )
+  return config
+
+
+def _time_batches(train, num_batches: int) -> tuple[int, int, int, float]:
+  """Packs `num_batches` batches; returns (source tokens, target tokens, cells, seconds)."""
+  next(train)  # the first epoch's permutation is drawn on the first batch
+  src_tokens = tgt_tokens = cells = 0
+  start = time.perf_counter()
+  for _ in range(num_batches):
+    batch = next(train)
+    src_tokens += int(np.count_nonzero(batch["inputs"]))
+    tgt_tokens += int(np.count_nonzero(batch["targets"]))
+    cells += batch["targets"].size
+  return src_tokens, tgt_tokens, cells, time.perf_counter() - start
+
+
+def _worker(args: tuple) -> tuple[int, float]:
+  """One packing process of `count` (spawned): its target tokens and seconds."""
+  flag_values, workdir, index, count = args
+  flags.FLAGS(flag_values, known_only=True)
+  logging.set_verbosity(logging.WARNING)
+  data = pipeline.make_data(
+    _config(), workdir, _NUM_DEVICES.value, process_index=index, process_count=count
+  )
+  _, tgt_tokens, _, elapsed = _time_batches(data.train, _NUM_BATCHES.value)
+  return tgt_tokens, elapsed
+
+
+def _scaling(workdir: str, counts: list[int]) -> dict[str, dict]:
+  """Summed target tokens/s of 1, 2, ... packing processes running at once (one per core)."""
+  out = {}
+  context = multiprocessing.get_context("spawn")
+  argv = [a for a in sys.argv if not a.startswith("--processes")]
+  for count in counts:
+    with context.Pool(count) as pool:
+      results = pool.map(_worker, [(argv, workdir, i, count) for i in range(count)])
+    tokens = sum(t for t, _ in results)
+    slowest = max(s for _, s in results)
+    out[f"{count}_processes"] = {
+      "target_tokens_per_s": round(tokens / slowest),
+      "per_process": round(tokens / slowest / count),
+    }
+  return out
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  counts = [int(c) for c in _PROCESSES.value]
+  if any(c < 1 for c in counts) or _NUM_DEVICES.value % max(counts, default=1):
+    raise app.UsageError(
+      f"--processes={','.join(_PROCESSES.value)}: each must be >= 1 and divide --num_devices."
+    )
+  config = _config()
   with tempfile.TemporaryDirectory() as tmp:
     workdir = _WORKDIR.value or tmp
     start = time.perf_counter()
     data = pipeline.make_data(config, workdir, _NUM_DEVICES.value, process_index=0, process_count=1)
     setup_s = time.perf_counter() - start
 
-    next(data.train)  # the first epoch's permutation is drawn on the first batch
-    src_tokens = tgt_tokens = cells = 0
-    start = time.perf_counter()
-    for _ in range(_NUM_BATCHES.value):
-      batch = next(data.train)
-      src_tokens += int(np.count_nonzero(batch["inputs"]))
-      tgt_tokens += int(np.count_nonzero(batch["targets"]))
-      cells += batch["targets"].size
-    elapsed = time.perf_counter() - start
+    src_tokens, tgt_tokens, cells, elapsed = _time_batches(data.train, _NUM_BATCHES.value)
+    scaling = _scaling(workdir, counts) if counts else None
 
   first = data.train.get_state()[0]  # the first device's stream: epochs done, with the fraction
   result = {
@@ -100,6 +157,9 @@ def main(argv: list[str]) -> None:
   result["cores_needed"] = {
     f"{n}_chips": round(n * _CHIP_TOKENS_PER_S.value / per_core, 2) for n in (1, 8, 32)
   }
+  if scaling:
+    result["scaling"] = scaling
+    result["host_cores"] = os.cpu_count()
   logging.info("Setup (vocabulary + tokenization): %.1fs.", setup_s)
   print(
     f"Pipeline: {result['target_tokens_per_s']:,} target and {result['source_tokens_per_s']:,} "
@@ -108,6 +168,12 @@ def main(argv: list[str]) -> None:
     f"{_CHIP_TOKENS_PER_S.value:,.0f} tokens/s each: "
     + " / ".join(str(v) for v in result["cores_needed"].values())
   )
+  if scaling:
+    print(
+      "Packing processes side by side: "
+      + ", ".join(f"{k.split('_')[0]}: {v['target_tokens_per_s']:,}" for k, v in scaling.items())
+      + " target tokens/s"
+    )
   print(json.dumps(result))
 
 

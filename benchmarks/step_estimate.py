@@ -11,6 +11,8 @@ flaxformer_nmt/tpu_estimate.py and docs/performance.md. Every piece is compiled 
   attention         one encoder self-attention sublayer (projections, scores, softmax, dropout,
                     values, output), forward and backward; the model has 3 x num_layers of them
                     (encoder self, decoder self, cross), so `attention_all` is that times 3L
+  attention_core    the part of it without the projections: scores, softmax and the product
+                    with the values, forward and backward, from Q, K, V in the model's dtype
   loss              the tied logits and the label-smoothed loss, forward and backward
 
 Each piece carries its estimate and its share of the step's.
@@ -159,6 +161,21 @@ def estimate_step(
     "attention", attention_block, (attention_params, x, seg, key), attention_flops, chip, device
   )
 
+  heads = (rows, max_len, cfg.num_heads, cfg.d_model // cfg.num_heads)
+  qkv = jax.ShapeDtypeStruct(heads, cfg.dtype)
+
+  def attention_core(q, k, v, seg):
+    def f(q_, k_, v_):
+      mask = attention_layers.segment_mask(seg, seg)
+      out = attention_layers.dot_product_attention(q_, k_, v_, mask)  # [B, T, N, H]
+      return jnp.sum(out.astype(jnp.float32) * q_.astype(jnp.float32))
+
+    return jax.grad(f, argnums=(0, 1, 2))(q, k, v)
+
+  results["attention_core"] = _piece(
+    "attention_core", attention_core, (qkv, qkv, qkv, seg), 3.0 * n * 4 * max_len * d, chip, device
+  )
+
   table = jax.ShapeDtypeStruct((cfg.vocab_size, cfg.d_model), jnp.float32)
   targets = jax.ShapeDtypeStruct((rows, max_len), jnp.int32)
 
@@ -201,5 +218,5 @@ def summary(results: dict[str, dict], tokens: int) -> dict[str, Any]:
 def dominant(results: dict[str, dict]) -> list[str]:
   """Pieces by share of the step, largest first (the breakdown's reading order)."""
   named = [(k, v.get("share_of_step") or 0.0) for k, v in results.items() if k != "step"]
-  named = [(k, s) for k, s in named if k not in ("forward_backward",)]
+  named = [(k, s) for k, s in named if k not in ("forward_backward", "attention_core")]
   return [f"{k} {s:.0%}" for k, s in sorted(named, key=lambda kv: -kv[1])]
