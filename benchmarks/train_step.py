@@ -149,7 +149,9 @@ def _batch(rows: int, length: int, vocab: int, seed: int) -> dict[str, np.ndarra
   )
 
 
-RESULT_EXTRAS: dict[str, Any] = {}  # added to the estimate's JSON (estimate_variants.py's variant)
+RESULT_EXTRAS: dict[
+  str, Any
+] = {}  # added to the last JSON line (estimate_variants.py: the variant)
 
 
 def estimate_main() -> None:
@@ -301,7 +303,7 @@ def main(argv: list[str]) -> None:
   result["mfu"] = round(achieved / peak, 4)
   nominal = _peak_tflops()
   result["mfu_nominal"] = round(achieved / nominal, 4) if nominal else None
-  print(json.dumps(result))
+  print(json.dumps({**result, **RESULT_EXTRAS}))
 
 
 if __name__ == "__main__":
