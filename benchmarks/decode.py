@@ -2,6 +2,11 @@
 
   python benchmarks/decode.py --size=base            # the paper's base model, 37k vocabulary
   python benchmarks/decode.py --size=tiny --beam_size=1
+  python benchmarks/decode.py --size=small --vocab_size=8000 --method=sample --noctranslate2
+  python benchmarks/decode.py --size=small --vocab_size=8000 --ensemble=2 --noctranslate2
+
+--method=sample times sampling (one sample per sentence, --temperature/--top_k/--top_p), and
+--ensemble=N an ensemble of N models of the size (other random weights each), with --method.
 
 A random-initialised model of the size, a batch of random sources of one length, and EOS forbidden,
 so every run makes exactly (source length + max_len_offset) decoder steps and runs compare however
@@ -24,6 +29,7 @@ difference, and a batch is the two-step program plus the remaining steps at that
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -34,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt import config_lib, decode, parallel
+from flaxformer_nmt import config_lib, decode, parallel, sampling
 from flaxformer_nmt import search as search_lib
 from flaxformer_nmt.model import (
   Transformer,
@@ -61,6 +67,15 @@ _CT2 = flags.DEFINE_bool("ctranslate2", True, "Also time CTranslate2 on the same
 _CT2_THREADS = flags.DEFINE_integer("ct2_threads", 2, "CTranslate2 intra-op threads (CPU).")
 _CT2_QUANT = flags.DEFINE_string("ct2_quantization", "float32", "CTranslate2 weight type.")
 _TARGET = flags.DEFINE_string("target", "host", "host (run it here), or tpu:<chip> (estimate).")
+_METHOD = flags.DEFINE_enum(
+  "method", "beam", list(config_lib.DECODE_METHODS), "Search: beam (--beam_size), greedy, sample."
+)
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--method=sample).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling's top-k (0 = off).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampling's nucleus (1.0 = off).")
+_ENSEMBLE = flags.DEFINE_integer(
+  "ensemble", 1, "Decode with an ensemble of this many models (decode.Ensemble), seeds seed, ..."
+)
 
 
 def time_ctranslate2(
@@ -114,8 +129,12 @@ def decode_fixed(
     logits, cache = model_step(cache, ids)  # [rows, vocab]
     return logits.at[:, EOS_ID].set(-jnp.inf), cache
 
-  greedy = search.beam_size == 1 and search.style == "t2t"  # as decode_batch: t2t's beam 1
-  return decode.run_search(model, step, max_lengths, inputs.shape, max_decode_len, search, greedy)
+  if search.method == "beam" and search.beam_size == 1 and search.style == "t2t":
+    search = dataclasses.replace(search, method="greedy")  # as decode_batch: t2t's beam 1
+  members = len(params.members) if isinstance(params, decode.Ensemble) else None
+  return decode.run_search(
+    model, step, max_lengths, inputs.shape, max_decode_len, search, members=members
+  )
 
 
 class _LaxWithLoop:
@@ -153,7 +172,8 @@ def estimate_on_tpu(model: Transformer, params, inputs, search, steps: int) -> d
   ):
     fn = functools.partial(decode_fixed.__wrapped__, model, search=search)
     with mock.patch.object(search_lib, "lax", _LaxWithLoop(loop)):
-      compiled = jax.jit(fn).lower(*abstract).compile()
+      with mock.patch.object(sampling, "lax", _LaxWithLoop(loop)):
+        compiled = jax.jit(fn).lower(*abstract).compile()
     results[name] = te.estimate(compiled, 0.0, chip)
   two, three = results["two_steps"]["est_ms"], results["three_steps"]["est_ms"]
   if two is None or three is None:
@@ -184,12 +204,20 @@ def main(argv: list[str]) -> None:
       c.model, vocab_size=_VOCAB.value, auto_dtype=parallel.auto_dtype()
     )
   )
-  params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(_SEED.value))
+  init = jax.jit(init_params, static_argnums=0)
+  params = init(model.cfg, jax.random.PRNGKey(_SEED.value))
+  if _ENSEMBLE.value > 1:  # members with other random weights, so their distributions differ
+    seeds = range(_SEED.value, _SEED.value + _ENSEMBLE.value)
+    params = decode.Ensemble(tuple(init(model.cfg, jax.random.PRNGKey(s)) for s in seeds))
   search = decode.SearchConfig(
     beam_size=_BEAM.value,
     alpha=_ALPHA.value,
     max_len_offset=_OFFSET.value,
     style=_STYLE.value,
+    method=_METHOD.value,
+    temperature=_TEMPERATURE.value,
+    top_k=_TOP_K.value,
+    top_p=_TOP_P.value,
   )
   rng = np.random.default_rng(_SEED.value)
   inputs = rng.integers(3, _VOCAB.value, size=(_BATCH.value, _SRC_LEN.value)).astype(np.int32)
@@ -217,6 +245,8 @@ def main(argv: list[str]) -> None:
       batch_size=_BATCH.value,
       src_len=_SRC_LEN.value,
       beam_size=_BEAM.value,
+      method=_METHOD.value,
+      ensemble=_ENSEMBLE.value,
       decode_steps=steps,
     )
     print(json.dumps(report), flush=True)
@@ -244,6 +274,8 @@ def main(argv: list[str]) -> None:
     "src_len": _SRC_LEN.value,
     "beam_size": _BEAM.value,
     "beam_style": _STYLE.value,
+    "method": _METHOD.value,
+    "ensemble": _ENSEMBLE.value,
     "decode_steps": steps,
     "seconds_per_batch": round(seconds, 4),
     "sentences_per_s": round(_BATCH.value / seconds, 2),
@@ -255,7 +287,9 @@ def main(argv: list[str]) -> None:
     "device": jax.devices()[0].device_kind,
     "num_devices_used": 1,
   }
-  if _CT2.value:
+  if _CT2.value and (_METHOD.value != "beam" or _ENSEMBLE.value > 1):
+    logging.info("CTranslate2 is timed for single-model beam search only.")
+  elif _CT2.value:
     ct2_s, ct2_first = time_ctranslate2(
       model.cfg, params, np.asarray(inputs), _BEAM.value, steps, _REPEATS.value
     )

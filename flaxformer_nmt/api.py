@@ -58,11 +58,15 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def evaluate(
-  config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "auto"
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  checkpoint: str = "auto",
+  ensemble: Sequence[str] = (),
 ) -> dict[str, Any]:
-  """Test BLEU (sacreBLEU and tokenized), greedy and the configured beam."""
+  """Test BLEU (sacreBLEU and tokenized) and chrF, greedy and the configured beam; of the
+  ensemble of `workdir`'s model and those of the `ensemble` workdirs, if any."""
   _check_checkpoint(checkpoint)
-  return modes.evaluate(config, workdir, checkpoint)
+  return modes.evaluate(config, workdir, checkpoint, tuple(ensemble))
 
 
 def translate(
@@ -70,12 +74,31 @@ def translate(
   workdir: str,
   lines: Sequence[str],
   checkpoint: str = "auto",
+  ensemble: Sequence[str] = (),
 ) -> list[str]:
-  """One translation per line, with config.decode's search."""
+  """One translation per line, with config.decode's search (method, beam, sampling)."""
+  return [hyps[0].text for hyps in translate_nbest(config, workdir, lines, 1, checkpoint, ensemble)]
+
+
+def translate_nbest(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  lines: Sequence[str],
+  nbest: int,
+  checkpoint: str = "auto",
+  ensemble: Sequence[str] = (),
+  alignments: bool = False,
+) -> list[list[Any]]:
+  """`nbest` hypotheses per line, best first: translate.Hypothesis(text, score, alignment).
+
+  Beam search gives its n best (nbest <= config.decode.beam_size); config.decode.method="sample"
+  gives n samples. `alignments` adds Pharaoh word alignments ("i-j" pairs, 0-based).
+  """
   _check_checkpoint(checkpoint)
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
-  hyps, _, _ = modes.translate_lines(config, workdir, checkpoint, list(lines))
+  outputs = modes.Outputs(nbest, alignments, tuple(ensemble))
+  hyps, _, _ = modes.translate_lines(config, workdir, checkpoint, list(lines), outputs)
   return hyps
 
 

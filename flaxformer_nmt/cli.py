@@ -5,6 +5,7 @@ r"""The flaxformer_nmt command line: prepare, train, eval, translate, average, e
   flaxformer-nmt --config=wmt14_ende_base --workdir=runs/base
   flaxformer-nmt --config=... --workdir=... --mode=eval
   flaxformer-nmt --config=... --workdir=... --mode=translate --input=in.txt --output=out.txt
+  flaxformer-nmt --config=... --workdir=... --mode=translate --nbest=4 --ensemble=runs/seed1
   flaxformer-nmt --config=... --workdir=... --mode=average --num_checkpoints=5
   flaxformer-nmt --config=... --workdir=... --mode=attention --text="a sentence"
 
@@ -58,6 +59,25 @@ flags.DEFINE_string(
   "int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16.",
 )
 flags.DEFINE_integer("num_checkpoints", 5, "average: how many of the latest checkpoints.")
+flags.DEFINE_integer(
+  "nbest",
+  1,
+  "translate: hypotheses per input line. 1 writes one translation per line; more writes TSV "
+  "rows: line number (0-based), rank, score, hypothesis (beam: nbest <= beam_size; sample: that "
+  "many samples).",
+)
+flags.DEFINE_list(
+  "ensemble",
+  [],
+  "eval/translate: other workdirs whose models decode together with --workdir's, their "
+  "probabilities averaged at each step (same size and vocabulary; each by --checkpoint's rule).",
+)
+flags.DEFINE_bool(
+  "alignments",
+  False,
+  "translate: add word alignments (Pharaoh i-j, 0-based) from the cross-attention of "
+  "config.decode.alignment_layer: after ' ||| ' on each line, or as a fifth TSV column.",
+)
 flags.DEFINE_enum(
   "checkpoint",
   "auto",
@@ -179,11 +199,11 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "train":
       modes.train(config, workdir)
     elif flags.FLAGS.mode == "eval":
-      modes.evaluate(config, workdir, flags.FLAGS.checkpoint)
+      modes.evaluate(config, workdir, flags.FLAGS.checkpoint, tuple(flags.FLAGS.ensemble))
     elif flags.FLAGS.mode == "translate":
-      modes.translate(
-        config, workdir, flags.FLAGS.checkpoint, flags.FLAGS.input, flags.FLAGS.output
-      )
+      f = flags.FLAGS
+      outputs = modes.Outputs(f.nbest, f.alignments, tuple(f.ensemble))
+      modes.translate(config, workdir, f.checkpoint, f.input, f.output, outputs)
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints)
     elif flags.FLAGS.mode == "attention":

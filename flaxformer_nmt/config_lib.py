@@ -12,6 +12,31 @@ import dataclasses
 import ml_collections
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.config_checks import (  # re-exported: config_lib.validate, ....
+  ATTENTIONS,
+  BEAM_STYLES,
+  COMPOUND_SPLITS,
+  DECODE_METHODS,
+  DROPOUT_RNGS,
+  DTYPES,
+  POSITIONALS,
+  SOURCES,
+  VOCAB_MODEL_TYPES,
+  validate,
+)
+
+__all__ = [
+  "ATTENTIONS",
+  "BEAM_STYLES",
+  "COMPOUND_SPLITS",
+  "DECODE_METHODS",
+  "DROPOUT_RNGS",
+  "DTYPES",
+  "POSITIONALS",
+  "SOURCES",
+  "VOCAB_MODEL_TYPES",
+  "validate",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +185,21 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       beam_style="shrinking",
       max_len_offset=50,  # maximum output length = input length + this
       batch_size=64,  # sentences per device in a decoding batch (all devices decode)
+      # --mode=translate's search: "beam" (beam_size; 1 = greedy), "greedy", or "sample" (each
+      # token drawn from the model's distribution; for back-translation). Eval and the dev BLEU
+      # during training always score greedy and beam output.
+      method="beam",
+      # Sampling (sampling.py): log-probabilities divided by temperature (> 0), then only the
+      # top_k most likely tokens (0 = all), then the smallest set reaching top_p (1.0 = all).
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      seed=0,  # sampling's seed: the same seed and input give the same samples on any devices
+      # --alignments: the decoder layer whose cross-attention (averaged over heads) aligns words;
+      # negative counts from the top (a model with fewer layers uses its first). The penultimate
+      # one aligns best in Garg et al. (2019),
+      # "Jointly Learning to Align and Translate with Transformer Models"; see docs/decoding.md.
+      alignment_layer=-2,
     )
   )
 
@@ -274,127 +314,5 @@ def wmt14_table3_config(row: str, data: str = "tfds") -> ml_collections.ConfigDi
   return c
 
 
-# ------------------------------------------------------------------------------------------------
-# Validation: every rule on a config value, in one place.
-
-DTYPES = ("auto", "float32", "bfloat16")
-SOURCES = ("demo", "tfds", "files")
-VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
-POSITIONALS = ("sinusoidal", "learned")
-DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # layers.dropout_keep_mask
-ATTENTIONS = ("ours", "jax")  # attention_layers.dot_product_attention / jax.nn's
-BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
-COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
-
-
 def _fail(message: str) -> None:
   raise errors.ConfigError(message)
-
-
-def _at_least(config: ml_collections.ConfigDict, path: str, low: float) -> None:
-  value = _get(config, path)
-  if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
-    _fail(f"config.{path} must be >= {low:g}, got {value!r}.")
-
-
-def _get(config: ml_collections.ConfigDict, path: str):
-  for part in path.split("."):
-    config = config[part]
-  return config
-
-
-def _in_unit(config: ml_collections.ConfigDict, path: str) -> None:
-  value = _get(config, path)
-  if not 0.0 <= value < 1.0:
-    _fail(f"config.{path} must be in [0, 1), got {value!r}.")
-
-
-def _one_of(config: ml_collections.ConfigDict, path: str, choices: tuple[str, ...]) -> None:
-  value = _get(config, path)
-  if value not in choices:
-    _fail(f"config.{path} must be one of {list(choices)}, got {value!r}.")
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises errors.ConfigError, naming the field as `config.x.y`, for any impossible value.
-
-  The one place every config rule lives: main.py calls it before any data is read or program
-  compiled, and the rest of the code trusts a validated config.
-  """
-  for path in ("num_train_steps", "log_every_steps", "eval_every_steps", "keep_checkpoints"):
-    _at_least(config, path, 1)
-  for path in ("checkpoint_every_steps", "checkpoint_every_secs", "max_train_minutes"):
-    _at_least(config, path, 0)  # 0: off
-  _in_unit(config, "label_smoothing")
-
-  m = config.model
-  for path in ("num_layers", "d_model", "d_ff", "num_heads"):
-    _at_least(config, f"model.{path}", 1)
-  _at_least(config, "model.max_len", 2)
-  if m.d_model % m.num_heads:
-    _fail(
-      f"config.model.d_model={m.d_model} is not divisible by config.model.num_heads={m.num_heads}."
-    )
-  for path in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
-    _in_unit(config, f"model.{path}")
-  _one_of(config, "model.positional", POSITIONALS)
-  _one_of(config, "model.dropout_rng", DROPOUT_RNGS)
-  _one_of(config, "model.attention", ATTENTIONS)
-  if m.attention == "jax" and m.attention_dropout_rate:
-    _fail(
-      f"config.model.attention='jax' has no attention dropout, but "
-      f"config.model.attention_dropout_rate={m.attention_dropout_rate}: set it to 0 or use 'ours'."
-    )
-  if m.dtype == "float16":
-    _fail(
-      "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "
-      "which this trainer does not do. Use 'bfloat16' (TPU, A100/H100 and newer GPUs) or "
-      "'float32' (T4, V100, CPU), or 'auto' to pick between them."
-    )
-  _one_of(config, "model.dtype", DTYPES)
-
-  _at_least(config, "data.prefetch_batches", 0)
-  _at_least(config, "optim.warmup_steps", 1)
-  _at_least(config, "optim.accumulate_steps", 1)
-  for path in ("beta1", "beta2"):
-    _in_unit(config, f"optim.{path}")
-  for path in ("eps", "lr_scale"):
-    if _get(config, f"optim.{path}") <= 0:
-      _fail(f"config.optim.{path} must be > 0, got {_get(config, f'optim.{path}')!r}.")
-
-  d = config.data
-  _one_of(config, "data.source", SOURCES)
-  _one_of(config, "data.vocab_model_type", VOCAB_MODEL_TYPES)
-  _at_least(config, "data.vocab_size", 8)
-  _at_least(config, "data.vocab_sample_size", 1)
-  _at_least(config, "data.max_len", 2)  # a token and EOS
-  if d.tokens_per_batch < d.max_len:
-    _fail(
-      f"config.data.tokens_per_batch={d.tokens_per_batch} is smaller than "
-      f"config.data.max_len={d.max_len}: not even one row fits."
-    )
-  if d.max_len > m.max_len and m.positional == "learned":
-    _fail(
-      f"config.data.max_len={d.max_len} exceeds config.model.max_len={m.max_len}, the size "
-      "of the learned position table."
-    )
-  if d.src_lang == d.tgt_lang:
-    _fail(f"config.data.src_lang and config.data.tgt_lang are both {d.src_lang!r}.")
-  if d.source == "files" and not d.dir:
-    _fail(
-      "config.data.dir is empty; config.data.source='files' needs the folder of the text files."
-    )
-  if d.url and d.source != "files":
-    _fail(f"config.data.url is set, but config.data.source={d.source!r}; it is for 'files'.")
-  if d.source == "demo":
-    for split in ("train", "dev", "test"):
-      _at_least(config, f"data.demo_{split}_size", 1)
-
-  _at_least(config, "decode.beam_size", 1)
-  _one_of(config, "decode.beam_style", BEAM_STYLES)
-  _at_least(config, "decode.alpha", 0)
-  _at_least(config, "decode.max_len_offset", 1)
-  _at_least(config, "decode.batch_size", 1)
-  _at_least(config, "eval.dev_bleu_sentences", 0)
-  _at_least(config, "eval.dev_bleu_beam_size", 1)
-  _one_of(config, "eval.compound_split", COMPOUND_SPLITS)

@@ -1,25 +1,28 @@
 """Translating a batch with the Transformer: its cached decoder as a step function, the length
 rule, and the jitted entry point `decode_batch` (encoder once, then the search, in one program).
 
-The search itself (greedy and beam search, search.py) sees only a step function, so the model side
-lives here: projecting the cross-attention keys and values once, sizing the decode caches, and
-each sentence's maximum output length, input length + 50 as in the paper (Sec. 6.1).
+The searches themselves (greedy and beam search, search.py; sampling, sampling.py) see only a step
+function, so the model side lives here: projecting the cross-attention keys and values once,
+sizing the decode caches, each sentence's maximum output length (input length + 50 as in the
+paper, Sec. 6.1), ensembles (`Ensemble`: several models' next-token probabilities averaged at
+every step, fairseq's rule) and word alignments (the cross-attention of one decoder layer).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
+from flaxformer_nmt import sampling
 from flaxformer_nmt import search as search_lib
-from flaxformer_nmt.config_lib import BEAM_STYLES
+from flaxformer_nmt.config_lib import BEAM_STYLES, DECODE_METHODS
 from flaxformer_nmt.model import Transformer, init_decode_cache
-from flaxformer_nmt.tokenizer import PAD_ID
+from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
 Array = jax.Array
 
@@ -34,28 +37,71 @@ class SearchConfig:
     max_len_offset: a sentence's output has at most (its source length + this) tokens, EOS
       included, and never more than the model's `max_len`.
     style: "shrinking" or "t2t" (search.py's module docstring).
+    method: "beam" (beam_size 1 = greedy), "greedy" or "sample" (sampling.py).
+    nbest: outputs per sentence: the n best of the beam (n <= beam_size), or n samples.
+    temperature, top_k, top_p, seed: sampling's (sampling.py; `row_keys` for the seed).
+    alignment_layer: >= 0: also align each output token to a source position with that decoder
+      layer's cross-attention (`source_positions`); -1: no alignments.
   """
 
   beam_size: int = 4
   alpha: float = 0.6
   max_len_offset: int = 50
   style: str = "shrinking"
+  method: str = "beam"
+  nbest: int = 1
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  alignment_layer: int = -1
 
   def __post_init__(self) -> None:
     if self.style not in BEAM_STYLES:
       raise ValueError(f"Unknown beam style {self.style!r}; choose one of {list(BEAM_STYLES)}.")
+    if self.method not in DECODE_METHODS:
+      raise ValueError(f"Unknown decode method {self.method!r}; choose one of {DECODE_METHODS}.")
+    limit = self.beam_size if self.method == "beam" else 1 if self.method == "greedy" else None
+    if self.nbest < 1 or (limit is not None and self.nbest > limit):
+      raise ValueError(f"nbest={self.nbest} needs 1 <= nbest <= {limit} with {self.method}.")
 
   @classmethod
   def from_config(
-    cls, decode: ml_collections.ConfigDict, beam_size: int | None = None
+    cls,
+    decode: ml_collections.ConfigDict,
+    beam_size: int | None = None,
+    nbest: int = 1,
+    alignment_layer: int = -1,
   ) -> SearchConfig:
-    """From `config.decode`; `beam_size` overrides it (e.g. greedy dev BLEU during training)."""
+    """From `config.decode`. `beam_size` overrides it and asks for beam search whatever
+    `decode.method` says (greedy dev BLEU during training, the greedy and beam test scores)."""
+    method = "beam" if beam_size is not None else str(decode.get("method", "beam"))
     return cls(
       beam_size=int(decode.beam_size if beam_size is None else beam_size),
       alpha=float(decode.alpha),
       max_len_offset=int(decode.max_len_offset),
       style=str(decode.get("beam_style", "shrinking")),
+      method=method,
+      nbest=nbest,
+      temperature=float(decode.get("temperature", 1.0)),
+      top_k=int(decode.get("top_k", 0)),
+      top_p=float(decode.get("top_p", 1.0)),
+      seed=int(decode.get("seed", 0)),
+      alignment_layer=alignment_layer,
     )
+
+  @property
+  def sampling_rule(self) -> sampling.SamplingRule:
+    return sampling.SamplingRule(self.temperature, self.top_k, self.top_p)
+
+
+class Ensemble(NamedTuple):
+  """The parameters of several models of one configuration, decoded as one (`ensemble_step_fn`).
+
+  Wherever a decode function takes `params`, an Ensemble may stand instead.
+  """
+
+  members: tuple[Any, ...]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,41 +173,84 @@ def model_step_fn(
   return step
 
 
+def ensemble_step_fn(step_fns: list[search_lib.StepFn]) -> search_lib.StepFn:
+  """Several models' step functions as one: the cache is the tuple of theirs, and the "logits"
+  are the log of the mean of their next-token probabilities (fairseq's ensemble rule), which every
+  search then treats as one model's log-probabilities."""
+
+  def step(caches: tuple, ids: Array) -> tuple[Array, tuple]:
+    outs = [fn(cache, ids) for fn, cache in zip(step_fns, caches, strict=True)]
+    log_probs = jnp.stack(
+      [search_lib.log_softmax(logits.astype(jnp.float32)) for logits, _ in outs]
+    )
+    mean = jax.nn.logsumexp(log_probs, axis=0) - jnp.log(jnp.float32(len(outs)))  # [rows, vocab]
+    return mean, tuple(cache for _, cache in outs)
+
+  return step
+
+
+def row_keys(seed: int, line_ids: Array, samples: int) -> Array:
+  """Sampling's keys, [batch * samples]: sample j of input line i draws from
+  fold_in(fold_in(key(seed), i), j), whatever batch or device the line lands in."""
+  base = jax.random.key(seed)
+  lines = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, line_ids)  # [batch]
+  per_sample = jax.vmap(
+    lambda k: jax.vmap(jax.random.fold_in, in_axes=(None, 0))(k, jnp.arange(samples))
+  )
+  return per_sample(lines).reshape(-1)  # [batch * samples], sentence-major
+
+
 def decode_batch(
   model: Transformer,
   params: Any,
   inputs: Array,
   search: SearchConfig,
   greedy: bool = False,
+  line_ids: Array | None = None,
 ) -> search_lib.SearchResult:
   """Translates a batch: encoder once, then the cached search, all in one compiled program.
 
   Args:
     model: the Transformer (hashable; one compilation per model config, settings and input shape).
-    params: its parameters.
+    params: its parameters, or an `Ensemble` of several models' (same config and vocabulary).
     inputs: [batch, src_len] source ids ending in EOS, 0-padded; all-padding rows are skipped.
-    search: beam size, style, alpha, length rule. Beam size 1 runs the shrinking beam search with
-      one slot, which is greedy search (tests check it token for token), or, for style "t2t",
-      greedy search itself.
+    search: method, beam size, style, alpha, length rule, n-best, sampling. Beam size 1 runs the
+      shrinking beam search with one slot, which is greedy search (tests check it token for
+      token), or, for style "t2t", greedy search itself.
     greedy: run greedy search (search.py) instead (the reference beam 1 is checked against).
+    line_ids: [batch] int32 each row's input line number, for sampling's keys (`row_keys`);
+      default 0..batch-1.
 
   Returns:
-    The best hypothesis per sentence; tokens are [batch, min(src_len + offset, model max_len)].
+    The best hypothesis per sentence, or with `search.nbest` > 1 the n best (beam) or n samples
+    ranked by normalised score ([batch, n, ...] fields); tokens are [.., min(src_len + offset,
+    model max_len)].
   """
-  if search.beam_size == 1 and search.style == "t2t":
+  if search.method == "greedy" or (search.beam_size == 1 and search.style == "t2t"):
     greedy = True  # t2t's beam 1 searches past greedy's EOS; beam size 1 means greedy here
-  if greedy:
+  if greedy and search.method != "sample":
     # Greedy ignores the beam size and style: one compiled program serves every beam setting.
-    search = dataclasses.replace(search, beam_size=1, style="shrinking")
-  return _decode_batch(model, params, inputs, search, greedy)
+    search = dataclasses.replace(search, beam_size=1, style="shrinking", method="greedy")
+  if line_ids is None:
+    line_ids = jnp.arange(inputs.shape[0], dtype=jnp.int32)
+  return _decode_batch(model, params, inputs, line_ids, search)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "search", "greedy"))
+@functools.partial(jax.jit, static_argnames=("model", "search"))
 def _decode_batch(
-  model: Transformer, params: Any, inputs: Array, search: SearchConfig, greedy: bool
+  model: Transformer, params: Any, inputs: Array, line_ids: Array, search: SearchConfig
 ) -> search_lib.SearchResult:
   step_fn, max_lengths, max_decode_len = prepare_search(model, params, inputs, search)
-  return run_search(model, step_fn, max_lengths, inputs.shape, max_decode_len, search, greedy)
+  members = len(params.members) if isinstance(params, Ensemble) else None
+  result = run_search(
+    model, step_fn, max_lengths, inputs.shape, max_decode_len, search, line_ids, members
+  )
+  if search.alignment_layer < 0:
+    return result
+  first = params.members[0] if isinstance(params, Ensemble) else params
+  return result._replace(
+    source_positions=source_positions(model, first, inputs, result.tokens, search.alignment_layer)
+  )
 
 
 def prepare_search(
@@ -172,8 +261,13 @@ def prepare_search(
   _, src_len = inputs.shape
   max_decode_len = decode_length_bound(src_len, search.max_len_offset, model.cfg.max_len)
   max_lengths = max_output_lengths(inputs, search.max_len_offset, max_decode_len)  # [batch]
-  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)  # [B, S, D]
-  return model_step_fn(model, params, encoded, inputs), max_lengths, max_decode_len
+  members = params.members if isinstance(params, Ensemble) else (params,)
+  step_fns = []
+  for member in members:
+    encoded = model.apply({"params": member}, inputs, method=Transformer.encode)  # [B, S, D]
+    step_fns.append(model_step_fn(model, member, encoded, inputs))
+  step_fn = step_fns[0] if not isinstance(params, Ensemble) else ensemble_step_fn(step_fns)
+  return step_fn, max_lengths, max_decode_len
 
 
 def run_search(
@@ -183,19 +277,35 @@ def run_search(
   input_shape: tuple[int, int],
   max_decode_len: int,
   search: SearchConfig,
-  greedy: bool,
+  line_ids: Array | None = None,
+  members: int | None = None,
 ) -> search_lib.SearchResult:
-  """Greedy or beam search over `step_fn` (the model's, or one built on it) with a fresh cache."""
+  """`search.method` over `step_fn` (the model's, an ensemble's, or one built on it) with a fresh
+  cache (a tuple of `members` caches for an ensemble's step function)."""
   batch, src_len = input_shape
-  if greedy:
-    cache = init_decode_cache(model, batch, max_decode_len, src_len)
+  # Rows per sentence: the beam, the samples, or 1. Decoder rows are sentence-major, row
+  # b * K + j is hypothesis j of sentence b; the encoder output stays one row per sentence
+  # (MultiHeadAttention's cross-attention maps the K rows onto it).
+  k = {"beam": search.beam_size, "sample": search.nbest, "greedy": 1}[search.method]
+  cache = init_decode_cache(model, batch * k, max_decode_len, src_len, num_sentences=batch)
+  if members is not None:
+    cache = tuple(cache for _ in range(members))
+  if search.method == "greedy":
     return search_lib.greedy_search(
       step_fn, cache, max_lengths, max_decode_len=max_decode_len, alpha=search.alpha
     )
-  k = search.beam_size
-  # Decoder rows are sentence-major, row b * K + j is beam j of sentence b; the encoder output
-  # stays one row per sentence (MultiHeadAttention's cross-attention maps beams onto it).
-  cache = init_decode_cache(model, batch * k, max_decode_len, src_len, num_sentences=batch)
+  if search.method == "sample":
+    line_ids = jnp.arange(batch, dtype=jnp.int32) if line_ids is None else line_ids
+    result = sampling.sample_search(
+      step_fn,
+      cache,
+      jnp.repeat(max_lengths, k),
+      row_keys(search.seed, line_ids, k),
+      max_decode_len=max_decode_len,
+      alpha=search.alpha,
+      rule=search.sampling_rule,
+    )
+    return _rank_samples(result, batch, k)
   return search_lib.beam_search(
     step_fn,
     cache,
@@ -204,4 +314,43 @@ def run_search(
     alpha=search.alpha,
     max_decode_len=max_decode_len,
     style=search.style,
+    nbest=search.nbest,
   )
+
+
+def _rank_samples(result: search_lib.SearchResult, batch: int, k: int) -> search_lib.SearchResult:
+  """[batch * k] samples -> [batch, k] ranked by normalised score, best first ([batch] if k=1)."""
+  if k == 1:
+    return result
+  order = jnp.argsort(-result.normalized_scores.reshape(batch, k), axis=1)  # [batch, k]
+
+  def ranked(x: Array) -> Array:
+    x = x.reshape(batch, k, *x.shape[1:])
+    return jnp.take_along_axis(x, order.reshape(batch, k, *([1] * (x.ndim - 2))), axis=1)
+
+  return result._replace(
+    **{f: ranked(getattr(result, f)) for f in search_lib.SearchResult._fields[:4]}
+  )
+
+
+def source_positions(
+  model: Transformer, params: Any, inputs: Array, tokens: Array, layer: int
+) -> Array:
+  """Hard alignments from one decoder layer's cross-attention, averaged over heads.
+
+  inputs: [batch, S] sources; tokens: [batch, (n,) T] their outputs (EOS, then PAD). The outputs
+  are run through the model teacher-forced, which reproduces the attention the search saw when
+  it chose each token; output position t is aligned to the source position it attends to most,
+  EOS and padding excluded on both sides (as fairseq's --print-alignment). Returns tokens' shape,
+  int32 source positions, -1 where there is no alignment.
+  """
+  rows = tokens.reshape(-1, tokens.shape[-1])  # [batch * n, T]
+  sources = jnp.repeat(inputs, rows.shape[0] // inputs.shape[0], axis=0)  # [batch * n, S]
+  _, state = model.apply({"params": params}, sources, rows, mutable=["intermediates"])
+  (weights,) = state["intermediates"][f"decoder_{layer}"]["cross_attention"]["attention_weights"]
+  mean = jnp.mean(weights, axis=1)  # [rows, T, S]
+  real_source = (sources != PAD_ID) & (sources != EOS_ID)  # [rows, S]
+  mean = jnp.where(real_source[:, None, :], mean, -1.0)
+  best = jnp.argmax(mean, axis=-1).astype(jnp.int32)  # [rows, T]
+  real_target = (rows != PAD_ID) & (rows != EOS_ID) & jnp.any(real_source, axis=1)[:, None]
+  return jnp.where(real_target, best, -1).reshape(tokens.shape)

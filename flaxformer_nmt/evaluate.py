@@ -1,4 +1,5 @@
-"""BLEU, two ways: sacreBLEU (today's standard) and the paper's tokenized, compound-split BLEU.
+"""BLEU, two ways: sacreBLEU (today's standard) and the paper's tokenized, compound-split BLEU;
+and chrF (sacreBLEU's), which current papers report beside them.
 
 The paper's 27.3 / 28.4 (EN-DE) come from tensor2tensor's `get_ende_bleu.sh`: Moses-tokenize
 hypotheses and references, split hyphenated compounds as `##AT##-##AT##` (as GNMT and ConvS2S did),
@@ -27,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 from absl import logging
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 
 from flaxformer_nmt import files, parallel
 from flaxformer_nmt.config_lib import COMPOUND_SPLITS
@@ -58,6 +59,17 @@ def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str]) -> tuple[float, st
   score = bleu.corpus_score(list(hyps), [list(refs)])
   signature = str(bleu.get_signature())
   logging.info("sacreBLEU %.2f (%s)", score.score, signature)
+  return float(score.score), signature
+
+
+def chrf_score(hyps: Sequence[str], refs: Sequence[str]) -> tuple[float, str]:
+  """sacreBLEU's chrF (character 6-grams, beta 2, no word n-grams: its defaults, the standard
+  chrF that current papers report beside BLEU), and its signature."""
+  _check_lengths(hyps, refs)
+  chrf = CHRF()
+  score = chrf.corpus_score(list(hyps), [list(refs)])
+  signature = str(chrf.get_signature())
+  logging.info("chrF %.2f (%s)", score.score, signature)
   return float(score.score), signature
 
 
@@ -130,6 +142,7 @@ def score_and_write(
   scores["sacrebleu_signature"] = signature
   scores["tokenized_bleu"] = tokenized_bleu(hyps, refs, tgt_lang, compound_split)
   scores["tokenized_bleu_method"] = tokenized_bleu_method(tgt_lang, compound_split)
+  scores["chrf"], scores["chrf_signature"] = chrf_score(hyps, refs)
   scores["num_sentences"] = len(hyps)
   if not write:
     return scores
@@ -217,17 +230,21 @@ def test_scores(
       write=parallel.is_main_process(),
     )
     logging.info(
-      "%s (test), %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f (%s), %d sentences in %.1fs",
+      "%s (test), %s: sacreBLEU %.2f (%s), tokenized BLEU %.2f (%s), chrF %.2f, %d sentences in "
+      "%.1fs",
       test_set,
       name,
       scores["sacrebleu"],
       scores["sacrebleu_signature"],
       scores["tokenized_bleu"],
       scores["tokenized_bleu_method"],
+      scores["chrf"],
       len(hyps),
       time.monotonic() - start,
     )
     out[f"test_sacrebleu_{name}"] = scores["sacrebleu"]
     out[f"test_tokenized_bleu_{name}"] = scores["tokenized_bleu"]
+    out[f"test_chrf_{name}"] = scores["chrf"]
     out["sacrebleu_signature"] = scores["sacrebleu_signature"]
+    out["chrf_signature"] = scores["chrf_signature"]
   return out

@@ -7,13 +7,25 @@ returns them (for `api.py`).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import accelerators, averaging, config_lib, files, parallel, reporting
+from flaxformer_nmt import (
+  accelerators,
+  averaging,
+  config_lib,
+  decode,
+  ensemble,
+  errors,
+  files,
+  parallel,
+  reporting,
+)
 from flaxformer_nmt.run import Run, check_checkpoint_fits, check_workdir
 
 
@@ -42,62 +54,142 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def _inference_run(
-  config: ml_collections.ConfigDict, workdir: str, which: str, data: str
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  which: str,
+  data: str,
+  members: Sequence[str] = (),
 ) -> tuple[Run, object, str]:
+  """(the Run, the parameters, where they came from) for an inference mode. With `members`
+  (--ensemble), the parameters are a decode.Ensemble of --workdir's model and theirs."""
   config_lib.validate(config)
   check_workdir(workdir)
   accelerators.warn_if_unused()
-  which = averaging.resolve_inference_source(workdir, which)  # none: fail before any work
+  requested, which = which, averaging.resolve_inference_source(workdir, which)  # fails early
   check_checkpoint_fits(config, workdir, averaging.inference_dir(workdir, which))
+  # Each member applies the requested rule in its own workdir ("auto": its own averaged or not).
+  checked = ensemble.check_members(config, workdir, members, requested) if members else []
   run = Run(config, workdir, data=data)
   params, description = averaging.load_inference_params(workdir, run.abstract_params(), which)
+  if checked:
+    loaded = ensemble.load_members(checked, run.abstract_params())
+    params = decode.Ensemble((params, *(p for p, _ in loaded)))
+    description = f"ensemble of {len(loaded) + 1} models: " + "; ".join(
+      [description, *(f"{m}: {d}" for (m, _), (_, d) in zip(checked, loaded, strict=True))]
+    )
   logging.info("Using %s.", description)
   return run, params, description
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir: str, which: str) -> dict[str, Any]:
-  """BLEU of the test set (greedy and the configured beam), both flavours; last line JSON."""
-  run, params, description = _inference_run(config, workdir, which, data="test")
+def evaluate(
+  config: ml_collections.ConfigDict, workdir: str, which: str, members: Sequence[str] = ()
+) -> dict[str, Any]:
+  """BLEU and chrF of the test set (greedy and the configured beam); last line JSON. With
+  `members` (--ensemble), of the ensemble of --workdir's model and theirs."""
+  run, params, description = _inference_run(config, workdir, which, "test", members)
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
+  if members:
+    tag = f"ensemble{len(members) + 1}_{which}"
   result = {"mode": "eval", "checkpoint": description}
   result.update(run.test_scores(params, tag))
   reporting.write_result(workdir, result)
   return result
 
 
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+  """What --mode=translate writes besides the best translation of each line."""
+
+  nbest: int = 1  # hypotheses per line: > 1 writes TSV (`output_lines`)
+  alignments: bool = False  # word alignments (Pharaoh "i-j") from the cross-attention
+  members: tuple[str, ...] = ()  # --ensemble: the other workdirs
+
+  def check(self, config: ml_collections.ConfigDict) -> None:
+    """ConfigError for an n-best list the search cannot give (before any work)."""
+    d = config.decode
+    if self.nbest < 1:
+      raise errors.ConfigError(f"--nbest={self.nbest}: give 1 or more.")
+    if self.nbest > 1 and d.method == "greedy":
+      raise errors.ConfigError(
+        f"--nbest={self.nbest} with config.decode.method='greedy', which finds one hypothesis; "
+        "use 'beam' (nbest <= beam_size) or 'sample'."
+      )
+    if self.nbest > d.beam_size and d.method == "beam":
+      raise errors.ConfigError(
+        f"--nbest={self.nbest} is more than config.decode.beam_size={d.beam_size}: beam search "
+        f"finds at most beam_size hypotheses; raise the beam or lower --nbest."
+      )
+
+
+def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
+  """The output file's lines. One best translation per input line (with " ||| " and its
+  alignment, if asked); with n-best, TSV rows: input line (0-based), rank (0 = best), the score
+  the search ranks by, hypothesis (and alignment), exactly n rows per input line, in order."""
+  if outputs.nbest == 1:
+    return [
+      h[0].text + (f" ||| {h[0].alignment}" if outputs.alignments else "") for h in hypotheses
+    ]
+  rows = []
+  for i, hyps in enumerate(hypotheses):
+    for rank, h in enumerate(hyps):
+      fields = [str(i), str(rank), f"{h.score:.6f}", h.text.replace("\t", " ")]
+      rows.append("\t".join(fields + ([h.alignment] if outputs.alignments else [])))
+  return rows
+
+
 def translate_lines(
-  config: ml_collections.ConfigDict, workdir: str, which: str, lines: list[str]
-) -> tuple[list[str], dict[str, Any], str]:
-  """(translations, speed figures, which parameters) of `lines`, with config.decode's search."""
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  which: str,
+  lines: list[str],
+  outputs: Outputs = Outputs(),
+) -> tuple[list[list[Any]], dict[str, Any], str]:
+  """(each line's translate.Hypothesis list, speed figures, which parameters) of `lines`, with
+  config.decode's search."""
   from flaxformer_nmt import translate as translate_lib
 
-  run, params, description = _inference_run(config, workdir, which, data="none")
+  outputs.check(config)
+  run, params, description = _inference_run(config, workdir, which, "none", outputs.members)
   translator = translate_lib.make_translator(
-    run.tokenizer, run.model, params, config.decode, max_src_len=config.data.max_len
+    run.tokenizer,
+    run.model,
+    params,
+    config.decode,
+    max_src_len=config.data.max_len,
+    nbest=outputs.nbest,
+    alignments=outputs.alignments,
   )
-  hyps = translator.translate(lines)
+  hyps = translator.translate_nbest(lines)
   logging.info("Translated %d lines in %.1fs.", len(lines), translator.stats.seconds)
   return hyps, translator.stats.as_dict(), description
 
 
 def translate(
-  config: ml_collections.ConfigDict, workdir: str, which: str, input_path: str, output_path: str
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  which: str,
+  input_path: str,
+  output_path: str,
+  outputs: Outputs = Outputs(),
 ) -> dict[str, Any]:
-  """One translation per input line, in order; progress on stderr.
+  """One translation per input line, in order (or n-best TSV, `output_lines`); progress on stderr.
 
   Every process reads the input and decodes its share; process 0 writes the output. The figures
   go to `<workdir>/translate_result.json`, and to stdout as a JSON line unless the translations
   themselves go there (`--output=-`).
   """
+  outputs.check(config)
   lines = files.read_lines(input_path)  # a bad file fails before the model loads
-  hyps, stats, description = translate_lines(config, workdir, which, lines)
+  hyps, stats, description = translate_lines(config, workdir, which, lines, outputs)
   if parallel.is_main_process():
-    files.write_lines(output_path, hyps)
+    files.write_lines(output_path, output_lines(hyps, outputs))
   result = {
     "mode": "translate",
     "input": input_path,
     "output": output_path,
     "checkpoint": description,
+    "method": config.decode.method,
+    "nbest": outputs.nbest,
     **stats,
   }
   reporting.write_result(workdir, result, echo=output_path != files.STDIO)

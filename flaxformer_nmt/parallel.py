@@ -150,28 +150,38 @@ def pmap_eval_step(step_fn: Callable[..., Any], **static: Any) -> Callable[..., 
   return jax.pmap(functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS)
 
 
-def pmap_rows(fn: Callable[[Any, jax.Array], Any]) -> Callable[[Any, np.ndarray], np.ndarray]:
-  """Runs a per-device `fn(replicated, rows [b, ...]) -> [b, ...]` over every device of the run.
+def pmap_rows(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """Runs a per-device `fn(replicated, rows [b, ...], ...) -> [b, ...]` over every device.
 
-  The returned host function takes the *global* batch, [devices * b, ...] numpy, on every process,
-  and returns the global result on every process. Row r goes to device r % devices (sorted input
-  then gives every device a similar mix of lengths); each process computes its devices' rows and
-  the results are exchanged with one all-gather. `fn` must not use collectives: each device runs
-  its own program (a decoding loop ends on each device when its own rows are done).
+  The returned host function takes the *global* batch, [devices * b, ...] numpy, on every process
+  (one or more arrays with the same rows, e.g. inputs and their line numbers), and returns the
+  global result on every process (an array, or a pytree of them; None leaves stay None). Row r
+  goes to device r % devices (sorted input then gives every device a similar mix of lengths);
+  each process computes its devices' rows and the results are exchanged with one all-gather per
+  array. `fn` must not use collectives: each device runs its own program (a decoding loop ends on
+  each device when its own rows are done).
   """
   p_fn = jax.pmap(fn, axis_name=AXIS)
 
-  def run(replicated: Any, batch: np.ndarray) -> np.ndarray:
+  def run(replicated: Any, *batches: np.ndarray) -> Any:
     devices, local = jax.device_count(), jax.local_device_count()
-    rows = batch.shape[0]
-    if rows % devices:
+    rows = batches[0].shape[0]
+    if rows % devices or any(b.shape[0] != rows for b in batches):
       raise ValueError(f"A batch of {rows} rows cannot be spread over {devices} devices.")
     per_device = rows // devices
-    by_device = batch.reshape(per_device, devices, *batch.shape[1:]).swapaxes(0, 1)
     first = jax.process_index() * local
-    out = local_rows(p_fn(replicated, by_device[first : first + local]))  # [local, b, ...]
-    everyone = all_gather_host(out).reshape(devices, per_device, *out.shape[2:])
-    return everyone.swapaxes(0, 1).reshape(rows, *out.shape[2:])
+
+    def by_device(batch: np.ndarray) -> np.ndarray:
+      spread = batch.reshape(per_device, devices, *batch.shape[1:]).swapaxes(0, 1)
+      return spread[first : first + local]  # [local, b, ...]
+
+    out = local_rows(p_fn(replicated, *(by_device(b) for b in batches)))  # leaves [local, b, ...]
+
+    def gather(x: np.ndarray) -> np.ndarray:
+      everyone = all_gather_host(x).reshape(devices, per_device, *x.shape[2:])
+      return everyone.swapaxes(0, 1).reshape(rows, *x.shape[2:])
+
+    return jax.tree.map(gather, out)
 
   return run
 

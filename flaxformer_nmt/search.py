@@ -52,13 +52,16 @@ NEG_INF = -jnp.inf
 
 
 class SearchResult(NamedTuple):
-  """Best hypothesis per sentence."""
+  """Best hypothesis per sentence ([batch, n, ...] fields for an n-best list)."""
 
   tokens: Array  # [batch, max_decode_len] int32: ids, EOS, then PAD
   lengths: Array  # [batch] int32: tokens including EOS
   scores: Array  # [batch] float32: sum of the tokens' log-probabilities (the model score)
   normalized_scores: Array  # [batch] float32: scores / length_penalty(lengths)
   num_steps: Array  # [] int32: decoder steps the loop ran (early stopping shows here)
+  # [batch, max_decode_len] int32, when asked for (decode.py): the source position each output
+  # token is aligned to (-1: none, e.g. EOS and padding); None otherwise.
+  source_positions: Array | None = None
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
@@ -79,7 +82,7 @@ def log_softmax(logits: Array) -> Array:
   return logits - (m + jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True)))
 
 
-def _log_probs(logits: Array) -> Array:
+def next_token_log_probs(logits: Array) -> Array:
   """Next-token log-probabilities with PAD made impossible: [rows, vocab] -> [rows, vocab]."""
   return log_softmax(logits.astype(jnp.float32)).at[:, PAD_ID].set(NEG_INF)
 
@@ -120,7 +123,7 @@ def greedy_search(
     logits, cache = step_fn(s.cache, s.last[:, None])
     # argmax of the running score, not of the log-probabilities: the same float sums as beam
     # search's top_k, so beam 1 and greedy agree bit for bit, near-ties included.
-    candidates = s.scores[:, None] + _log_probs(logits)  # [batch, vocab]
+    candidates = s.scores[:, None] + next_token_log_probs(logits)  # [batch, vocab]
     token = jnp.argmax(candidates, axis=-1).astype(jnp.int32)  # [batch]
     new_score = jnp.take_along_axis(candidates, token[:, None], axis=-1)[:, 0]
     live = ~s.done
@@ -174,6 +177,7 @@ class _Rules(NamedTuple):
   alpha: float
   max_lengths: Array  # [batch] each sentence's maximum output length
   best_penalty: Array  # [batch] lp(max_lengths): the most favourable penalty a live one can get
+  nbest: int = 1  # how many finished hypotheses must be final before a sentence stops
 
 
 class _Extensions(NamedTuple):
@@ -230,7 +234,7 @@ def _candidates(step_fn: StepFn, s: BeamState) -> tuple[Array, Cache]:
   last = lax.dynamic_index_in_dim(s.live_tokens, s.step - 1, axis=2, keepdims=False)
   last = jnp.where(s.step == 0, PAD_ID, last)  # [batch, beam]; PAD starts every sentence
   logits, cache = step_fn(s.cache, last.reshape(batch * k, 1))
-  logp = _log_probs(logits)  # [batch * beam, vocab]
+  logp = next_token_log_probs(logits)  # [batch * beam, vocab]
   candidates = s.live_scores[:, :, None] + logp.reshape(batch, k, -1)  # [batch, beam, vocab]
   return candidates.reshape(batch, -1), cache
 
@@ -279,13 +283,14 @@ def _shrinking_step(s: BeamState, flat: Array, cache: Cache, rules: _Rules) -> B
   live_scores = jnp.where(valid & ~ext.finishing, ext.scores, NEG_INF)  # [batch, beam]
   fin = _merge_finished(s, ext, rules.alpha)  # at most K ever finish: nothing falls out
 
-  # Early stopping: no live hypothesis, or none that can still beat the worst finished one.
+  # Early stopping: no live hypothesis, or (with at least `nbest` finished) none that can still
+  # beat the worst finished one, so the finished ranks are final.
   fin_normalized = fin[2]
   best_live = jnp.max(live_scores, axis=1) / rules.best_penalty  # [batch]; -inf when none live
-  has_finished = jnp.any(jnp.isfinite(fin_normalized), axis=1)  # [batch]
+  num_finished = jnp.sum(jnp.isfinite(fin_normalized), axis=1)  # [batch]
   worst_finished = jnp.min(jnp.where(jnp.isfinite(fin_normalized), fin_normalized, jnp.inf), 1)
   done = s.done | ~jnp.any(jnp.isfinite(live_scores), axis=1)
-  done = done | (has_finished & (best_live <= worst_finished))
+  done = done | ((num_finished >= rules.nbest) & (best_live <= worst_finished))
   cache = _gather_cache(cache, ext.beam_index)
   return BeamState(s.step + 1, ext.tokens, live_scores, *fin, done, cache)
 
@@ -301,9 +306,10 @@ def _t2t_step(s: BeamState, flat: Array, cache: Cache, rules: _Rules) -> BeamSta
   # t2t's grow_finished: the K best of the old pool and all 2K that finished now.
   fin = _merge_finished(s, ext, rules.alpha)
 
-  # t2t's stop_early: the best finished beats the best live one at its most favourable length.
+  # t2t's stop_early: the best finished beats the best live one at its most favourable length
+  # (for an n-best list, the n-th best finished does).
   best_live = live_scores[:, 0] / rules.best_penalty  # [batch]; top_k sorts; -inf when none live
-  done = s.done | ~jnp.isfinite(live_scores[:, 0]) | (fin[2][:, 0] >= best_live)
+  done = s.done | ~jnp.isfinite(live_scores[:, 0]) | (fin[2][:, rules.nbest - 1] >= best_live)
   cache = _gather_cache(cache, _gather_beams(ext.beam_index, pick))
   return BeamState(s.step + 1, live_tokens, live_scores, *fin, done, cache)
 
@@ -317,11 +323,14 @@ def run_beam_search(
   alpha: float,
   max_decode_len: int,
   style: str = "shrinking",
+  nbest: int = 1,
 ) -> BeamState:
   """`beam_search`'s loop; returns its final state (live and finished pools; for the tests)."""
   if style not in BEAM_STYLES:
     raise ValueError(f"Unknown beam style {style!r}; choose one of {list(BEAM_STYLES)}.")
-  rules = _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha))
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"An n-best list of {nbest} needs 1 <= n <= the beam size {beam_size}.")
+  rules = _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha), nbest)
   update = _t2t_step if style == "t2t" else _shrinking_step
   loop_len = jnp.max(max_lengths)
 
@@ -345,6 +354,7 @@ def beam_search(
   alpha: float,
   max_decode_len: int,
   style: str = "shrinking",
+  nbest: int = 1,
 ) -> SearchResult:
   """Beam search with length penalty and early stopping, in either style (module docstring).
 
@@ -356,6 +366,9 @@ def beam_search(
     alpha: length-penalty exponent.
     max_decode_len: static size of the output buffers (>= max(max_lengths)).
     style: "shrinking" or "t2t".
+    nbest: n <= K. 1: the best hypothesis, fields [batch, ...]. Above 1: the n best finished
+      hypotheses, best first, fields [batch, n, ...]; the search then runs until n have finished
+      and no live one can overtake them.
   """
   final = run_beam_search(
     step_fn,
@@ -365,14 +378,18 @@ def beam_search(
     alpha=alpha,
     max_decode_len=max_decode_len,
     style=style,
+    nbest=nbest,
   )
-  # Slot 0 of the pool is the best finished hypothesis (top_k sorts). A sentence with none (only a
-  # skipped filler row) returns an empty output with score 0.
-  found = jnp.isfinite(final.fin_normalized[:, 0])
-  return SearchResult(
-    tokens=jnp.where(found[:, None], final.fin_tokens[:, 0], PAD_ID),
-    lengths=jnp.where(found, final.fin_lengths[:, 0], 0),
-    scores=jnp.where(found, final.fin_scores[:, 0], 0.0),
-    normalized_scores=jnp.where(found, final.fin_normalized[:, 0], 0.0),
+  # The pool is sorted best first (top_k). A rank with no finished hypothesis (only a skipped
+  # filler row has none) returns an empty output with score 0.
+  found = jnp.isfinite(final.fin_normalized[:, :nbest])  # [batch, n]
+  result = SearchResult(
+    tokens=jnp.where(found[:, :, None], final.fin_tokens[:, :nbest], PAD_ID),
+    lengths=jnp.where(found, final.fin_lengths[:, :nbest], 0),
+    scores=jnp.where(found, final.fin_scores[:, :nbest], 0.0),
+    normalized_scores=jnp.where(found, final.fin_normalized[:, :nbest], 0.0),
     num_steps=final.step,
   )
+  if nbest > 1:
+    return result
+  return result._replace(**{f: getattr(result, f)[:, 0] for f in SearchResult._fields[:4]})

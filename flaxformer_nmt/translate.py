@@ -8,6 +8,11 @@ and ends with all translations; only process 0 writes them. The batches depend o
 and the global device count, so 1 process of 8 devices and 2 of 4 translate identically. Empty lines
 are not sent to the model and come back empty. A line longer than the model accepts is cut (and
 counted, with a warning) rather than dropped, which would shift every later line.
+
+`translate_nbest` returns each line's n hypotheses (the n best of the beam, or n samples) with
+their scores, and, when asked, word alignments in Pharaoh format ("i-j": source word i, output
+word j, 0-based), mapped from the model's source positions (decode.source_positions) to words:
+a word is a piece that starts with SentencePiece's "▁" and the pieces that follow it.
 """
 
 from __future__ import annotations
@@ -26,8 +31,13 @@ from absl import logging
 from flaxformer_nmt import decode, files, parallel, reporting
 from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
 
-# [batch, src_len] int32 source ids -> [batch, out_len] int32 output ids (EOS, then PAD).
-BatchDecodeFn = Callable[[np.ndarray], np.ndarray]
+# ([batch, src_len] int32 source ids, [batch] int32 input line numbers (-1: filler row)) ->
+# the search's result (decode.decode_batch's, as numpy or jax arrays), or just the output ids
+# [batch, out_len] (EOS, then PAD) for a decoder that has no scores (the tests' stand-ins).
+BatchDecodeFn = Callable[[np.ndarray, np.ndarray], Any]
+
+# SentencePiece's word-start mark.
+_WORD_START = "\u2581"
 
 # Padded source lengths. Roughly geometric, so padding wastes at most ~1/3 of a batch while a
 # full run compiles about ten programs.
@@ -38,11 +48,43 @@ _NAMED_TRUNCATIONS = 5
 
 
 class TextTokenizer(Protocol):
-  """What translation needs of `tokenizer.Tokenizer` (tests pass a stub)."""
+  """What translation needs of `tokenizer.Tokenizer` (tests pass a stub); alignments also call
+  `id_to_piece`."""
 
   def encode(self, text: str) -> list[int]: ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One output for one input line."""
+
+  text: str
+  score: float  # what the search ranks by: log-probability / length penalty (0.0 for no output)
+  alignment: str | None = None  # Pharaoh "i-j ..." when alignments were asked for
+
+
+def word_starts(pieces: Sequence[str]) -> list[int]:
+  """Each piece's word index: a new word at every piece that starts with "▁" (and at the
+  first piece, whatever it is)."""
+  index, out = -1, []
+  for i, piece in enumerate(pieces):
+    if i == 0 or piece.startswith(_WORD_START):
+      index += 1
+    out.append(index)
+  return out
+
+
+def pharaoh(source_words: Sequence[int], target_words: Sequence[int], positions) -> str:
+  """ "i-j" pairs, sorted, without repeats: target piece t (word target_words[t]) aligned to
+  source piece positions[t] (word source_words[...]); -1 = no alignment."""
+  pairs = {
+    (source_words[p], target_words[t])
+    for t, p in enumerate(positions)
+    if t < len(target_words) and 0 <= p < len(source_words)
+  }
+  return " ".join(f"{i}-{j}" for i, j in sorted(pairs))
 
 
 @dataclasses.dataclass
@@ -83,8 +125,13 @@ class Translator:
     max_src_len: int,
     num_shards: int = 1,
     log_every_secs: float = 10.0,
+    nbest: int = 1,
+    alignments: bool = False,
   ) -> None:
-    """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences."""
+    """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
+    returns `nbest` hypotheses per sentence (with source positions, for `alignments`)."""
+    self.nbest = nbest
+    self.alignments = alignments
     self.tokenizer = tokenizer
     self.decode_fn = decode_fn
     self.batch_size = batch_size
@@ -101,10 +148,16 @@ class Translator:
     return [list(x) + [EOS_ID] for x in ids]
 
   def translate(self, lines: Sequence[str]) -> list[str]:
-    """One translation per line, in order; blank lines stay blank."""
+    """One translation per line (the best of the n), in order; blank lines stay blank."""
+    return [hyps[0].text for hyps in self.translate_nbest(lines)]
+
+  def translate_nbest(self, lines: Sequence[str]) -> list[list[Hypothesis]]:
+    """`nbest` hypotheses per line, best first, in input order; a blank line gets `nbest` empty
+    ones (score 0.0, empty alignment)."""
     start = time.time()
     self.stats = TranslationStats(num_lines=len(lines))
-    outputs = [""] * len(lines)
+    empty = Hypothesis("", 0.0, "" if self.alignments else None)
+    outputs: list[list[Hypothesis]] = [[empty] * self.nbest for _ in lines]
     todo = [i for i, line in enumerate(lines) if line.strip()]
     self.stats.num_empty = len(lines) - len(todo)
     sources = dict(zip(todo, self._encode([lines[i] for i in todo]), strict=True))
@@ -138,12 +191,13 @@ class Translator:
       length = _bucket(max(len(sources[i]) for i in batch), self.buckets)
       # Filler rows are all padding; the search skips them (see decode.max_output_lengths).
       inputs = np.full((batch_rows, length), PAD_ID, np.int32)  # [batch, bucket]
+      line_ids = np.full((batch_rows,), -1, np.int32)  # [batch]
       for row, i in enumerate(batch):
         inputs[row, : len(sources[i])] = sources[i]
-      tokens = np.asarray(self.decode_fn(inputs))  # [batch, out_len]
+        line_ids[row] = i
+      decoded = self.decode_fn(inputs, line_ids)
       for row, i in enumerate(batch):
-        # A line break inside a translation would shift every later line.
-        outputs[i] = files.one_line(self.tokenizer.decode(tokens[row].tolist()))
+        outputs[i] = self._hypotheses(decoded, row, sources[i])
       self.stats.num_batches += 1
       done += len(batch)
       now = time.time()
@@ -160,6 +214,42 @@ class Translator:
     self.stats.seconds = time.time() - start
     return outputs
 
+  def _hypotheses(self, decoded: Any, row: int, source: Sequence[int]) -> list[Hypothesis]:
+    """Row `row` of a decoded batch as `nbest` Hypothesis objects."""
+    if isinstance(decoded, np.ndarray | jax.Array):  # ids only: a stand-in decoder
+      tokens, scores, positions = np.asarray(decoded)[row][None], np.zeros(1), None
+    else:
+      shape = (self.nbest, -1)
+      tokens = np.asarray(decoded.tokens[row]).reshape(shape)  # [n, out_len]
+      scores = np.asarray(decoded.normalized_scores[row]).reshape(self.nbest)
+      positions = decoded.source_positions
+      positions = None if positions is None else np.asarray(positions[row]).reshape(shape)
+    out = []
+    for k in range(tokens.shape[0]):
+      ids = tokens[k].tolist()
+      # A line break inside a translation would shift every later line.
+      text = files.one_line(self.tokenizer.decode(ids))
+      alignment = None
+      if self.alignments:
+        alignment = self._alignment(source, ids, positions[k] if positions is not None else [])
+      out.append(Hypothesis(text, float(scores[k]), alignment))
+    return out
+
+  def _alignment(self, source: Sequence[int], output: Sequence[int], positions) -> str:
+    """Pharaoh word alignment of one output, from its pieces' source positions."""
+    piece = self.tokenizer.id_to_piece  # type: ignore[attr-defined]
+    source_pieces = [piece(int(i)) for i in source if i not in (EOS_ID, PAD_ID)]
+    output_ids = list(output)
+    end = output_ids.index(EOS_ID) if EOS_ID in output_ids else len(output_ids)
+    output_pieces = [piece(int(i)) for i in output_ids[:end] if i != PAD_ID]
+    return pharaoh(word_starts(source_pieces), word_starts(output_pieces), list(positions))
+
+
+def alignment_layer(setting: int, num_layers: int) -> int:
+  """config.decode.alignment_layer as a layer index: negative counts from the top (-1 the last,
+  -2 the penultimate), and a model with fewer layers than that uses its first."""
+  return max(num_layers + setting, 0) if setting < 0 else setting
+
 
 def _next_power_of_two(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
@@ -169,10 +259,11 @@ def _next_power_of_two(n: int) -> int:
 def _sharded_decoder(model: Any, search: decode.SearchConfig) -> Callable[[Any, np.ndarray], Any]:
   """One pmapped decoder per (model, settings): repeated dev evaluations reuse its compilations."""
 
-  def tokens(params: Any, inputs: jax.Array) -> jax.Array:
-    return decode.decode_batch(model, params, inputs, search).tokens  # [rows, out_len]
+  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array) -> Any:
+    result = decode.decode_batch(model, params, inputs, search, line_ids=line_ids)
+    return result._replace(lengths=None, scores=None, num_steps=None)  # what the host reads
 
-  return parallel.pmap_rows(tokens)
+  return parallel.pmap_rows(search_result)
 
 
 def make_decode_fn(
@@ -187,7 +278,7 @@ def make_decode_fn(
   if not replicated:
     params = parallel.replicate(params)
   run = _sharded_decoder(model, search)
-  return lambda inputs: run(params, inputs)
+  return lambda inputs, line_ids: run(params, inputs, line_ids)
 
 
 def make_translator(
@@ -199,16 +290,27 @@ def make_translator(
   *,
   replicated: bool = False,
   beam_size: int | None = None,
+  nbest: int = 1,
+  alignments: bool = False,
 ) -> Translator:
-  """A Translator for `model` with the beam, alpha, length rule and batch size of config.decode
-  (`beam_size` overrides the beam, e.g. greedy dev BLEU during training)."""
-  search = decode.SearchConfig.from_config(decode_config, beam_size=beam_size)
+  """A Translator for `model` with the search, length rule and batch size of config.decode
+  (`beam_size` overrides the beam and asks for beam search, e.g. greedy dev BLEU during
+  training). `params` may be a decode.Ensemble. `nbest` hypotheses per line; `alignments` adds
+  word alignments from config.decode.alignment_layer's cross-attention."""
+  layer = -1
+  if alignments:
+    layer = alignment_layer(int(decode_config.get("alignment_layer", -2)), model.cfg.num_layers)
+  search = decode.SearchConfig.from_config(
+    decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
+  )
   return Translator(
     tokenizer,
     make_decode_fn(model, params, search, replicated=replicated),
     batch_size=int(decode_config.batch_size),
     max_src_len=max_src_len,
     num_shards=jax.device_count(),
+    nbest=nbest,
+    alignments=alignments,
   )
 
 

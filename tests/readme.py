@@ -60,7 +60,9 @@ def chain_of(command: Command) -> str:
     return "files"
   if re.match(r"python benchmarks/\w+\.py", t):
     return "benchmarks"
-  if "demo" in config or t.startswith("printf "):
+  if "demo" in config or t.startswith(("printf ", "python -m flaxformer_nmt.data.demo_text")):
+    return "demo"
+  if t.startswith("mkdir -p data/demo_bt"):  # the back-translation recipe's concatenation
     return "demo"
   if "wmt14" in config or t.startswith(("sacrebleu ", "mkdir -p wmt14_text")):
     return "wmt14"

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from flaxformer_nmt import config_files, config_lib, errors
+from flaxformer_nmt import config_checks, config_files, config_lib, errors
 
 
 def load(name: str, *args: str):
@@ -135,7 +135,7 @@ def test_table3_config_rows_change_one_thing_each():
         "label_smoothing",
         "model.positional",
       )
-      if config_lib._get(c, path) != config_lib._get(base, path)
+      if config_checks._get(c, path) != config_checks._get(base, path)
     }
     assert differing == set(changes), row
     assert c.data.test_split == "validation"  # newstest2013, as the table

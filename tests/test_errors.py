@@ -115,6 +115,30 @@ def _translate_bad_utf8(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
   ]
 
 
+def _translating(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """A translate command on a copy of the trained workdir, with a real input file."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    workdir = _trained(base, trained)
+    formatted = [a.format(base=base) for a in args]
+    return [
+      f"--workdir={workdir}",
+      "--config=configs/demo.py",
+      "--mode=translate",
+      f"--input={_translate_input(base)}",
+      *formatted,
+    ]
+
+  return setup
+
+
+def _member_with_other_vocabulary(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  other = base / "other"
+  shutil.copytree(trained, other)
+  (other / "spm.model").write_bytes(b"a vocabulary of another run")
+  return _translating(f"--ensemble={other}")(base, trained)
+
+
 TWO = ("\n".join(LINES[:2]) + "\n").encode()
 CASES = [
   Case("mismatched files", _bad_corpus(train_de=TWO), "train.en has 3 lines but"),
@@ -175,6 +199,31 @@ CASES = [
     "bad UTF-8 in translate input",
     _translate_bad_utf8,
     "in.txt:2: invalid UTF-8 (byte 0xc3 at column 1)",
+  ),
+  Case(
+    "n-best above the beam",
+    _translating("--config.decode.beam_size=2", "--nbest=3"),
+    "--nbest=3 is more than config.decode.beam_size=2",
+  ),
+  Case(
+    "missing ensemble member",
+    _translating("--ensemble={base}/nothere"),
+    "--ensemble member",
+  ),
+  Case(
+    "ensemble member with another vocabulary",
+    _member_with_other_vocabulary,
+    "its vocabulary",
+  ),
+  Case(
+    "negative sampling temperature",
+    _translating("--config.decode.method=sample", "--config.decode.temperature=-0.5"),
+    "config.decode.temperature must be > 0, got -0.5",
+  ),
+  Case(
+    "top_p outside (0, 1]",
+    _translating("--config.decode.method=sample", "--config.decode.top_p=1.5"),
+    "config.decode.top_p must be in (0, 1], got 1.5",
   ),
   Case(
     "more checkpoints to average than saved",
@@ -240,12 +289,14 @@ def _run_mode(args: list[str]) -> None:
   parallel.maybe_initialize_distributed("auto")
   config = api.load_config(flag["config"], overrides)
   workdir, mode = flag["workdir"], flag.get("mode", "train")
+  members = tuple(m for m in flag.get("ensemble", "").split(",") if m)
   if mode == "train":
     modes.train(config, workdir)
   elif mode == "eval":
-    modes.evaluate(config, workdir, "auto")
+    modes.evaluate(config, workdir, "auto", members)
   elif mode == "translate":
-    modes.translate(config, workdir, "auto", flag["input"], "-")
+    outputs = modes.Outputs(int(flag.get("nbest", 1)), "alignments" in flag, members)
+    modes.translate(config, workdir, "auto", flag["input"], "-", outputs)
   elif mode == "average":
     modes.average(config, workdir, int(flag["num_checkpoints"]))
   else:

@@ -36,6 +36,14 @@ def test_sacrebleu_score_is_cased_13a_sacrebleu():
   assert lowered < score
 
 
+def test_chrf_is_sacrebleus_corpus_chrf():
+  score, signature = evaluate.chrf_score(HYPS, REFS)
+  assert score == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score, abs=1e-9)
+  assert 0 < score < 100 and score != pytest.approx(evaluate.sacrebleu_score(HYPS, REFS)[0])
+  assert "nc:6" in signature and "nw:0" in signature and "version:" in signature
+  assert evaluate.chrf_score(REFS, REFS)[0] == pytest.approx(100.0)
+
+
 def test_compound_split_matches_t2t_perl_by_hand():
   # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' on Moses output, written out by hand. Matches do
   # not overlap ("a-b-c" splits once); a hyphen next to a space is left alone.
@@ -128,8 +136,11 @@ def test_score_and_write(tmp_path):
     "sacrebleu_signature",
     "tokenized_bleu",
     "tokenized_bleu_method",
+    "chrf",
+    "chrf_signature",
     "num_sentences",
   }
+  assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [REFS]).score)
   assert scores["tokenized_bleu_method"] == "moses-de+##AT##"
   assert scores["num_sentences"] == 4
   assert scores["sacrebleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [REFS]).score)

@@ -192,8 +192,20 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
   translations = (tmp_path / "out2").read_text().splitlines()
   one_process, _, _ = modes.translate_lines(_in_process_config(), str(reference), "auto", lines)
-  assert translations == one_process
+  assert translations == [h[0].text for h in one_process]
   assert len(translations) == 4 and translations[1] == "" and all(translations[i] for i in (0, 2))
+
+  # Sampled n-best lists: the same samples from 2 processes x 4 devices as from 1 x 8.
+  sample = ["--config.decode.method=sample", "--config.decode.seed=3"]
+  job = run(
+    "--mode=translate", f"--input={source}", f"--output={tmp_path / 's2'}", "--nbest=2", *sample
+  )
+  assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
+  config = _in_process_config()
+  config.decode.method, config.decode.seed = "sample", 3
+  outputs = modes.Outputs(nbest=2)
+  sampled, _, _ = modes.translate_lines(config, str(reference), "auto", lines, outputs)
+  assert (tmp_path / "s2").read_text().splitlines() == modes.output_lines(sampled, outputs)
 
   # Averaging under 2 processes: the mean of the last 2 checkpoints, written once.
   job = cluster.launch(

@@ -71,6 +71,8 @@ _BENCHMARKS = {
   + ["--max_len_offset=4", "--repeats=1", "--target=host"],
   "memory": ["--sizes=tiny", "--dtypes=float32", "--tokens_per_device=512", "--max_len=64"]
   + ["--vocab_size=300", "--target=host"],
+  "estimate_variants": ["--size=tiny", "--vocab_size=300", "--max_len=32", "--tokens_per_step=512"]
+  + ["--steps=1", "--peak_n=256", "--target=host"],
   "recipe_cost": ["--notpu_estimate"],
   "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
   + ["--vocab_size=300"],
@@ -149,6 +151,31 @@ def _run_chain(chain: str, tmp_path: pathlib.Path, overrides: dict[str, list[str
     yield command, box.run(command), box
 
 
+def _research_decoding(text: str, proc: subprocess.CompletedProcess, repo: pathlib.Path) -> bool:
+  """Checks one command of docs/decoding.md (n-best, sampling, ensembles, alignments, the
+  back-translation recipe); False for any other command."""
+  lines = lambda name: (repo / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
+  if "--ensemble=" in text:
+    result = _last_json(proc)
+    assert result["checkpoint"].startswith("ensemble of 2 models")
+    assert 0.0 <= result["test_chrf_beam4"] <= 100.0 and "nc:6" in result["chrf_signature"]
+  elif "--output=nbest.tsv" in text or "--output=samples.tsv" in text:
+    k = int(re.search(r"--nbest=(\d+)", text).group(1))
+    rows = [r.split("\t") for r in lines(re.search(r"--output=(\S+)", text).group(1))]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(i, j) for i in range(2) for j in range(k)]
+  elif "--output=aligned.txt" in text:
+    assert [" ||| " in row for row in lines("aligned.txt")] == [True, True]
+  elif "--output=data/demo_text/mono.en" in text:
+    assert len(lines("data/demo_text/mono.en")) == len(lines("data/demo_text/mono.de")) == 2000
+  elif "flaxformer_nmt.data.demo_text" in text:
+    assert _last_json(proc)["lines"]["mono.de"] == 2000
+  elif text.startswith("mkdir -p data/demo_bt"):
+    assert len(lines("data/demo_bt/train.de")) == len(lines("data/demo_bt/train.en")) == 22_000
+  else:
+    return False
+  return True
+
+
 @readme_run
 def test_demo_chain(tmp_path):
   """Quick start, using a trained model, translating and exporting, the demo's results."""
@@ -157,6 +184,8 @@ def test_demo_chain(tmp_path):
   for command, proc, box in _run_chain("demo", tmp_path, overrides):
     seen.append(command.text)
     work = box.repo / "runs" / "demo"
+    if _research_decoding(command.text, proc, box.repo):
+      continue  # docs/decoding.md's commands, checked there
     if "--mode=eval" in command.text:
       result = _last_json(proc)
       assert result["checkpoint"].startswith("averaged params of 3 checkpoints")

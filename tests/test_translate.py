@@ -48,7 +48,8 @@ class ReversingDecoder:
     self.shapes: list[tuple[int, int]] = []
     self.rows = 0
 
-  def __call__(self, inputs: np.ndarray) -> np.ndarray:
+  def __call__(self, inputs: np.ndarray, line_ids: np.ndarray) -> np.ndarray:
+    assert line_ids.shape == (inputs.shape[0],)
     self.shapes.append(inputs.shape)
     out = np.zeros((inputs.shape[0], inputs.shape[1] + 2), np.int32)
     for r, row in enumerate(inputs):

@@ -1,0 +1,77 @@
+"""Loading the members of an ensemble (`--ensemble=WORKDIR[,WORKDIR...]`) for eval and translate.
+
+The ensemble is `--workdir`'s model plus each listed workdir's, decoded together by averaging their
+next-token probabilities (decode.Ensemble). Every member must be the same model size and use the
+same vocabulary file, byte for byte: the search feeds one token id to all of them. Each member's
+parameters are chosen by the same `--checkpoint` rule, applied in its own workdir ("auto" takes a
+member's averaged checkpoint if it has one). Every check runs before any parameters are read, and
+a failure is one line naming the member.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+
+from flaxformer_nmt import averaging, errors
+from flaxformer_nmt.tokenizer import MODEL_FILENAME
+
+
+def vocabulary_path(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
+  """The vocabulary a workdir's run used: `data.vocab_path` of `config` (default: the run's saved
+  config.json), else `<workdir>/spm.model`."""
+  vocab_path = ""
+  if config is not None:
+    vocab_path = config.data.vocab_path
+  else:
+    saved = os.path.join(workdir, "config.json")
+    if os.path.isfile(saved):
+      with open(saved, encoding="utf-8") as f:
+        vocab_path = json.load(f).get("data", {}).get("vocab_path", "")
+  return vocab_path or os.path.join(workdir, MODEL_FILENAME)
+
+
+def _digest(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_members(
+  config: ml_collections.ConfigDict, workdir: str, members: Sequence[str], which: str
+) -> list[tuple[str, str]]:
+  """(member workdir, resolved checkpoint choice) for each member; UserError naming the first
+  member that is missing, has no checkpoint, another vocabulary or another model size."""
+  from flaxformer_nmt.run import check_checkpoint_fits  # pylint: disable=g-import-not-at-top
+
+  ours = vocabulary_path(workdir, config)
+  checked = []
+  for member in members:
+    if os.path.abspath(member) == os.path.abspath(workdir):
+      raise errors.ConfigError(f"--ensemble member {member} is --workdir itself; list the others.")
+    if not os.path.isdir(member):
+      raise errors.CheckpointError(f"--ensemble member {member}: no such workdir.")
+    theirs = vocabulary_path(member)
+    if not os.path.isfile(theirs):
+      raise errors.CheckpointError(f"--ensemble member {member}: no vocabulary at {theirs}.")
+    if os.path.isfile(ours) and _digest(theirs) != _digest(ours):
+      raise errors.CheckpointMismatchError(
+        f"--ensemble member {member}: its vocabulary {theirs} differs from {ours}; the members "
+        "of an ensemble must share one vocabulary."
+      )
+    try:
+      resolved = averaging.resolve_inference_source(member, which)
+      check_checkpoint_fits(config, workdir, averaging.inference_dir(member, resolved))
+    except errors.UserError as e:
+      raise type(e)(f"--ensemble member {member}: {e}") from e
+    checked.append((member, resolved))
+  return checked
+
+
+def load_members(checked: Sequence[tuple[str, str]], template: Any) -> list[tuple[Any, str]]:
+  """(parameters, description) of each checked member."""
+  return [averaging.load_inference_params(m, template, which) for m, which in checked]

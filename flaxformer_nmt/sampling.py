@@ -1,0 +1,142 @@
+"""Sampling search: each next token drawn from the model's distribution, on the cached decoder.
+
+Like search.py, it sees only a step function `(cache, ids [rows, 1]) -> (logits [rows, vocab],
+cache)`, so it runs on the same incremental decoder as greedy search and costs about as much per
+step (one draw instead of one argmax). Back-translation works better with sampled than with beam
+output (Edunov et al., 2018, "Understanding Back-Translation at Scale"), which is what it is for.
+
+The distribution can be reshaped before each draw, in this order (as fairseq and Hugging Face do):
+`temperature` divides the log-probabilities (below 1 sharpens, above 1 flattens); `top_k` keeps the
+k most likely tokens (0 = all); `top_p` keeps the smallest set of most likely tokens whose
+probability reaches p (nucleus sampling, Holtzman et al. 2020; 1.0 = all). PAD is never drawn.
+
+Randomness: every row carries its own key (`row_keys`), and the draw at step t uses
+fold_in(row key, t). The caller derives a row's key from the seed, the input line's number and
+the sample's index (decode.row_keys), so a line's samples do not depend on its batch-mates, on
+the batch order or on how many devices decode.
+
+The returned score of a sample is the model's own: the sum of its tokens' log-probabilities under
+the unmodified distribution (temperature 1, no top-k / top-p), and the normalised score divides it
+by the length penalty, as beam search's; n-best lists of samples are ranked by the latter.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from flaxformer_nmt.search import (
+  NEG_INF,
+  Cache,
+  SearchResult,
+  StepFn,
+  length_penalty,
+  next_token_log_probs,
+)
+from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+
+Array = jax.Array
+
+
+class SamplingRule(NamedTuple):
+  """How the distribution is reshaped before each draw (the module docstring); static."""
+
+  temperature: float = 1.0  # > 0
+  top_k: int = 0  # 0 = off
+  top_p: float = 1.0  # in (0, 1]; 1.0 = off
+
+
+def reshape_distribution(log_probs: Array, rule: SamplingRule) -> Array:
+  """The logits a draw uses: [rows, vocab] log-probabilities -> [rows, vocab], -inf = excluded.
+
+  Temperature first, then top-k, then top-p on the tempered distribution. Ties at a cut-off are
+  kept (a token as likely as the last one kept is kept too).
+  """
+  logits = log_probs / jnp.float32(rule.temperature)
+  if rule.top_k > 0 and rule.top_k < logits.shape[-1]:
+    kth = lax.top_k(logits, rule.top_k)[0][:, -1:]  # [rows, 1]: the k-th largest
+    logits = jnp.where(logits >= kth, logits, NEG_INF)
+  if rule.top_p < 1.0:
+    ordered = -jnp.sort(-logits, axis=-1)  # [rows, vocab], most likely first
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability mass of the more likely tokens
+    # The most likely token is always kept (mass before it is 0 < top_p); then every token while
+    # the mass before it is still short of top_p.
+    kept = before < jnp.float32(rule.top_p)
+    cutoff = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)  # [rows, 1]
+    logits = jnp.where(logits >= cutoff, logits, NEG_INF)
+  return logits
+
+
+class _SampleState(NamedTuple):
+  step: Array  # []
+  last: Array  # [rows] previous token
+  tokens: Array  # [rows, max_decode_len]
+  scores: Array  # [rows] the model's log-probability of the sample so far
+  lengths: Array  # [rows]
+  done: Array  # [rows] bool
+  cache: Cache
+
+
+def sample_search(
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  row_keys: Array,
+  *,
+  max_decode_len: int,
+  alpha: float,
+  rule: SamplingRule,
+) -> SearchResult:
+  """One sample per row, token by token, until EOS or the row's maximum length.
+
+  Args:
+    step_fn: the decoder, one token per row per call.
+    cache: its initial cache for `rows` rows.
+    max_lengths: [rows] each row's maximum output length (0: skip the row).
+    row_keys: [rows] typed PRNG keys (jax.random.key), one per row.
+    max_decode_len: static size of the output buffer (>= max(max_lengths)).
+    alpha: length-penalty exponent, for the normalised score only.
+    rule: temperature, top-k, top-p.
+  """
+  rows = max_lengths.shape[0]
+  loop_len = jnp.max(max_lengths)
+
+  def cond(s: _SampleState) -> Array:
+    return (s.step < loop_len) & ~jnp.all(s.done)
+
+  def body(s: _SampleState) -> _SampleState:
+    logits, cache = step_fn(s.cache, s.last[:, None])
+    log_probs = next_token_log_probs(logits)  # [rows, vocab], PAD at -inf
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)  # [rows]
+    drawn = jax.vmap(jax.random.categorical)(keys, reshape_distribution(log_probs, rule))
+    token = drawn.astype(jnp.int32)  # [rows]
+    token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+    live = ~s.done
+    token = jnp.where(live, token, PAD_ID)
+    tokens = lax.dynamic_update_slice(s.tokens, token[:, None], (0, s.step))
+    scores = jnp.where(live, s.scores + token_log_prob, s.scores)
+    lengths = jnp.where(live, s.step + 1, s.lengths)
+    done = s.done | (token == EOS_ID) | (s.step + 1 >= max_lengths)
+    return _SampleState(s.step + 1, token, tokens, scores, lengths, done, cache)
+
+  init = _SampleState(
+    step=jnp.array(0, jnp.int32),
+    last=jnp.full((rows,), PAD_ID, jnp.int32),
+    tokens=jnp.full((rows, max_decode_len), PAD_ID, jnp.int32),
+    scores=jnp.zeros((rows,), jnp.float32),
+    lengths=jnp.zeros((rows,), jnp.int32),
+    done=max_lengths <= 0,
+    cache=cache,
+  )
+  final = lax.while_loop(cond, body, init)
+  return SearchResult(
+    tokens=final.tokens,
+    lengths=final.lengths,
+    scores=final.scores,
+    normalized_scores=final.scores / length_penalty(final.lengths, alpha),
+    num_steps=final.step,
+  )

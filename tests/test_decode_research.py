@@ -1,0 +1,265 @@
+"""n-best lists, sampling, ensembles and alignments through the model, the translator and main.py.
+
+test_search_research.py checks the searches against exact answers on hand-made distributions;
+here the same features run on the Transformer (an untrained tiny one, or the session's trained
+demo) end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from test_translate import CharTokenizer
+
+from flaxformer_nmt import api, config_lib, decode, modes, translate
+from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+
+import helpers
+
+LINES = ["Grüße aus Köln", "", "ab cd", "eine sehr lange Zeile!", "c", "naïve ding"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  c = config_lib.base_config("tiny")
+  c.model.num_layers = 1
+  vocab = 40
+  model = Transformer(TransformerConfig.from_config(c.model, vocab_size=vocab))
+  params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(0))
+  return model, params, vocab
+
+
+def _decode_config(**fields) -> ml_collections.ConfigDict:
+  base = dict(beam_size=3, alpha=0.6, max_len_offset=3, batch_size=4, method="beam")
+  base.update(temperature=1.0, top_k=0, top_p=1.0, seed=0, alignment_layer=-1)
+  return ml_collections.ConfigDict({**base, **fields})
+
+
+def _sample_lines(tiny, lines, **fields):
+  model, params, vocab = tiny
+  return translate.translate_lines(
+    lines,
+    CharTokenizer(vocab_size=vocab),
+    model,
+    params,
+    _decode_config(**{"method": "sample", **fields}),
+    max_src_len=16,
+  )
+
+
+def test_samples_depend_on_the_seed_and_line_only(tiny):
+  """The same seed and lines give the same samples however they are batched (other batch-mates,
+  other padded lengths); another seed gives other samples; top_k=1 gives greedy output."""
+  first = _sample_lines(tiny, LINES)
+  assert [o == "" for o in first] == [not s.strip() for s in LINES]
+  assert _sample_lines(tiny, LINES, batch_size=1) == first
+  assert _sample_lines(tiny, LINES, batch_size=2) == first
+  assert _sample_lines(tiny, LINES, seed=1) != first
+  model, params, vocab = tiny
+  greedy = translate.translate_lines(
+    LINES, CharTokenizer(vocab_size=vocab), model, params, _decode_config(), 16, beam_size=1
+  )
+  assert _sample_lines(tiny, LINES, top_k=1) == greedy
+
+
+def test_a_sample_does_not_depend_on_padding_or_batch_mates(tiny):
+  """What differs between device counts is a row's padding and batch-mates: neither changes it."""
+  model, params, _ = tiny
+  search = decode.SearchConfig(method="sample", alpha=0.6, max_len_offset=4, nbest=2)
+  row = [5, 9, 7, EOS_ID]
+  short = np.array([row + [PAD_ID] * 4], np.int32)  # [1, 8]
+  long = np.zeros((3, 16), np.int32)
+  long[1, :4] = row
+  long[0, :6] = [3, 4, 5, 6, 7, EOS_ID]
+  a = decode.decode_batch(model, params, jnp.asarray(short), search, line_ids=jnp.asarray([7]))
+  b = decode.decode_batch(
+    model, params, jnp.asarray(long), search, line_ids=jnp.asarray([0, 7, 2], jnp.int32)
+  )
+  np.testing.assert_array_equal(a.tokens[0], b.tokens[1, :, : a.tokens.shape[-1]])
+  np.testing.assert_allclose(a.normalized_scores[0], b.normalized_scores[1], rtol=1e-5)
+
+
+def test_nbest_samples_are_ranked_and_differ(tiny):
+  model, params, vocab = tiny
+  translator = translate.make_translator(
+    CharTokenizer(vocab_size=vocab),
+    model,
+    params,
+    _decode_config(method="sample"),
+    max_src_len=16,
+    nbest=4,
+  )
+  hyps = translator.translate_nbest(LINES)
+  assert [len(h) for h in hyps] == [4] * len(LINES)
+  for line, h in zip(LINES, hyps, strict=True):
+    scores = [x.score for x in h]
+    assert scores == sorted(scores, reverse=True)
+    if line.strip():
+      assert len({x.text for x in h}) > 1  # an untrained model over 40 tokens: samples differ
+    else:
+      assert all(x.text == "" and x.score == 0.0 for x in h)
+
+
+def test_beam_nbest_through_the_translator_and_its_tsv(tiny):
+  model, params, vocab = tiny
+  tokenizer = CharTokenizer(vocab_size=vocab)
+  best = translate.translate_lines(LINES, tokenizer, model, params, _decode_config(), 16)
+  translator = translate.make_translator(
+    tokenizer, model, params, _decode_config(), max_src_len=16, nbest=3
+  )
+  hyps = translator.translate_nbest(LINES)
+  assert [h[0].text for h in hyps] == best
+  for h in hyps:
+    assert [x.score for x in h] == sorted((x.score for x in h), reverse=True)
+  rows = modes.output_lines(hyps, modes.Outputs(nbest=3))
+  assert len(rows) == 3 * len(LINES)
+  for n, row in enumerate(rows):
+    line, rank, score, text = row.split("\t")
+    assert (int(line), int(rank)) == (n // 3, n % 3)
+    assert float(score) == pytest.approx(hyps[n // 3][n % 3].score, abs=1e-6)
+    assert text == hyps[n // 3][n % 3].text
+  with pytest.raises(ValueError, match="nbest=4"):
+    decode.SearchConfig(beam_size=3, nbest=4)
+
+
+@pytest.mark.parametrize("method", ["beam", "sample"])
+def test_an_ensemble_of_the_model_with_itself_is_the_model(tiny, method):
+  model, params, _ = tiny
+  search = decode.SearchConfig(beam_size=3, max_len_offset=4, method=method, nbest=2)
+  inputs = jnp.asarray([[5, 9, 7, EOS_ID], [3, 4, EOS_ID, PAD_ID]], jnp.int32)
+  one = decode.decode_batch(model, params, inputs, search)
+  two = decode.decode_batch(model, decode.Ensemble((params, params)), inputs, search)
+  np.testing.assert_array_equal(two.tokens, one.tokens)
+  np.testing.assert_allclose(two.normalized_scores, one.normalized_scores, rtol=1e-4, atol=1e-5)
+  other = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(1))
+  mixed = decode.decode_batch(model, decode.Ensemble((params, other)), inputs, search)
+  assert not np.allclose(mixed.normalized_scores, one.normalized_scores)
+
+
+class WordPieceTokenizer:
+  """Characters as pieces, SentencePiece's word-start mark on each word's first one (ids wrap
+  around a small vocabulary, as CharTokenizer's)."""
+
+  def __init__(self, vocab_size: int) -> None:
+    self.vocab_size = vocab_size
+    self.ids: dict[str, int] = {}
+    self.pieces: dict[int, str] = {}
+
+  def _id(self, piece: str) -> int:
+    if piece not in self.ids:
+      i = 3 + (len(self.ids) % (self.vocab_size - 3))
+      self.ids[piece] = i
+      self.pieces.setdefault(i, piece)
+    return self.ids[piece]
+
+  def encode(self, text: str) -> list[int]:
+    out = []
+    for word in text.split():
+      out += [self._id("\u2581" + word[0])] + [self._id(ch) for ch in word[1:]]
+    return out
+
+  def id_to_piece(self, i: int) -> str:
+    return self.pieces.get(int(i), "\u2581?")
+
+  def decode(self, ids) -> str:
+    pieces = []
+    for i in ids:
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        pieces.append(self.id_to_piece(i))
+    words: list[str] = []
+    for p in pieces:  # a new word at each marked piece, and at the first (word_starts' rule)
+      if p.startswith("\u2581") or not words:
+        words.append(p.lstrip("\u2581"))
+      else:
+        words[-1] += p
+    return " ".join(words)
+
+
+def test_alignments_name_only_existing_words(tiny):
+  model, params, _ = tiny
+  lines = ["ein Haus steht dort", "", "zwei", "rote Autos fahren schnell vorbei"]
+  tokenizer = WordPieceTokenizer(vocab_size=40)
+  translator = translate.make_translator(
+    tokenizer,
+    model,
+    params,
+    _decode_config(alignment_layer=0),
+    max_src_len=24,
+    nbest=2,
+    alignments=True,
+  )
+  hyps = translator.translate_nbest(lines)
+  pairs_seen = 0
+  for line, h in zip(lines, hyps, strict=True):
+    for hyp in h:
+      assert hyp.alignment is not None
+      if not line.strip():
+        assert hyp.alignment == ""
+        continue
+      source_words, target_words = len(line.split()), len(hyp.text.split())
+      for pair in hyp.alignment.split():
+        i, j = (int(x) for x in pair.split("-"))
+        assert 0 <= i < source_words and 0 <= j < target_words, (line, hyp)
+        pairs_seen += 1
+  assert pairs_seen > 0
+
+
+def test_pharaoh_from_piece_positions():
+  starts = translate.word_starts(["\u2581a", "b", "\u2581c", "\u2581d", "e"])
+  assert starts == [0, 0, 1, 2, 2]
+  # target pieces 0..3 (words 0, 0, 1, 1) aligned to source pieces 4, 0, -1 (none), 2
+  assert translate.pharaoh(starts, [0, 0, 1, 1], [4, 0, -1, 2]) == "0-0 1-1 2-0"
+
+
+@pytest.mark.slow
+def test_main_py_nbest_alignments_sampling_and_an_ensemble(trained_demo, tmp_path):
+  """The flags end to end on the trained demo: n-best TSV with alignments, sampled output that a
+  second run reproduces, and an ensemble of the model with a copy of itself scoring as the model."""
+  _, trained = trained_demo
+  work, copy = tmp_path / "workdir", tmp_path / "copy"
+  shutil.copytree(trained, work)
+  shutil.copytree(trained, copy)
+  source = tmp_path / "in.txt"
+  source.write_text("three hundred and five\n\nforty-two chairs\n", encoding="utf-8")
+  common = [f"--workdir={work}", "--config=configs/demo.py", "--mode=translate"]
+  common += [f"--input={source}", "--config.decode.beam_size=2"]
+  out = tmp_path / "nbest.tsv"
+  helpers.run_main(*common, f"--output={out}", "--nbest=2", "--alignments")
+  rows = [r.split("\t") for r in out.read_text(encoding="utf-8").splitlines()]
+  assert [(int(r[0]), int(r[1])) for r in rows] == [(i, k) for i in range(3) for k in range(2)]
+  assert rows[2][3] == rows[3][3] == "" and all(len(r) == 5 for r in rows)
+  assert all(p.count("-") == 1 for r in rows for p in r[4].split())
+
+  sampled = []
+  for name in ("a", "b"):
+    path = tmp_path / f"sample_{name}.txt"
+    helpers.run_main(*common, f"--output={path}", "--config.decode.method=sample", "--nbest=1")
+    sampled.append(path.read_text(encoding="utf-8"))
+  assert sampled[0] == sampled[1] and len(sampled[0].splitlines()) == 3
+
+  config = helpers.demo_config(model__dtype="float32")
+  alone = api.evaluate(config, str(work), checkpoint="latest")
+  pair = api.evaluate(config, str(work), checkpoint="latest", ensemble=[str(copy)])
+  for key in ("test_sacrebleu_greedy", "test_sacrebleu_beam2", "test_chrf_beam2"):
+    assert pair[key] == pytest.approx(alone[key], abs=1e-6), key
+  assert pair["checkpoint"].startswith("ensemble of 2 models")
+  both = api.translate_nbest(config, str(work), ["three hundred"], 2, "latest", [str(copy)], True)
+  assert len(both[0]) == 2 and dataclasses.is_dataclass(both[0][0])
+
+
+def test_alignment_layer_counts_from_the_top_and_is_validated():
+  assert [translate.alignment_layer(s, 6) for s in (-1, -2, 0, 5)] == [5, 4, 0, 5]
+  assert translate.alignment_layer(-2, 1) == 0  # fewer layers than asked for: the first
+  c = config_lib.base_config("tiny")
+  c.decode.alignment_layer = 2  # tiny has 2 layers: 0 and 1
+  with pytest.raises(Exception, match="alignment_layer=2 names no decoder layer"):
+    config_lib.validate(c)
