@@ -20,6 +20,7 @@ ATTENTIONS = ("ours", "jax")  # attention_layers.dot_product_attention / jax.nn'
 BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
 DECODE_METHODS = ("beam", "greedy", "sample")  # decode.SearchConfig, sampling.py
 COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
+SCHEDULES = ("paper", "constant")  # optim.SCHEDULES
 
 
 def _fail(message: str) -> None:
@@ -90,6 +91,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   _at_least(config, "data.prefetch_batches", 0)
   _at_least(config, "optim.warmup_steps", 1)
+  _one_of(config, "optim.schedule", SCHEDULES)
   _at_least(config, "optim.accumulate_steps", 1)
   for path in ("beta1", "beta2"):
     _in_unit(config, f"optim.{path}")

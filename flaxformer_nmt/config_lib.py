@@ -116,6 +116,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c.keep_checkpoints = 20  # enough to average the last 20, as the paper's big model
   c.skip_nonfinite = False  # True: skip a step whose loss or gradients are not finite
   c.label_smoothing = 0.1  # eps_ls
+  # Fine-tuning: start from the parameters of this trained workdir (or its checkpoints/ or
+  # averaged/ folder) and reuse its vocabulary; step, Adam moments and data start fresh. "" = no.
+  c.init_from = ""
 
   c.model = model_config(size)
 
@@ -125,7 +128,10 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       beta1=0.9,
       beta2=0.98,
       eps=1e-9,
-      lr_scale=1.0,  # multiplies the paper's schedule
+      lr_scale=1.0,  # multiplies the schedule
+      # "paper": warmup, then the inverse square root (Sec. 5.3); "constant": the same warmup,
+      # then its peak held (lr_scale * d_model^-0.5 * warmup^-0.5), for fine-tuning.
+      schedule="paper",
       # Split each device's share of the batch into this many micro-batches, run one after
       # another inside the step, their gradients summed: the same update with 1/k of the
       # activation memory. data.tokens_per_batch stays the batch of one update.

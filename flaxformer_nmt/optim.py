@@ -21,10 +21,26 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
   return schedule
 
 
+def constant_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+  """The paper's warmup, then its peak rate held: scale * d_model^-0.5 * warmup^-0.5 from step
+  `warmup_steps` on (for fine-tuning at a small rate, `lr_scale` well below 1)."""
+
+  def schedule(count: jax.Array) -> jax.Array:
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return scale * d_model**-0.5 * warmup_steps**-0.5 * jnp.minimum(step / warmup_steps, 1.0)
+
+  return schedule
+
+
+SCHEDULES = {"paper": paper_schedule, "constant": constant_schedule}
+
+
 def make_optimizer(
   optim: ml_collections.ConfigDict, d_model: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Adam with the paper's hyper-parameters and schedule; returns (optimizer, schedule)."""
-  schedule = paper_schedule(d_model, optim.warmup_steps, optim.lr_scale)
+  """Adam with the paper's hyper-parameters and `optim.schedule` (the paper's, or its warmup then
+  a constant rate); returns (optimizer, schedule)."""
+  make = SCHEDULES[optim.get("schedule", "paper")]
+  schedule = make(d_model, optim.warmup_steps, optim.lr_scale)
   tx = optax.adam(learning_rate=schedule, b1=optim.beta1, b2=optim.beta2, eps=optim.eps)
   return tx, schedule

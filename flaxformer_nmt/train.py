@@ -30,6 +30,7 @@ from flaxformer_nmt import (
   checkpoint_reader,
   errors,
   files,
+  init_from,
   parallel,
   reporting,
   steps,
@@ -132,7 +133,13 @@ class Trainer:
   `train_and_evaluate` drives it; each method is one thing the loop does at a step.
   """
 
-  def __init__(self, run: Run, lock: workdir_lock.WorkdirLock | None = None) -> None:
+  def __init__(
+    self,
+    run: Run,
+    lock: workdir_lock.WorkdirLock | None = None,
+    source: init_from.Source | None = None,
+  ) -> None:
+    """`source`: start from its parameters (config.init_from) when there is nothing to resume."""
     self.run = run
     self.lock = lock  # checked before each checkpoint: never write one for a workdir lost
     self.config = config = run.config
@@ -158,6 +165,9 @@ class Trainer:
     trained_seconds = 0.0
     if restored is None:
       state = run.initial_state()
+      if source is not None:  # fine-tuning: step 0, fresh Adam moments and data position
+        params = init_from.load_params(source, run.abstract_params(), run.workdir)
+        state = state.replace(params=jax.device_get(params))
     else:
       state, data_state, step = restored
       _restore_data_state(run.data.train, data_state)
@@ -317,8 +327,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   prepare_workdir(workdir)
   with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
     check_checkpoint_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
+    source = init_from.check(config, workdir) if config.get("init_from") else None
+    if source is not None and not init_from.starts_fresh(workdir, source):
+      source = None  # resuming this run's own checkpoints
+    if source is not None:
+      init_from.adopt_vocabulary(config, workdir, source)  # before the vocabulary is loaded
     run = Run(config, workdir, data="train")
-    with Trainer(run, lock) as trainer, PreemptionGuard() as guard:
+    with Trainer(run, lock, source) as trainer, PreemptionGuard() as guard:
       # Written once the checkpoint is known to fit this config: a refused resume changes nothing.
       if parallel.is_main_process():
         files.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))

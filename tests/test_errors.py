@@ -201,6 +201,16 @@ CASES = [
     "in.txt:2: invalid UTF-8 (byte 0xc3 at column 1)",
   ),
   Case(
+    "fine-tuning from a missing workdir",
+    _in_trained("--config=configs/demo.py", "--config.init_from={base}/nothere"),
+    "config.init_from=",
+  ),
+  Case(
+    "unknown learning-rate schedule",
+    _in_trained("--config=configs/demo.py", "--config.optim.schedule=cosine"),
+    "config.optim.schedule must be one of ['paper', 'constant'], got 'cosine'",
+  ),
+  Case(
     "n-best above the beam",
     _translating("--config.decode.beam_size=2", "--nbest=3"),
     "--nbest=3 is more than config.decode.beam_size=2",

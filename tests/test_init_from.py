@@ -1,0 +1,106 @@
+"""Fine-tuning from another run's parameters (config.init_from) and the constant schedule."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from flaxformer_nmt import averaging, errors, init_from, losses, optim, parallel, steps, train
+from flaxformer_nmt.run import Run
+
+import helpers
+
+
+def _fine_tune_config(source, **overrides):
+  fields = dict(model__dtype="float32", init_from=str(source), data__demo_seed=7)
+  return helpers.demo_config(**{**fields, **overrides})
+
+
+def test_starts_from_the_source_bitwise_and_its_first_loss_is_the_sources(trained_demo, tmp_path):
+  """Step 0 holds the source's parameters bit for bit, with fresh Adam moments; the first step's
+  loss is the source model's own loss on that batch (the demo has no dropout)."""
+  _, trained = trained_demo
+  source, work = tmp_path / "source", tmp_path / "fine"
+  shutil.copytree(trained, source)
+  config = _fine_tune_config(source)
+  src = init_from.check(config, str(work))
+  assert (src.workdir, src.which) == (str(source), "latest")
+  assert init_from.starts_fresh(str(work), src)
+  work.mkdir()
+  init_from.adopt_vocabulary(config, str(work), src)
+  assert (work / "spm.model").read_bytes() == (source / "spm.model").read_bytes()
+
+  run = Run(config, str(work), data="train")
+  wanted, _ = averaging.load_inference_params(str(source), run.abstract_params(), "latest")
+  # The same config and vocabulary in another workdir packs the same first batch.
+  peek_config = _fine_tune_config(source, data__vocab_path=str(source / "spm.model"))
+  peek = Run(peek_config, str(tmp_path / "peek"), data="train")
+  first_batch = next(peek.data.train)
+  peek.data.train.close()
+  with train.Trainer(run, None, src) as trainer:
+    state = parallel.local_replica(trainer.p_state)
+    assert int(state.step) == 0 and trainer.step == 0
+    helpers.assert_trees_equal(state.params, wanted)
+    assert all(not np.any(x) for x in jax.tree.leaves(state.opt_state) if np.ndim(x) > 0)
+    trainer.train_step()
+    (first,) = trainer.flush()
+  record = json.loads((work / init_from.RECORD).read_text())
+  assert record["source_workdir"] == str(source) and record["parameters"].startswith("step60")
+
+  logits = steps._forward(run.model, wanted, first_batch, train=False)  # pylint: disable=protected-access
+  weights = (first_batch["targets"] > 0).astype(np.float32)
+  loss_sum, _, tokens = losses.label_smoothed_cross_entropy(
+    logits, first_batch["targets"], weights, config.label_smoothing
+  )
+  assert first["tokens"] == float(tokens)
+  assert first["loss_sum"] / first["tokens"] == pytest.approx(float(loss_sum / tokens), rel=1e-5)
+
+
+def test_a_fine_tuning_run_trains_and_then_resumes_its_own_checkpoints(trained_demo, tmp_path):
+  _, trained = trained_demo
+  work = tmp_path / "fine"
+  config = _fine_tune_config(
+    trained, num_train_steps=10, checkpoint_every_steps=10, eval_every_steps=10
+  )
+  config.optim.schedule, config.optim.lr_scale = "constant", 0.1
+  result = train.train_and_evaluate(config, str(work))
+  assert result["step"] == 10 and "test_sacrebleu_beam2" in result
+  src = init_from.check(config, str(work))
+  assert not init_from.starts_fresh(str(work), src)  # its own checkpoints win from now on
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(init_from="{tmp}/nothere"), "config.init_from={tmp}/nothere: not a trained workdir"),
+    (dict(model__num_layers=3), "does not match the model"),
+    (dict(data__vocab_path="{tmp}/other.model"), "differs from this run's"),
+  ],
+  ids=["missing", "another size", "another vocabulary"],
+)
+def test_bad_sources_are_one_line_before_any_work(trained_demo, tmp_path, change, message):
+  _, trained = trained_demo
+  (tmp_path / "other.model").write_bytes(b"another vocabulary")
+  change = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in change.items()}
+  config = _fine_tune_config(trained, **change)
+  with pytest.raises(errors.UserError) as info:
+    init_from.check(config, str(tmp_path / "fine"))
+  line = str(info.value)
+  assert message.format(tmp=tmp_path) in line and "\n" not in line
+  assert "config.init_from=" in line
+  assert not (tmp_path / "fine").exists()
+
+
+def test_the_constant_schedule_warms_up_as_the_papers_then_holds():
+  paper = optim.paper_schedule(512, 4000, 0.5)
+  constant = optim.constant_schedule(512, 4000, 0.5)
+  for step in (0, 100, 3999):
+    assert float(constant(step)) == pytest.approx(float(paper(step)), rel=1e-6)
+  peak = 0.5 * 512**-0.5 * 4000**-0.5
+  assert float(constant(3999)) == pytest.approx(peak, rel=1e-6)
+  assert float(constant(100_000)) == pytest.approx(peak, rel=1e-6)
+  assert float(paper(100_000)) < peak / 4
