@@ -71,6 +71,20 @@ def reshape_distribution(log_probs: Array, rule: SamplingRule) -> Array:
   return logits
 
 
+def draw(keys: Array, logits: Array) -> Array:
+  """One token per row from softmax(logits): [rows] keys, [rows, vocab] -> [rows] int32.
+
+  By inversion: one uniform number per row against the cumulative probabilities, so a step draws
+  `rows` random numbers, not the `rows x vocab` Gumbel noise of jax.random.categorical (which made
+  a sampling step 1.4x a greedy one on the CPU). A token of probability 0 is never drawn: the
+  first index whose cumulative probability exceeds u has mass of its own.
+  """
+  cumulative = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)  # [rows, vocab]
+  u = jax.vmap(lambda key: jax.random.uniform(key, ()))(keys) * cumulative[:, -1]  # [rows]
+  index = jnp.sum(cumulative <= u[:, None], axis=-1)
+  return jnp.minimum(index, logits.shape[-1] - 1).astype(jnp.int32)
+
+
 class _SampleState(NamedTuple):
   step: Array  # []
   last: Array  # [rows] previous token
@@ -112,8 +126,7 @@ def sample_search(
     logits, cache = step_fn(s.cache, s.last[:, None])
     log_probs = next_token_log_probs(logits)  # [rows, vocab], PAD at -inf
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)  # [rows]
-    drawn = jax.vmap(jax.random.categorical)(keys, reshape_distribution(log_probs, rule))
-    token = drawn.astype(jnp.int32)  # [rows]
+    token = draw(keys, reshape_distribution(log_probs, rule))  # [rows]
     token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
     live = ~s.done
     token = jnp.where(live, token, PAD_ID)

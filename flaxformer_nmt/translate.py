@@ -299,7 +299,7 @@ def make_translator(
   word alignments from config.decode.alignment_layer's cross-attention."""
   layer = -1
   if alignments:
-    layer = alignment_layer(int(decode_config.get("alignment_layer", -2)), model.cfg.num_layers)
+    layer = alignment_layer(int(decode_config.get("alignment_layer", -1)), model.cfg.num_layers)
   search = decode.SearchConfig.from_config(
     decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
   )
