@@ -205,7 +205,7 @@ def test_demo_chain(tmp_path):
     elif "--mode" not in command.text and ("main.py" in command.text or "nmt --" in command.text):
       result = _last_json(proc)
       assert result["step"] == 30 and "test_sacrebleu_beam4" in result
-      if "runs/demo " in command.text + " ":
+      if "--workdir=runs/demo " in command.text + " ":
         # The quick start's command on the results table's finished runs/demo: the same figures,
         # read back from the workdir, with nothing trained or decoded again.
         trained.append(result)
