@@ -36,6 +36,34 @@ def vocabulary_path(workdir: str, config: ml_collections.ConfigDict | None = Non
   return vocab_path or os.path.join(workdir, MODEL_FILENAME)
 
 
+# config.model fields that change what a set of parameters computes. Parameter shapes
+# (check_checkpoint_fits) catch most size changes, but not model.num_heads or model.pre_ln's
+# placement, so these are compared with the run's saved config.json.
+ARCHITECTURE = (
+  "num_layers",
+  "d_model",
+  "d_ff",
+  "num_heads",
+  "pre_ln",
+  "positional",
+  "share_embeddings",
+)
+
+
+def architecture_difference(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+  """The first architecture field in which the run saved in `workdir/config.json` differs from
+  `config`, as "model.X=theirs where this config has ours"; None if none does (or none saved)."""
+  saved = os.path.join(workdir, "config.json")
+  if not os.path.isfile(saved):
+    return None
+  with open(saved, encoding="utf-8") as f:
+    model = json.load(f).get("model", {})
+  for field in ARCHITECTURE:
+    if field in model and field in config.model and model[field] != config.model[field]:
+      return f"model.{field}={model[field]} where this config has {config.model[field]}"
+  return None
+
+
 def _digest(path: str) -> str:
   with open(path, "rb") as f:
     return hashlib.sha256(f.read()).hexdigest()
@@ -45,7 +73,7 @@ def check_members(
   config: ml_collections.ConfigDict, workdir: str, members: Sequence[str], which: str
 ) -> list[tuple[str, str]]:
   """(member workdir, resolved checkpoint choice) for each member; UserError naming the first
-  member that is missing, has no checkpoint, another vocabulary or another model size."""
+  member that is missing, has no checkpoint, another vocabulary or another architecture."""
   from flaxformer_nmt.run import check_checkpoint_fits  # pylint: disable=g-import-not-at-top
 
   ours = vocabulary_path(workdir, config)
@@ -62,6 +90,12 @@ def check_members(
       raise errors.CheckpointMismatchError(
         f"--ensemble member {member}: its vocabulary {theirs} differs from {ours}; the members "
         "of an ensemble must share one vocabulary."
+      )
+    difference = architecture_difference(config, member)
+    if difference:
+      raise errors.CheckpointMismatchError(
+        f"--ensemble member {member}: it was trained with {difference}; the members of an "
+        "ensemble must be one architecture."
       )
     try:
       resolved = averaging.resolve_inference_source(member, which)

@@ -8,9 +8,11 @@ workdir as its `spm.model`, and recorded with the source in `<workdir>/init_from
 
 Everything is checked before any data is read: a missing or checkpoint-less source, a vocabulary
 other than the source's (`data.vocab_path`, or a workdir that already has another `spm.model`),
-or a model size other than the source's is one line naming `config.init_from`. A workdir that
-already has checkpoints resumes from them and ignores `init_from` (the log says so), so rerunning
-a preempted fine-tuning job continues it. Every process of a multi-process run reads the same
+or a model other than the source's (the architecture fields of its saved config.json, such as
+model.num_heads, and the parameter shapes of its checkpoint) is one line naming
+`config.init_from`. A workdir that already has checkpoints resumes from them and ignores
+`init_from` without looking at it (the log says so), so rerunning a preempted fine-tuning job
+continues it even if the source has moved since. Every process of a multi-process run reads the same
 checkpoint, so all start from the same parameters.
 """
 
@@ -90,6 +92,12 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> Source:
       f"config.init_from={setting}: its vocabulary {vocabulary} differs from this run's {ours}; "
       "a fine-tuned model keeps its source's vocabulary."
     )
+  difference = ensemble.architecture_difference(config, source_workdir)
+  if difference:
+    raise errors.CheckpointMismatchError(
+      f"config.init_from={setting}: the source was trained with {difference}; a fine-tuned "
+      "model keeps its source's architecture."
+    )
   # The model this config builds, with the source's vocabulary, against the source checkpoint.
   with_source_vocab = ml_collections.ConfigDict(config.to_dict())
   with_source_vocab.data.vocab_path = vocabulary
@@ -102,18 +110,19 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> Source:
   return Source(setting, source_workdir, which, vocabulary)
 
 
-def starts_fresh(workdir: str, source: Source) -> bool:
-  """Whether the run starts from `source` (False: the workdir's own checkpoints resume it)."""
+def resumes(workdir: str, setting: str) -> bool:
+  """Whether the workdir has checkpoints of its own, which resume the run instead of init_from
+  (then the source is not even looked at: it may have been moved or deleted since)."""
   steps = checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
   if steps:
     logging.info(
       "config.init_from=%s is ignored: %s already has checkpoints (step %d), and resuming them "
       "continues this fine-tuning run.",
-      source.setting,
+      setting,
       workdir,
       steps[-1],
     )
-  return not steps
+  return bool(steps)
 
 
 def adopt_vocabulary(config: ml_collections.ConfigDict, workdir: str, source: Source) -> None:

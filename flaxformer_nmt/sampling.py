@@ -12,8 +12,9 @@ probability reaches p (nucleus sampling, Holtzman et al. 2020; 1.0 = all). PAD i
 
 Randomness: every row carries its own key (`row_keys`), and the draw at step t uses
 fold_in(row key, t). The caller derives a row's key from the seed, the input line's number and
-the sample's index (decode.row_keys), so a line's samples do not depend on its batch-mates, on
-the batch order or on how many devices decode.
+the sample's index (decode.row_keys), so a line's random numbers do not depend on its
+batch-mates, on the batch order or on how many devices decode. Its samples then agree up to the
+float rounding of the logits, which the padded length of a batch can move, as for greedy output.
 
 The returned score of a sample is the model's own: the sum of its tokens' log-probabilities under
 the unmodified distribution (temperature 1, no top-k / top-p), and the normalised score divides it
@@ -76,13 +77,18 @@ def draw(keys: Array, logits: Array) -> Array:
 
   By inversion: one uniform number per row against the cumulative probabilities, so a step draws
   `rows` random numbers, not the `rows x vocab` Gumbel noise of jax.random.categorical (which made
-  a sampling step 1.4x a greedy one on the CPU). A token of probability 0 is never drawn: the
-  first index whose cumulative probability exceeds u has mass of its own.
+  a sampling step 1.4x a greedy one on the CPU). A token of probability 0 (cut by top-k or top-p)
+  is never drawn: the draw is the first token of mass of its own whose cumulative probability
+  exceeds u, and when rounding leaves none above u, the last token with mass.
   """
-  cumulative = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)  # [rows, vocab]
+  probs = jax.nn.softmax(logits, axis=-1)  # [rows, vocab]
+  cumulative = jnp.cumsum(probs, axis=-1)
   u = jax.vmap(lambda key: jax.random.uniform(key, ()))(keys) * cumulative[:, -1]  # [rows]
-  index = jnp.sum(cumulative <= u[:, None], axis=-1)
-  return jnp.minimum(index, logits.shape[-1] - 1).astype(jnp.int32)
+  has_mass = probs > 0
+  hit = (cumulative > u[:, None]) & has_mass
+  last_with_mass = logits.shape[-1] - 1 - jnp.argmax(has_mass[:, ::-1], axis=-1)
+  index = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_with_mass)
+  return index.astype(jnp.int32)
 
 
 class _SampleState(NamedTuple):

@@ -327,10 +327,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   prepare_workdir(workdir)
   with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
     check_checkpoint_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
-    source = init_from.check(config, workdir) if config.get("init_from") else None
-    if source is not None and not init_from.starts_fresh(workdir, source):
-      source = None  # resuming this run's own checkpoints
-    if source is not None:
+    source = None
+    if config.get("init_from") and not init_from.resumes(workdir, config.init_from):
+      source = init_from.check(config, workdir)
       init_from.adopt_vocabulary(config, workdir, source)  # before the vocabulary is loaded
     run = Run(config, workdir, data="train")
     with Trainer(run, lock, source) as trainer, PreemptionGuard() as guard:

@@ -66,14 +66,31 @@ class Hypothesis:
 
 
 def word_starts(pieces: Sequence[str]) -> list[int]:
-  """Each piece's word index: a new word at every piece that starts with "▁" (and at the
-  first piece, whatever it is)."""
-  index, out = -1, []
-  for i, piece in enumerate(pieces):
-    if i == 0 or piece.startswith(_WORD_START):
-      index += 1
+  """Each piece's word index, counting words as the decoded text's `split()` does.
+
+  A word starts at the first piece with content after a "▁" (or at the first piece with
+  content at all). A bare "▁" piece is only a space: it opens no word of its own (the text
+  would show none), and is counted with the word it precedes (or, at the end, the one before).
+  """
+  index, pending, out = -1, True, []
+  for piece in pieces:
+    if piece.startswith(_WORD_START):
+      pending = True
+    content = piece.lstrip(_WORD_START)
+    if not content:
+      out.append(None)
+      continue
+    if pending:
+      index, pending = index + 1, False
     out.append(index)
-  return out
+  # Bare pieces take the next word's index, or the last word's, or 0 when there is no word.
+  following = None
+  for i in range(len(out) - 1, -1, -1):
+    if out[i] is None:
+      out[i] = following if following is not None else max(index, 0)
+    else:
+      following = out[i]
+  return out  # type: ignore[return-value]
 
 
 def pharaoh(source_words: Sequence[int], target_words: Sequence[int], positions) -> str:

@@ -216,6 +216,11 @@ def test_alignments_name_only_existing_words(tiny):
 def test_pharaoh_from_piece_positions():
   starts = translate.word_starts(["\u2581a", "b", "\u2581c", "\u2581d", "e"])
   assert starts == [0, 0, 1, 2, 2]
+  # A bare "▁" is a space, not a word: "a ,b" is two words (what text.split() counts).
+  assert translate.word_starts(["\u2581a", "\u2581", ",", "b"]) == [0, 1, 1, 1]
+  assert translate.word_starts(["\u2581", "\u2581x", "y", "\u2581"]) == [0, 0, 0, 0]
+  assert translate.word_starts(["x", "\u2581\u2581", "\u2581y"]) == [0, 1, 1]
+  assert translate.word_starts(["\u2581"]) == [0]
   # target pieces 0..3 (words 0, 0, 1, 1) aligned to source pieces 4, 0, -1 (none), 2
   assert translate.pharaoh(starts, [0, 0, 1, 1], [4, 0, -1, 2]) == "0-0 1-1 2-0"
 

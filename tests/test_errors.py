@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import pathlib
 import shutil
 import signal
@@ -85,6 +86,23 @@ def _bad_corpus(**damage: bytes | None) -> Callable[[pathlib.Path, pathlib.Path]
   return setup
 
 
+def _fine_tuning(init_from: str, *args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """A new workdir (nothing to resume) fine-tuning from `init_from` ({trained}: a copy of the
+  trained demo)."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    (base / "not_a_run").mkdir()
+    source = init_from.format(base=base, trained=_trained(base, trained))
+    return [
+      f"--workdir={base / 'fine'}",
+      "--config=configs/demo.py",
+      f"--config.init_from={source}",
+      *args,
+    ]
+
+  return setup
+
+
 def _translate_input(base: pathlib.Path) -> pathlib.Path:
   (base / "in.txt").write_text("three hundred\n", encoding="utf-8")
   return base / "in.txt"
@@ -136,6 +154,16 @@ def _member_with_other_vocabulary(base: pathlib.Path, trained: pathlib.Path) -> 
   other = base / "other"
   shutil.copytree(trained, other)
   (other / "spm.model").write_bytes(b"a vocabulary of another run")
+  return _translating(f"--ensemble={other}")(base, trained)
+
+
+def _member_with_other_heads(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  """Same parameter shapes, another architecture: only the saved config.json tells."""
+  other = base / "other"
+  shutil.copytree(trained, other)
+  saved = json.loads((other / "config.json").read_text())
+  saved["model"]["num_heads"] = 2
+  (other / "config.json").write_text(json.dumps(saved))
   return _translating(f"--ensemble={other}")(base, trained)
 
 
@@ -202,8 +230,21 @@ CASES = [
   ),
   Case(
     "fine-tuning from a missing workdir",
-    _in_trained("--config=configs/demo.py", "--config.init_from={base}/nothere"),
-    "config.init_from=",
+    _fine_tuning("{base}/nothere"),
+    "/nothere: not a trained workdir",
+    trained=False,
+  ),
+  Case(
+    "fine-tuning from a folder without checkpoints",
+    _fine_tuning("{base}/not_a_run"),
+    "/not_a_run: not a trained workdir",
+    trained=False,
+  ),
+  Case(
+    "fine-tuning with another architecture",
+    _fine_tuning("{trained}", "--config.model.num_heads=2"),
+    "trained with model.num_heads=4 where this config has 2",
+    trained=False,
   ),
   Case(
     "unknown learning-rate schedule",
@@ -224,6 +265,11 @@ CASES = [
     "ensemble member with another vocabulary",
     _member_with_other_vocabulary,
     "its vocabulary",
+  ),
+  Case(
+    "ensemble member with another head count",
+    _member_with_other_heads,
+    "it was trained with model.num_heads=2 where this config has 4",
   ),
   Case(
     "negative sampling temperature",

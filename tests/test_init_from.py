@@ -29,7 +29,7 @@ def test_starts_from_the_source_bitwise_and_its_first_loss_is_the_sources(traine
   config = _fine_tune_config(source)
   src = init_from.check(config, str(work))
   assert (src.workdir, src.which) == (str(source), "latest")
-  assert init_from.starts_fresh(str(work), src)
+  assert not init_from.resumes(str(work), config.init_from)
   work.mkdir()
   init_from.adopt_vocabulary(config, str(work), src)
   assert (work / "spm.model").read_bytes() == (source / "spm.model").read_bytes()
@@ -69,18 +69,36 @@ def test_a_fine_tuning_run_trains_and_then_resumes_its_own_checkpoints(trained_d
   config.optim.schedule, config.optim.lr_scale = "constant", 0.1
   result = train.train_and_evaluate(config, str(work))
   assert result["step"] == 10 and "test_sacrebleu_beam2" in result
-  src = init_from.check(config, str(work))
-  assert not init_from.starts_fresh(str(work), src)  # its own checkpoints win from now on
+  assert init_from.resumes(str(work), config.init_from)  # its own checkpoints win from now on
+  # Resuming does not need the source any more: moved away, the rerun still resumes.
+  source = tmp_path / "source"
+  shutil.copytree(trained, source)
+  config.init_from = str(source)
+  shutil.move(str(source), str(tmp_path / "moved"))
+  assert train.train_and_evaluate(config, str(work))["step"] == 10
+  # Checkpoints that are listed but all unreadable stop the run (set aside, not deleted), never
+  # a silent start from random parameters; the next run starts over from the source.
+  shutil.move(str(tmp_path / "moved"), str(source))
+  (work / init_from.RECORD).unlink()
+  for metadata in (work / "checkpoints").glob("*/state/_METADATA"):
+    metadata.write_text("{not json")
+  with pytest.raises(errors.CheckpointError, match="could be read"):
+    train.train_and_evaluate(config, str(work))
+  assert (work / "checkpoints" / "unreadable" / "10").is_dir()
+  assert train.train_and_evaluate(config, str(work))["step"] == 10
+  record = json.loads((work / init_from.RECORD).read_text())
+  assert record["source_workdir"] == str(source)
 
 
 @pytest.mark.parametrize(
   "change, message",
   [
     (dict(init_from="{tmp}/nothere"), "config.init_from={tmp}/nothere: not a trained workdir"),
-    (dict(model__num_layers=3), "does not match the model"),
+    (dict(model__num_layers=3), "trained with model.num_layers=2 where this config has 3"),
+    (dict(model__num_heads=2), "trained with model.num_heads=4 where this config has 2"),
     (dict(data__vocab_path="{tmp}/other.model"), "differs from this run's"),
   ],
-  ids=["missing", "another size", "another vocabulary"],
+  ids=["missing", "another size", "another head count", "another vocabulary"],
 )
 def test_bad_sources_are_one_line_before_any_work(trained_demo, tmp_path, change, message):
   _, trained = trained_demo

@@ -195,6 +195,18 @@ def test_sampled_frequencies_match_the_distribution():
     assert chi2 < dof + 3.3 * np.sqrt(2 * dof) + 10, (rule, chi2, dof)
 
 
+def test_draw_never_picks_a_token_without_mass():
+  """Whatever the uniform number (here many keys, and logits whose tail is cut to -inf, the
+  last token included), only tokens with probability > 0 come out."""
+  logits = jnp.asarray([[-jnp.inf, 0.0, -jnp.inf, 2.0, -jnp.inf]] * 4096)
+  keys = jax.random.split(jax.random.PRNGKey(0), 4096)
+  drawn = np.asarray(sampling.draw(keys, logits))
+  assert set(drawn.tolist()) == {1, 3}
+  assert 0.8 < np.mean(drawn == 3) < 0.94  # e^2 / (1 + e^2) = 0.88
+  one = jnp.asarray([[-jnp.inf, -jnp.inf, 5.0, -jnp.inf]] * 64)
+  assert set(np.asarray(sampling.draw(keys[:64], one)).tolist()) == {2}
+
+
 def test_top_k_and_top_p_cut_the_support():
   logp = jnp.log(jnp.asarray([[0.0, 0.5, 0.3, 0.15, 0.05]])).at[:, 0].set(-jnp.inf)
   kept = lambda rule: np.isfinite(np.asarray(sampling.reshape_distribution(logp, rule))[0])  # noqa: E731
