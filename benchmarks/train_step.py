@@ -69,7 +69,7 @@ flags.DEFINE_string("target", "host", "host (run it here), or tpu:<chip> (compil
 flags.DEFINE_bool("pieces", True, "With a TPU target: estimate the step's parts too.")
 flags.DEFINE_string("hlo_dir", "", "With a TPU target: write each piece's compiled HLO here.")
 flags.DEFINE_multi_string(
-  "set", [], "Config overrides for the estimate, e.g. model.dropout_rng=rbg."
+  "set", [], "Config overrides, e.g. model.dropout_rng=rbg or optim.ema_decay=0.999."
 )
 FLAGS = flags.FLAGS
 
@@ -168,11 +168,7 @@ def estimate_main() -> None:
     c.model.dtype = "bfloat16"  # what "auto" is on every TPU
   if FLAGS.dropout_percent >= 0:
     c.model.dropout_rate = FLAGS.dropout_percent / 100
-  for override in FLAGS.set:
-    path, _, text = override.partition("=")
-    config_lib.set_field(
-      c, path, ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
-    )
+  _apply_overrides(c)
   cfg = TransformerConfig.from_config(c.model, FLAGS.vocab_size)
   rows = max(tokens // max_len, 1)
   if FLAGS.hlo_dir:
@@ -207,6 +203,15 @@ def estimate_main() -> None:
   print(json.dumps(out))
 
 
+def _apply_overrides(c: Any) -> None:
+  """--set=path=value onto the config (a value starting with a letter is a string)."""
+  for override in FLAGS.set:
+    path, _, text = override.partition("=")
+    config_lib.set_field(
+      c, path, ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
+    )
+
+
 def main(argv: list[str]) -> None:
   del argv
   if FLAGS.target != "host":
@@ -216,6 +221,7 @@ def main(argv: list[str]) -> None:
   c.model.dtype, c.model.remat = FLAGS.dtype, FLAGS.remat
   if FLAGS.dropout_percent >= 0:
     c.model.dropout_rate = FLAGS.dropout_percent / 100
+  _apply_overrides(c)  # e.g. optim.ema_decay=0.999: what the parameter average costs a step
   cfg = TransformerConfig.from_config(c.model, FLAGS.vocab_size, auto_dtype=parallel.auto_dtype())
   model = Transformer(cfg)
   tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
@@ -282,6 +288,7 @@ def main(argv: list[str]) -> None:
     "dropout_rate": cfg.dropout_rate,
     "remat": FLAGS.remat,
     "accumulate_steps": k,
+    "overrides": FLAGS.set,
     "rows": rows,
     "max_len": FLAGS.max_len,
     "target_tokens_per_step": tokens,

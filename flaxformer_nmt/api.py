@@ -23,7 +23,7 @@ import ml_collections
 
 from flaxformer_nmt import config_files, config_lib, errors, modes
 
-CHECKPOINTS = ("auto", "latest", "averaged")
+CHECKPOINTS = ("auto", "latest", "averaged", "best", "ema")  # checkpoint.WHICH
 
 
 def load_config(
@@ -103,10 +103,14 @@ def translate_nbest(
 
 
 def average(
-  config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int = 5
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  num_checkpoints: int = 5,
+  checkpoint: str = "latest",
 ) -> dict[str, Any]:
-  """Averages the last `num_checkpoints` checkpoints into <workdir>/averaged."""
-  return modes.average(config, workdir, num_checkpoints)
+  """Averages the last `num_checkpoints` checkpoints into <workdir>/averaged (checkpoint="best":
+  the last ones up to the best step; "ema": their parameter averages)."""
+  return modes.average(config, workdir, num_checkpoints, checkpoint)
 
 
 def export(

@@ -71,7 +71,10 @@ from flaxformer_nmt.checkpoint_reader import (
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
-WHICH = ("auto", "latest", "averaged")
+BEST = "best"
+# --checkpoint: auto (averaged if newer, else latest), latest, averaged, best (config.best_metric's
+# best evaluation), ema (the parameter average held in the latest training checkpoint).
+WHICH = ("auto", "latest", "averaged", "best", "ema")
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -82,6 +85,11 @@ def checkpoint_dir(workdir: str) -> str:
 def averaged_dir(workdir: str) -> str:
   """Where `averaging.save_averaged` writes the averaged parameters of `workdir`."""
   return str(epath.Path(workdir) / AVERAGED)
+
+
+def best_dir(workdir: str) -> str:
+  """Where training keeps the parameters of the best dev evaluation (config.best_metric)."""
+  return str(epath.Path(workdir) / BEST)
 
 
 def _host_leaf(x: Any) -> np.ndarray:
@@ -96,11 +104,15 @@ def _host_leaf(x: Any) -> np.ndarray:
   return np.array(x)
 
 
-def write(directory: str, step: int, tree: PyTree, data: Any, *, replace: bool = False) -> str:
+def write(
+  directory: str, step: int, tree: PyTree, data: Any, *, replace: bool = False, only: bool = False
+) -> str:
   """Writes one step (`tree`'s arrays as host numpy, `data` as JSON) and waits until it is on disk.
 
-  `replace` first deletes an existing step of that number. Returns the step's path. Every process
-  of a multi-process run calls it (orbax writes from process 0).
+  `replace` first deletes an existing step of that number; `only` deletes the folder's other
+  steps once this one is complete (orbax renames a finished step into place, so a reader finds
+  the old step or the new one, never half of one). Returns the step's path. Every process of a
+  multi-process run calls it (orbax writes from process 0).
   """
   manager = open_manager(epath.Path(directory))
   try:
@@ -117,6 +129,11 @@ def write(directory: str, step: int, tree: PyTree, data: Any, *, replace: bool =
       ),
       force=True,
     )
+    manager.wait_until_finished()
+    if only:
+      for other in manager.all_steps():
+        if other != step:
+          manager.delete(other)
   finally:
     manager.close()
   return str(epath.Path(manager.directory) / str(step))

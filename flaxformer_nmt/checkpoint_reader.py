@@ -258,6 +258,12 @@ class CheckpointDir:
     wanted = _flatten(template)
     prefixes = {p.split("/")[0] for p in wanted}
     saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}
+    # A template deep inside the state (the EMA in opt_state/1/ema/...) is compared with what
+    # was saved under that same node only, not with its siblings (Adam's moments).
+    common = os.path.commonprefix([p.split("/")[:-1] for p in wanted]) if wanted else []
+    if len(common) > 1:
+      node = "/".join(common) + "/"
+      saved = {p: m for p, m in saved.items() if p.startswith(node)}
     _check_matches(path, saved, wanted)
 
   def newest_readable(

@@ -81,8 +81,18 @@ flags.DEFINE_bool(
 flags.DEFINE_enum(
   "checkpoint",
   "auto",
-  ["auto", "latest", "averaged"],
-  "eval/translate/export/attention: which parameters (auto = averaged if present, else latest).",
+  [
+    "auto",
+    "latest",
+    "averaged",
+    "best",
+    "ema",
+  ],  # checkpoint.WHICH (not imported: --help stays fast)
+  "eval/translate/export/attention/average: which parameters. auto = averaged if present (and "
+  "not older than the latest), else latest; best = config.best_metric's best evaluation "
+  "(<workdir>/best); "
+  "ema = the parameter average of the latest checkpoint (config.optim.ema_decay > 0). average: "
+  "the K checkpoints up to the best step (best), or their parameter averages (ema).",
 )
 flags.DEFINE_enum(
   "distributed",
@@ -205,7 +215,7 @@ def main(argv: list[str]) -> None:
       outputs = modes.Outputs(f.nbest, f.alignments, tuple(f.ensemble))
       modes.translate(config, workdir, f.checkpoint, f.input, f.output, outputs)
     elif flags.FLAGS.mode == "average":
-      modes.average(config, workdir, flags.FLAGS.num_checkpoints)
+      modes.average(config, workdir, flags.FLAGS.num_checkpoints, flags.FLAGS.checkpoint)
     elif flags.FLAGS.mode == "attention":
       f = flags.FLAGS
       modes.attention(config, workdir, f.checkpoint, f.text, f.output)

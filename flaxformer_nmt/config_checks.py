@@ -21,6 +21,7 @@ BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
 DECODE_METHODS = ("beam", "greedy", "sample")  # decode.SearchConfig, sampling.py
 COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
 SCHEDULES = ("paper", "constant")  # optim.SCHEDULES
+BEST_METRICS = ("", "dev_bleu", "dev_loss")  # train.BestTracker
 
 
 def _fail(message: str) -> None:
@@ -143,6 +144,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _fail(
       f"config.decode.alignment_layer={dc.alignment_layer} names no decoder layer of "
       f"config.model.num_layers={m.num_layers} (0 .. {m.num_layers - 1}, or -1 for the last)."
+    )
+  _in_unit(config, "optim.ema_decay")
+  _one_of(config, "best_metric", BEST_METRICS)
+  _at_least(config, "early_stopping_patience", 0)
+  if config.early_stopping_patience and not config.best_metric:
+    _fail(
+      f"config.early_stopping_patience={config.early_stopping_patience} needs config.best_metric "
+      "('dev_bleu' or 'dev_loss'): the figure that must improve."
+    )
+  if config.best_metric == "dev_bleu" and not config.eval.dev_bleu_sentences:
+    _fail(
+      "config.best_metric='dev_bleu' needs config.eval.dev_bleu_sentences > 0 (dev BLEU is "
+      "computed on that many sentences); it is 0."
     )
   _at_least(config, "eval.dev_bleu_sentences", 0)
   _at_least(config, "eval.dev_bleu_beam_size", 1)

@@ -119,6 +119,11 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   # Fine-tuning: start from the parameters of this trained workdir (or its checkpoints/ or
   # averaged/ folder) and reuse its vocabulary; step, Adam moments and data start fresh. "" = no.
   c.init_from = ""
+  # After each dev evaluation that improves this figure ("dev_bleu": higher is better, "dev_loss":
+  # lower), its parameters go to <workdir>/best/ (--checkpoint=best). "" = off.
+  c.best_metric = ""
+  # Stop after this many dev evaluations in a row without improving best_metric (0 = never).
+  c.early_stopping_patience = 0
 
   c.model = model_config(size)
 
@@ -136,6 +141,10 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       # another inside the step, their gradients summed: the same update with 1/k of the
       # activation memory. data.tokens_per_batch stays the batch of one update.
       accumulate_steps=1,
+      # > 0: also keep ema <- decay * ema + (1 - decay) * params after every update (float32, in
+      # the optimizer state), evaluated beside the raw parameters; --checkpoint=ema reads it.
+      # 0.9999 is Marian's smoothing for long runs; shorter runs want 0.999 or less.
+      ema_decay=0.0,
     )
   )
 

@@ -269,16 +269,25 @@ def attention(
 
 
 def average(
-  config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int
+  config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int, which: str = "auto"
 ) -> dict[str, Any]:
-  """Averages the parameters of the last K checkpoints into <workdir>/averaged."""
+  """Averages the parameters of the last K checkpoints into <workdir>/averaged (`which`="best":
+  the last K up to the best step; "ema": the parameter averages of the last K)."""
   config_lib.validate(config)
   check_workdir(workdir)
-  averaging.check_num_checkpoints(workdir, num_checkpoints)  # before any work
+  averaging.check_num_checkpoints(workdir, num_checkpoints, which)  # before any work
   accelerators.warn_if_unused()
   run = Run(config, workdir, data="none")
-  params, steps = averaging.average_checkpoints(workdir, num_checkpoints, run.abstract_params())
-  path = averaging.save_averaged(workdir, params, steps)
-  result = {"mode": "average", "steps": steps, "path": path, "num_checkpoints": len(steps)}
+  params, steps = averaging.average_checkpoints(
+    workdir, num_checkpoints, run.abstract_params(), which
+  )
+  path = averaging.save_averaged(workdir, params, steps, "ema" if which == "ema" else "params")
+  result = {
+    "mode": "average",
+    "steps": steps,
+    "path": path,
+    "num_checkpoints": len(steps),
+    "of": "ema" if which == "ema" else "params",
+  }
   reporting.write_result(workdir, result)
   return result

@@ -26,11 +26,13 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import (
+  best,
   checkpoint,
   checkpoint_reader,
   errors,
   files,
   init_from,
+  optim,
   parallel,
   reporting,
   steps,
@@ -48,9 +50,10 @@ def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str
 
   Rerunning a finished training command (a notebook cell after a runtime reset, a repeated job)
   returns them instead of decoding the test set again. Only a complete result counts: the run
-  reached config.num_train_steps, its test decoding finished (not "pending", not preempted), the
-  newest checkpoint is that step, and `config.json` equals this config (so a larger
-  num_train_steps, another beam or another test set trains or scores anew). Process 0 decides.
+  reached config.num_train_steps (or stopped early), its test decoding finished (not "pending",
+  not preempted), the newest checkpoint is that step, and `config.json` equals this config (so a
+  larger num_train_steps, another beam or another test set trains or scores anew). Process 0
+  decides.
   """
   found = None
   if parallel.is_main_process():
@@ -64,7 +67,7 @@ def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str
     complete = (
       isinstance(saved, dict)
       and saved.get("mode") == "train"
-      and saved.get("step") == config.num_train_steps
+      and (saved.get("step") == config.num_train_steps or saved.get("stopped_early"))
       and "test_set" in saved
       and not saved.get("preempted")
     )
@@ -166,8 +169,9 @@ class Trainer:
     if restored is None:
       state = run.initial_state()
       if source is not None:  # fine-tuning: step 0, fresh Adam moments and data position
-        params = init_from.load_params(source, run.abstract_params(), run.workdir)
-        state = state.replace(params=jax.device_get(params))
+        params = jax.device_get(init_from.load_params(source, run.abstract_params(), run.workdir))
+        # Fresh Adam moments, and a parameter average (EMA) that starts at the source's.
+        state = state.replace(params=params, opt_state=run.tx.init(params))
     else:
       state, data_state, step = restored
       _restore_data_state(run.data.train, data_state)
@@ -195,6 +199,30 @@ class Trainer:
     self._last_log_seconds = self.clock.seconds()
     self._last_input_wait = self._input_wait()
     self.last_dev: dict[str, float] = {}
+    self.tracker = self._restore_tracker()
+
+  def _restore_tracker(self) -> best.Tracker | None:
+    """config.best_metric's tracker, continued from the learning curve up to the restored step
+    (process 0 reads it; the others take its count of evaluations without improvement)."""
+    c = self.config
+    if not c.best_metric:
+      return None
+    tracker = best.Tracker(c.best_metric, c.early_stopping_patience)
+    if parallel.is_main_process():
+      records = reporting.read_jsonl(reporting.metrics_path(self.run.workdir, "dev"))
+      tracker.replay(records, self.start_step)
+    count = parallel.broadcast_from_main(np.asarray(tracker.evals_without_improvement, np.int32))
+    tracker.evals_without_improvement = int(count)
+    if tracker.value is not None:
+      logging.info(
+        "Best %s so far: %.4g at step %d (%s); %d evaluation(s) since.",
+        tracker.metric,
+        tracker.value,
+        tracker.step,
+        tracker.parameters,
+        tracker.evals_without_improvement,
+      )
+    return tracker
 
   def __enter__(self) -> Trainer:
     return self
@@ -264,16 +292,25 @@ class Trainer:
 
     self.checkpoints.save(self.step, make, force=force, check_clock=check_clock)
 
-  def evaluate(self) -> dict[str, float]:
-    """Dev loss and dev BLEU now: logged, and written to TensorBoard and dev_metrics.jsonl."""
-    self.flush()
-    start = time.monotonic()
-    dev = {"train_minutes": self.clock.seconds() / 60.0}
-    params, c = self.p_state.params, self.config
-    dev.update(evaluate_lib.dev_loss(self.run.data.eval_batches("dev"), self.p_eval_step, params))
+  def _dev_figures(self, params: Any) -> dict[str, float]:
+    """Dev loss and dev BLEU of replicated `params`."""
+    c = self.config
+    dev = evaluate_lib.dev_loss(self.run.data.eval_batches("dev"), self.p_eval_step, params)
     dev_pairs = self.run.data.pairs("dev")[: c.eval.dev_bleu_sentences]
     translate_fn = self.run.translator(params, replicated=True)
     dev.update(evaluate_lib.dev_bleu(dev_pairs, translate_fn, c.eval.dev_bleu_beam_size))
+    return dev
+
+  def evaluate(self) -> dict[str, float]:
+    """Dev figures now (of the raw parameters, and of their average as ema_* when EMA is on):
+    logged, written to TensorBoard and dev_metrics.jsonl, and offered to the best tracker."""
+    self.flush()
+    start = time.monotonic()
+    dev = {"train_minutes": self.clock.seconds() / 60.0}
+    dev.update(self._dev_figures(self.p_state.params))
+    ema = optim.ema_of(self.p_state.opt_state)
+    if ema is not None:
+      dev.update({best.EMA_PREFIX + k: v for k, v in self._dev_figures(ema).items()})
     logging.info(
       "step %d  %s  (%.1fs)",
       self.step,
@@ -281,9 +318,62 @@ class Trainer:
       time.monotonic() - start,
     )
     self.writer.scalars(self.step, dev, split="dev")
+    if self.tracker is not None:
+      self._track_best(dev)
     self.clock.exclude(time.monotonic() - start)  # evaluations are not training time
     self.last_dev = dev
     return dev
+
+  def _track_best(self, dev: dict[str, float]) -> None:
+    """Offers an evaluation to the tracker; an improvement goes to <workdir>/best/ at once.
+
+    Process 0's tracker decides for all (every process must enter the write together).
+    """
+    tracker = self.tracker
+    assert tracker is not None
+    before = tracker.evals_without_improvement
+    improved = tracker.update(self.step, dev)
+    choice = {None: 0, "params": 1, "ema": 2}
+    decided = int(parallel.broadcast_from_main(np.asarray(choice[improved], np.int32)))
+    tracker.evals_without_improvement = 0 if decided else before + 1  # process 0's count
+    if not decided:
+      logging.info(
+        "No improvement of %s on the best, %.4g at step %s (%d evaluation(s) without).",
+        tracker.metric,
+        tracker.value if tracker.value is not None else float("nan"),
+        tracker.step,
+        tracker.evals_without_improvement,
+      )
+      return
+    state = parallel.local_replica(self.p_state)
+    params = state.params if decided == 1 else optim.ema_of(state.opt_state)
+    info = {
+      "metric": tracker.metric,
+      "value": tracker.value,
+      "step": self.step,
+      "parameters": "params" if decided == 1 else "ema",
+    }
+    if self.lock is not None:
+      self.lock.check_held()
+    path = checkpoint.write(
+      checkpoint.best_dir(self.run.workdir),
+      self.step,
+      {"params": params},
+      info,
+      replace=True,
+      only=True,
+    )
+    reporting.write_result(
+      self.run.workdir, {"mode": "best", "path": path, **tracker.summary()}, echo=False
+    )
+    logging.info(
+      "New best %s %.4g (%s) at step %d: saved to %s.",
+      tracker.metric,
+      tracker.value,
+      info["parameters"],
+      self.step,
+      path,
+    )
 
   def evaluate_if_missed(self) -> None:
     """Evaluates the restored step if it is an evaluation step that its run never evaluated.
@@ -300,6 +390,20 @@ class Trainer:
     if parallel.broadcast_from_main(step not in logged):
       logging.info("Evaluating step %d, which the interrupted run did not.", step)
       self.evaluate()
+
+  def exhausted(self) -> bool:
+    """Whether config.early_stopping_patience evaluations in a row brought no improvement."""
+    if self.tracker is not None and self.tracker.exhausted:
+      logging.info(
+        "Stopping early at step %d: %d evaluations without improving %s (best %.4g at step %s).",
+        self.step,
+        self.tracker.evals_without_improvement,
+        self.tracker.metric,
+        self.tracker.value if self.tracker.value is not None else float("nan"),
+        self.tracker.step,
+      )
+      return True
+    return False
 
   def budget_reached(self) -> bool:
     """Whether config.max_train_minutes is used up; one clock (process 0's) decides for all.
@@ -342,6 +446,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         logging.info(
           "Already trained to step %d (num_train_steps=%d).", trainer.step, config.num_train_steps
         )
+      stopped_early = trainer.exhausted()
+      last = last or stopped_early
       total = config.num_train_steps
       while not last:
         step = trainer.train_step()
@@ -365,8 +471,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           return {"mode": "train", "step": step, "preempted": True}
         if last or step % config.eval_every_steps == 0:
           trainer.evaluate()
+          if not last and trainer.exhausted():
+            stopped_early = last = True
+            trainer.save(force=True, check_clock=False)
 
       result: dict[str, Any] = {"mode": "train", "step": trainer.step, **trainer.last_dev}
+      if trainer.tracker is not None:
+        result.update(trainer.tracker.summary(), stopped_early=stopped_early)
       # The training figures are on disk before the (long) test decoding starts.
       reporting.write_result(workdir, dict(result, test="pending"), echo=False)
       result.update(run.test_scores(trainer.p_state.params, f"step{trainer.step}", replicated=True))

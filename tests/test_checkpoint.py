@@ -328,7 +328,7 @@ def test_inference_params_prefer_a_fresh_average(tmp_path, caplog):
     params, description = averaging.load_inference_params(str(tmp_path), template)
   assert description.startswith("step3 ") and "older than" in caplog.text
   with pytest.raises(ValueError, match="which must be one of"):
-    averaging.load_inference_params(str(tmp_path), template, which="best")
+    averaging.load_inference_params(str(tmp_path), template, which="newest")
 
 
 @pytest.mark.parametrize("save_devices,restore_devices", [(8, 1), (1, 8)])

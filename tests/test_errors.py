@@ -272,6 +272,40 @@ CASES = [
     "it was trained with model.num_heads=2 where this config has 4",
   ),
   Case(
+    "ema_decay outside [0, 1)",
+    _in_trained("--config=configs/demo.py", "--config.optim.ema_decay=1.0"),
+    "config.optim.ema_decay must be in [0, 1), got 1.0",
+  ),
+  Case(
+    "unknown best metric",
+    _in_trained("--config=configs/demo.py", "--config.best_metric=bleu"),
+    "config.best_metric must be one of ['', 'dev_bleu', 'dev_loss'], got 'bleu'",
+  ),
+  Case(
+    "negative patience",
+    _in_trained(
+      "--config=configs/demo.py",
+      "--config.best_metric=dev_loss",
+      "--config.early_stopping_patience=-1",
+    ),
+    "config.early_stopping_patience must be >= 0, got -1",
+  ),
+  Case(
+    "patience without a best metric",
+    _in_trained("--config=configs/demo.py", "--config.early_stopping_patience=3"),
+    "config.early_stopping_patience=3 needs config.best_metric",
+  ),
+  Case(
+    "ema of a run that kept none",
+    _translating("--checkpoint=ema"),
+    "was not trained with config.optim.ema_decay > 0",
+  ),
+  Case(
+    "best of a run that kept none",
+    _translating("--checkpoint=best"),
+    "--checkpoint=best: no best checkpoint in",
+  ),
+  Case(
     "negative sampling temperature",
     _translating("--config.decode.method=sample", "--config.decode.temperature=-0.5"),
     "config.decode.temperature must be > 0, got -0.5",
@@ -346,15 +380,16 @@ def _run_mode(args: list[str]) -> None:
   config = api.load_config(flag["config"], overrides)
   workdir, mode = flag["workdir"], flag.get("mode", "train")
   members = tuple(m for m in flag.get("ensemble", "").split(",") if m)
+  which = flag.get("checkpoint", "auto")
   if mode == "train":
     modes.train(config, workdir)
   elif mode == "eval":
-    modes.evaluate(config, workdir, "auto", members)
+    modes.evaluate(config, workdir, which, members)
   elif mode == "translate":
     outputs = modes.Outputs(int(flag.get("nbest", 1)), "alignments" in flag, members)
-    modes.translate(config, workdir, "auto", flag["input"], "-", outputs)
+    modes.translate(config, workdir, which, flag["input"], "-", outputs)
   elif mode == "average":
-    modes.average(config, workdir, int(flag["num_checkpoints"]))
+    modes.average(config, workdir, int(flag["num_checkpoints"]), which)
   else:
     raise AssertionError(f"no such mode in the table: {mode}")
 

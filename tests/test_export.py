@@ -89,11 +89,20 @@ def test_greedy_output_is_ours(exported):
   assert len(set(ours)) > len(ours) // 2  # real, varied translations, not one string repeated
 
 
-def test_beam_four_bleu_is_within_half_a_point(exported):
+def test_beam_four_bleu_is_within_half_a_point(exported, tmp_path):
+  """The two beam searches rank by different length penalties, so a few outputs differ; on the
+  demo's 40 test sentences one such sentence moved BLEU by 0.6, so this compares 200."""
   import sacrebleu  # pylint: disable=g-import-not-at-top
 
-  run, params, model_dir = exported
+  _, params, model_dir = exported
+  config = helpers.demo_config(
+    model__dtype="float32",
+    data__demo_test_size=200,
+    data__vocab_path=os.path.join(model_dir, "spm.model"),
+  )
+  run = run_lib.Run(config, str(tmp_path / "workdir"), data="eval")
   pairs = run.data.pairs("test")
+  assert len(pairs) == 200
   sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
   ours = _ours(run, params, sources, beam=4)
   theirs = _ct2_translate(

@@ -54,6 +54,8 @@ TINY = [
   "--config.eval.dev_bleu_sentences=8",
   "--config.decode.beam_size=2",
   "--config.decode.max_len_offset=5",
+  "--config.optim.ema_decay=0.9",  # the parameter average resumes exactly too
+  "--config.best_metric=dev_bleu",  # best/ is written by both processes together
 ]
 
 
@@ -133,6 +135,7 @@ def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
   assert data_1["streams"] == data_2["streams"] and len(data_1["streams"]) == 8
   flat_1, flat_2 = dict(_flat(state_1)), dict(_flat(state_2))
   assert flat_1.keys() == flat_2.keys()
+  assert any(name.startswith("/opt_state/1/ema/") for name in flat_1)  # the EMA is compared
   for name, value in flat_1.items():
     np.testing.assert_allclose(flat_2[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
   # Dev loss and dev BLEU at both evaluations, and the test BLEU of the final report.
@@ -142,8 +145,15 @@ def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
   )
   assert sorted(dev_2) == [12, 24] == sorted(dev_1)
   for d1, d2 in ((dev_1[s], dev_2[s]) for s in (12, 24)):
-    np.testing.assert_allclose(d2["dev_loss"], d1["dev_loss"], rtol=1e-5)
-    assert d2["dev_bleu"] == pytest.approx(d1["dev_bleu"], abs=1e-6)
+    for prefix in ("", "ema_"):
+      np.testing.assert_allclose(d2[f"{prefix}dev_loss"], d1[f"{prefix}dev_loss"], rtol=1e-5)
+      assert d2[f"{prefix}dev_bleu"] == pytest.approx(d1[f"{prefix}dev_bleu"], abs=1e-6)
+  # The best evaluation's parameters, written once by the two processes, as by the one.
+  best_1, best_2 = (json.loads((w / "best_result.json").read_text()) for w in (reference, workdir))
+  assert best_2["best_step"] == best_1["best_step"] and best_2["best_parameters"]
+  assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [
+    str(best_1["best_step"])
+  ]
   result_1, result_2 = (
     json.loads((w / "train_result.json").read_text()) for w in (reference, workdir)
   )
@@ -159,7 +169,10 @@ def _in_process_config():
   overrides = {}
   for flag in TINY[1:]:
     name, value = flag[len("--config.") :].split("=", 1)
-    overrides[name] = ast.literal_eval(value)
+    try:
+      overrides[name] = ast.literal_eval(value)
+    except ValueError:  # a bare string (dev_bleu), as the flag passes it
+      overrides[name] = value
   return api.load_config("demo", overrides)
 
 

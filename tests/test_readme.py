@@ -186,7 +186,11 @@ def test_demo_chain(tmp_path):
     work = box.repo / "runs" / "demo"
     if _research_decoding(command.text, proc, box.repo):
       continue  # docs/decoding.md's commands, checked there
-    if "--mode=eval" in command.text:
+    if "--checkpoint=best" in command.text:  # docs/fine-tuning.md: the fine-tuned run's best
+      result = _last_json(proc)
+      assert result["checkpoint"].startswith("best params (")
+      assert 0.0 <= result["test_sacrebleu_beam4"] <= 100.0
+    elif "--mode=eval" in command.text:
       result = _last_json(proc)
       assert result["checkpoint"].startswith("averaged params of 3 checkpoints")
       assert 0.0 <= result["test_sacrebleu_beam4"] <= 100.0
@@ -205,6 +209,9 @@ def test_demo_chain(tmp_path):
     elif "--mode" not in command.text and ("main.py" in command.text or "nmt --" in command.text):
       result = _last_json(proc)
       assert result["step"] == 30 and "test_sacrebleu_beam4" in result
+      if "--config.best_metric=dev_bleu" in command.text:  # docs/fine-tuning.md's run
+        assert result["best_step"] == 30 and "ema_dev_bleu" in result
+        assert result["best_parameters"] in ("params", "ema")
       if "--workdir=runs/demo " in command.text + " ":
         # The quick start's command on the results table's finished runs/demo: the same figures,
         # read back from the workdir, with nothing trained or decoded again.

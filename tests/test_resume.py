@@ -49,6 +49,7 @@ TINY = [
   "--config.eval.dev_bleu_sentences=0",  # no decoding at the final eval: compiles cost seconds
   "--config.decode.beam_size=1",  # the final test decode is greedy only, for the same reason
   "--config.decode.max_len_offset=5",
+  "--config.optim.ema_decay=0.9",  # the parameter average is part of the state that must resume
 ]
 
 
@@ -200,6 +201,7 @@ def test_kill9_at_random_steps_then_resume_is_bitwise_identical(trainer, tmp_pat
   want_state, want_data = _read(trainer.reference, TOTAL)
   got_state, got_data = _read(workdir, TOTAL)
   assert got_data == want_data
+  assert "ema" in want_state["opt_state"]["1"]  # the EMA is compared bit for bit too
   _assert_bitwise(got_state, want_state)
   assert not _partial(workdir)  # the half-written checkpoint was cleaned up on resuming
 

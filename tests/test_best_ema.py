@@ -1,0 +1,167 @@
+"""Research training: the parameters' moving average (optim.ema_decay), the best dev checkpoint
+(best_metric) and early stopping (early_stopping_patience)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from flaxformer_nmt import api, averaging, best, checkpoint, optim, parallel, reporting, train
+from flaxformer_nmt.run import Run
+
+import helpers
+
+
+def test_the_tracker_counts_strict_improvements_of_the_better_of_raw_and_ema():
+  loss = best.Tracker("dev_loss", patience=2)
+  assert loss.update(10, {"dev_loss": 3.0, "ema_dev_loss": 2.5}) == "ema"
+  assert (loss.value, loss.step, loss.parameters) == (2.5, 10, "ema")
+  assert loss.update(20, {"dev_loss": 2.5, "ema_dev_loss": 2.6}) is None  # equal is no gain
+  assert not loss.exhausted
+  assert loss.update(30, {"dev_loss": 2.4}) == "params"
+  assert loss.evals_without_improvement == 0
+  for step in (40, 50):
+    assert loss.update(step, {"dev_loss": 2.41, "ema_dev_loss": 2.42}) is None
+  assert loss.exhausted and loss.summary()["best_step"] == 30
+
+  bleu = best.Tracker("dev_bleu")
+  assert bleu.update(1, {"dev_bleu": 20.0, "ema_dev_bleu": 20.0}) == "params"  # a tie: raw
+  assert bleu.update(2, {"dev_bleu": 19.0, "ema_dev_bleu": 21.0}) == "ema"
+  for step in range(3, 50):
+    bleu.update(step, {"dev_bleu": 0.0})
+  assert not bleu.exhausted  # patience 0: never
+
+
+def test_the_tracker_replays_the_learning_curve_up_to_the_restored_step():
+  """A step evaluated again after a resume counts once; evaluations past the restored step (a run
+  killed before its next checkpoint) are left to the resumed run, which repeats them."""
+  records = [
+    {"step": 2, "dev_bleu": 5.0},
+    {"step": 4, "dev_bleu": 7.0},
+    {"step": 6, "dev_bleu": 6.0},
+    {"step": 6, "dev_bleu": 6.0},  # evaluated again after a kill
+    {"step": 8, "dev_bleu": 9.0},
+  ]
+  tracker = best.Tracker("dev_bleu", patience=3)
+  tracker.replay(records, up_to_step=6)
+  assert (tracker.value, tracker.step, tracker.evals_without_improvement) == (7.0, 4, 1)
+
+
+def _fresh_trainer(config, workdir):
+  return train.Trainer(Run(config, str(workdir), data="train"))
+
+
+def test_the_ema_is_the_hand_computed_average_of_the_trained_parameters(tmp_path):
+  """ema_0 = the initial parameters, ema_t = d * ema_(t-1) + (1 - d) * params_t, in float32,
+  after every update; an optimizer without ema_decay keeps no average."""
+  decay = 0.75
+  config = helpers.demo_config(model__dtype="float32", optim__ema_decay=decay)
+  with _fresh_trainer(config, tmp_path / "ema") as trainer:
+    state = parallel.local_replica(trainer.p_state)
+    hand = jax.tree.map(np.asarray, state.params)
+    helpers.assert_trees_equal(optim.ema_of(state.opt_state), hand)
+    for _ in range(3):
+      trainer.train_step()
+      trainer.flush()
+      state = parallel.local_replica(trainer.p_state)
+      params = jax.tree.map(np.asarray, state.params)
+      hand = jax.tree.map(
+        lambda e, p: np.float32(decay) * e + np.float32(1 - decay) * p, hand, params
+      )
+      ema = optim.ema_of(state.opt_state)
+      for (path, got), want in zip(
+        jax.tree_util.tree_leaves_with_path(ema), jax.tree.leaves(hand), strict=True
+      ):
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, err_msg=str(path))
+    # After three updates the average differs from the parameters, as it should.
+    assert any(
+      not np.array_equal(e, p)
+      for e, p in zip(jax.tree.leaves(ema), jax.tree.leaves(params), strict=True)
+    )
+  tx, _ = optim.make_optimizer(helpers.demo_config().optim, 128)
+  assert optim.ema_of(tx.init({"w": np.zeros(3, np.float32)})) is None
+
+
+def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_path):
+  """The learning rate scaled to ~0 leaves the parameters as they are (and the EMA with them), so
+  dev BLEU never changes: the first evaluation is the best, and the run stops after `patience`
+  more, saved, with its result; rerunning it trains no further."""
+  patience, every = 3, 4
+  config = helpers.demo_config(
+    model__dtype="float32",
+    num_train_steps=100,
+    log_every_steps=every,
+    eval_every_steps=every,
+    checkpoint_every_steps=every,
+    best_metric="dev_bleu",
+    early_stopping_patience=patience,
+    optim__lr_scale=1e-30,
+    optim__ema_decay=0.9,
+    eval__dev_bleu_sentences=4,
+    data__demo_test_size=8,
+  )
+  workdir = tmp_path / "flat"
+  result = train.train_and_evaluate(config, str(workdir))
+  stop_step = every * (patience + 1)
+  assert result["stopped_early"] is True and result["step"] == stop_step
+  assert (result["best_step"], result["best_metric"]) == (every, "dev_bleu")
+  assert result["evals_without_improvement"] == patience
+  dev = reporting.read_jsonl(reporting.metrics_path(str(workdir), "dev"))
+  assert [r["step"] for r in dev] == [every * k for k in range(1, patience + 2)]
+  assert all("ema_dev_bleu" in r and "ema_dev_loss" in r for r in dev)
+  assert "test_sacrebleu_beam2" in result
+  saved = json.loads((workdir / "train_result.json").read_text())
+  assert saved["stopped_early"] and saved["step"] == stop_step
+  assert checkpoint.CheckpointDir(checkpoint.checkpoint_dir(str(workdir))).steps()[-1] == stop_step
+  best_steps = checkpoint.CheckpointDir(checkpoint.best_dir(str(workdir))).steps()
+  assert best_steps == [every]
+  best_result = json.loads((workdir / "best_result.json").read_text())
+  assert best_result["best_step"] == every and best_result["best_parameters"] == "params"
+
+  # Rerunning returns the saved result; with that result lost (a kill during the test decoding)
+  # the resumed run stops at once from its learning curve: no step is trained again.
+  train_log = (workdir / "train_metrics.jsonl").read_text()
+  assert api.train(config, str(workdir))["step"] == stop_step
+  (workdir / "train_result.json").unlink()
+  again = train.train_and_evaluate(config, str(workdir))
+  assert again["stopped_early"] and again["step"] == stop_step and again["best_step"] == every
+  assert (workdir / "train_metrics.jsonl").read_text() == train_log
+
+  # --checkpoint=best and --checkpoint=ema read what training kept.
+  template = Run(config, str(workdir), data="none").abstract_params()
+  best_params, description = averaging.load_inference_params(str(workdir), template, "best")
+  assert description.startswith(f"best params (params of step {every}, dev_bleu")
+  latest, _ = averaging.load_inference_params(str(workdir), template, "latest")
+  for b, p in zip(jax.tree.leaves(best_params), jax.tree.leaves(latest), strict=True):
+    np.testing.assert_allclose(b, p, rtol=1e-6, atol=1e-20)  # nothing moved but by ~lr = 1e-30
+  ema, description = averaging.load_inference_params(str(workdir), template, "ema")
+  assert description.startswith(f"ema{stop_step} params")
+  for e, p in zip(jax.tree.leaves(ema), jax.tree.leaves(latest), strict=True):
+    np.testing.assert_allclose(e, p, rtol=1e-6, atol=1e-20)
+  assert len(api.translate(config, str(workdir), ["drei"], checkpoint="best")) == 1
+  averaged = api.average(config, str(workdir), 1, checkpoint="best")
+  assert averaged["steps"] == [every]
+
+
+def test_checkpoint_choices_agree():
+  from flaxformer_nmt import cli  # pylint: disable=g-import-not-at-top
+
+  assert (
+    tuple(cli.flags.FLAGS["checkpoint"].parser.enum_values) == checkpoint.WHICH == api.CHECKPOINTS
+  )
+
+
+@pytest.mark.parametrize(
+  "which, message",
+  [
+    ("ema", "was not trained with config.optim.ema_decay > 0"),
+    ("best", "no best checkpoint in"),
+  ],
+)
+def test_a_run_without_them_has_no_ema_or_best(trained_demo, which, message):
+  _, workdir = trained_demo
+  with pytest.raises(averaging.CheckpointError, match=message):
+    averaging.resolve_inference_source(str(workdir), which)
