@@ -79,8 +79,10 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(trained_
   assert len(hyps) == 2 and all(isinstance(h, str) and h for h in hyps)
   with pytest.raises(TypeError, match="list of sentences"):
     api.translate(config, str(work), "one string")
-  with pytest.raises(errors.ConfigError, match="checkpoint='best'"):
-    api.translate(config, str(work), lines, checkpoint="best")
+  with pytest.raises(errors.ConfigError, match="checkpoint='newest'"):
+    api.translate(config, str(work), lines, checkpoint="newest")
+  with pytest.raises(errors.CheckpointError, match="--checkpoint=best: no best checkpoint"):
+    api.translate(config, str(work), lines, checkpoint="best")  # trained without best_metric
 
   averaged = api.average(config, str(work), num_checkpoints=2)
   assert averaged["steps"] == [30, 60]

@@ -56,3 +56,16 @@ def test_varied_and_short() -> None:
 def test_bad_split() -> None:
   with pytest.raises(ValueError, match="Unknown demo split 'valid'"):
     demo.make_demo_split("valid", 10, seed=0)
+
+
+def test_the_large_variant_is_a_shifted_domain() -> None:
+  """5- and 6-digit numbers only, none of its sentences in the standard corpus (which stops at 4
+  digits), and the standard corpus unchanged by the variant's existence."""
+  large = demo.make_demo_split("train", 300, 0, "large")
+  assert large == demo.make_demo_split("train", 300, 0, "large")
+  assert all("tausend" in de for _, de in large)
+  standard = demo.make_demo_split("train", 3000, 0)
+  assert not {en for en, _ in large} & {en for en, _ in standard}
+  assert standard == demo.make_demo_split("train", 3000, 0, "standard")
+  for split in ("dev", "test"):  # held-out splits stay disjoint by the same hash
+    assert all(demo.split_of(en) == split for en, _ in demo.make_demo_split(split, 50, 0, "large"))

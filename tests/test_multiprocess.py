@@ -240,3 +240,44 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   for name, value in dict(_flat(averaged["state"]["params"])).items():
     np.testing.assert_allclose(value, (last[name] + before[name]) / 2, rtol=1e-6, err_msg=name)
   shutil.rmtree(reference / "averaged")  # leave the reference workdir as it was
+
+
+def test_fine_tuning_under_two_processes_matches_one(base, reference, tmp_path):
+  """config.init_from in a 2-process job: every process starts from the source's parameters (two
+  steps later the whole state equals a 1-process, 8-device fine-tune's), and the source's
+  vocabulary is copied and recorded once."""
+  fine = [
+    f"--config.init_from={reference}",
+    "--config.num_train_steps=2",
+    "--config.eval_every_steps=1000",
+    "--config.optim.schedule=constant",
+    "--config.optim.lr_scale=0.1",
+  ]
+  tiny = [f for f in TINY if not f.startswith(("--config.num_train_steps", "--config.eval_every"))]
+  states = []
+  for processes, devices in ((1, 8), (2, 4)):
+    workdir = tmp_path / f"fine{processes}"
+    job = cluster.launch(
+      [f"--workdir={workdir}", *tiny, *fine],
+      processes=processes,
+      devices=devices,
+      log_prefix=tmp_path / f"fine{processes}",
+      cache_dir=base / "jax_cache",
+    )
+    assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
+    assert f"Starting from step{TOTAL} params" in job.log(), job.log()[-3000:]
+    record = json.loads((workdir / "init_from.json").read_text())
+    assert record["source_workdir"] == str(reference)
+    assert (workdir / "spm.model").read_bytes() == (reference / "spm.model").read_bytes()
+    states.append(_read_checkpoint(workdir, 2))
+  (state_1, data_1), (state_2, data_2) = states
+  assert int(state_1["step"]) == int(state_2["step"]) == 2
+  assert data_1["streams"] == data_2["streams"]
+  flat_1, flat_2 = dict(_flat(state_1)), dict(_flat(state_2))
+  assert flat_1.keys() == flat_2.keys()
+  for name, value in flat_1.items():
+    np.testing.assert_allclose(flat_2[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+  # Two small steps from the source: close to its parameters, not to a fresh initialisation.
+  source = dict(_flat(_read_checkpoint(reference, TOTAL)[0]["params"]))
+  moved = max(np.max(np.abs(flat_1[f"/params{k}"] - v)) for k, v in source.items())
+  assert moved < 0.05, moved

@@ -41,6 +41,13 @@ def _cardinal(rng: random.Random, low: int = 0) -> int:
   return rng.randint(lo, 10**magnitude - 1)
 
 
+def _large_cardinal(rng: random.Random, low: int = 0) -> int:
+  """5- and 6-digit numbers ("zweiundvierzigtausenddreihundertsieben"), which the standard corpus
+  never holds (it stops at 4 digits): the shifted domain of the LARGE variant."""
+  del low
+  return rng.randint(10_000, 999_999)
+
+
 def _ordinal(rng: random.Random) -> int:
   """Ordinals from 1 to 999, mostly small (as ordinals are in text)."""
   magnitude = rng.choices((1, 2, 3), weights=(0.3, 0.4, 0.3))[0]
@@ -67,18 +74,18 @@ def _de(n: int, to: str = "cardinal") -> str:
 Template = Callable[[random.Random], tuple[str, str]]
 
 
-def _apples(rng: random.Random) -> tuple[str, str]:
-  n = _cardinal(rng, low=2)
+def _apples(rng: random.Random, number: Callable[..., int] = _cardinal) -> tuple[str, str]:
+  n = number(rng, low=2)
   return f"I have {_en(n)} apples.", f"Ich habe {_de(n)} Äpfel."
 
 
-def _chairs(rng: random.Random) -> tuple[str, str]:
-  n = _cardinal(rng, low=2)
+def _chairs(rng: random.Random, number: Callable[..., int] = _cardinal) -> tuple[str, str]:
+  n = number(rng, low=2)
   return f"We need {_en(n)} chairs.", f"Wir brauchen {_de(n)} Stühle."
 
 
-def _books(rng: random.Random) -> tuple[str, str]:
-  n = _cardinal(rng, low=2)
+def _books(rng: random.Random, number: Callable[..., int] = _cardinal) -> tuple[str, str]:
+  n = number(rng, low=2)
   return (f"There are {_en(n)} books on the table.", f"Auf dem Tisch liegen {_de(n)} Bücher.")
 
 
@@ -119,8 +126,8 @@ def _train(rng: random.Random) -> tuple[str, str]:
   return f"The train leaves at {_en(h)} o'clock.", f"Der Zug fährt um {de} Uhr ab."
 
 
-def _bare_cardinal(rng: random.Random) -> tuple[str, str]:
-  n = _cardinal(rng)
+def _bare_cardinal(rng: random.Random, number: Callable[..., int] = _cardinal) -> tuple[str, str]:
+  n = number(rng)
   return _en(n), _de(n)
 
 
@@ -145,6 +152,15 @@ TEMPLATES: tuple[Template, ...] = (
 )
 
 
+# The shifted domain (`variant="large"`): the four cardinal templates with 5- and 6-digit numbers.
+# Its sentences never occur in the standard corpus, so a model trained there meets numbers it has
+# never seen the German of: a small in-domain set to fine-tune on (docs/fine-tuning.md).
+LARGE_TEMPLATES: tuple[Template, ...] = tuple(
+  functools.partial(t, number=_large_cardinal) for t in (_apples, _chairs, _books, _bare_cardinal)
+)
+VARIANTS = {"standard": TEMPLATES, "large": LARGE_TEMPLATES}
+
+
 def split_of(source: str) -> str:
   """The split that owns a source sentence: a stable hash, so splits never share a sentence."""
   bucket = int.from_bytes(hashlib.md5(source.encode("utf-8")).digest()[:8], "little")
@@ -156,8 +172,11 @@ def split_of(source: str) -> str:
   return "train"
 
 
-def make_demo_split(split: str, size: int, seed: int) -> list[tuple[str, str]]:
-  """`size` (english, german) pairs of `split`, identical for the same (split, size, seed).
+def make_demo_split(
+  split: str, size: int, seed: int, variant: str = "standard"
+) -> list[tuple[str, str]]:
+  """`size` (english, german) pairs of `split`, identical for the same (split, size, seed,
+  variant); `variant` "large" draws from LARGE_TEMPLATES.
 
   Candidates come from a stream seeded by (seed, split) and are kept only when the hash of their
   English side assigns them to `split`. Held-out splits hold distinct sentences (so BLEU is not
@@ -165,11 +184,13 @@ def make_demo_split(split: str, size: int, seed: int) -> list[tuple[str, str]]:
   """
   if split not in SPLITS:
     raise ValueError(f"Unknown demo split {split!r}; choose one of {SPLITS}.")
-  rng = random.Random(f"flaxformer_nmt-demo-{seed}-{split}")
+  templates = VARIANTS[variant]
+  tag = "" if variant == "standard" else f"-{variant}"  # the standard corpus as it always was
+  rng = random.Random(f"flaxformer_nmt-demo-{seed}-{split}{tag}")
   pairs: list[tuple[str, str]] = []
   seen: set[str] = set()
   while len(pairs) < size:
-    src, tgt = rng.choice(TEMPLATES)(rng)
+    src, tgt = rng.choice(templates)(rng)
     if split_of(src) != split:
       continue
     if split != "train":
