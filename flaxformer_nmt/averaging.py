@@ -10,8 +10,6 @@ here reads through `checkpoint_reader.CheckpointDir` and writes through `checkpo
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 
 import flax.serialization
@@ -19,7 +17,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import checkpoint, checkpoint_reader, optim
+from flaxformer_nmt import checkpoint, checkpoint_reader, files, optim
 from flaxformer_nmt.errors import CheckpointError
 
 PyTree = checkpoint.PyTree
@@ -150,11 +148,8 @@ def resolve_inference_source(workdir: str, which: str = "auto") -> str:
       f"--checkpoint=ema: {workdir} was not trained with config.optim.ema_decay > 0 (its "
       "config.json says so), so its checkpoints hold no parameter average."
     )
-  if which == "best" and not checkpoint_reader.CheckpointDir(checkpoint.best_dir(workdir)).steps():
-    raise CheckpointError(
-      f"--checkpoint=best: no best checkpoint in {checkpoint.best_dir(workdir)}; train with "
-      "config.best_metric='dev_bleu' or 'dev_loss' to keep one."
-    )
+  if which == "best":
+    _best_step(workdir)  # fails with one line if there is none
   if which == "auto":
     if not train_steps and not avg_steps:
       raise CheckpointError(f"No checkpoint in {workdir}; train with --workdir={workdir} first.")
@@ -173,11 +168,8 @@ def resolve_inference_source(workdir: str, which: str = "auto") -> str:
 def _trained_with_ema(workdir: str) -> bool:
   """Whether the run saved in `workdir/config.json` kept a parameter average (True if unknown:
   then the checkpoint's own metadata decides)."""
-  saved = os.path.join(workdir, "config.json")
-  if not os.path.isfile(saved):
-    return True
-  with open(saved, encoding="utf-8") as f:
-    return bool(json.load(f).get("optim", {}).get("ema_decay", 0.0))
+  saved = files.saved_config(workdir)
+  return bool(saved.get("optim", {}).get("ema_decay", 0.0)) if saved else True
 
 
 def inference_dir(workdir: str, which: str) -> str:

@@ -9,14 +9,23 @@ improvement exhaust the run.
 Nothing of this is stored in the train checkpoints: the learning curve is. On resume the tracker
 replays `<workdir>/dev_metrics.jsonl` up to the restored step (a run killed after an evaluation
 but before its next checkpoint trains and evaluates those steps again, identically), so the best
-value and the count of evaluations without improvement continue exactly.
+value and the count of evaluations without improvement continue exactly. `Keeper.offer` writes an
+improvement's parameters to `<workdir>/best/` before the training loop logs the evaluation, so a
+kill between the two leaves an evaluation that the resumed run makes again (and finds in `best/`
+already), never a logged best whose parameters were not written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
+from absl import logging
+
+from flaxformer_nmt import checkpoint, checkpoint_reader, optim, parallel, reporting
 
 EMA_PREFIX = "ema_"  # dev figures of the EMA parameters: ema_dev_bleu, ema_dev_loss, ...
 HIGHER_IS_BETTER = {"dev_bleu": True, "dev_loss": False}
@@ -79,3 +88,123 @@ class Tracker:
       "best_parameters": self.parameters,
       "evals_without_improvement": self.evals_without_improvement,
     }
+
+
+class Keeper:
+  """A training run's tracker and its `<workdir>/best/` (config.best_metric on).
+
+  Every process holds one and calls `offer` at each evaluation (process 0's tracker decides, and
+  every process enters the write together); only process 0 reads the learning curve.
+  """
+
+  def __init__(self, metric: str, patience: int, workdir: str, start_step: int) -> None:
+    self.workdir = workdir
+    self.tracker = Tracker(metric, patience)
+    if parallel.is_main_process():
+      records = reporting.read_jsonl(reporting.metrics_path(workdir, "dev"))
+      self.tracker.replay(records, start_step)
+    count = parallel.broadcast_from_main(
+      np.asarray(self.tracker.evals_without_improvement, np.int32)
+    )
+    self.tracker.evals_without_improvement = int(count)
+    t = self.tracker
+    if t.value is not None:
+      logging.info(
+        "Best %s so far: %.4g at step %d (%s); %d evaluation(s) since.",
+        t.metric,
+        t.value,
+        t.step,
+        t.parameters,
+        t.evals_without_improvement,
+      )
+      saved = checkpoint_reader.CheckpointDir(checkpoint.best_dir(workdir)).steps()
+      if t.step not in saved:  # best_metric switched on (or changed) for a run under way
+        logging.warning(
+          "%s holds no parameters of step %d, the learning curve's best %s; it receives the "
+          "next evaluation that improves on it.",
+          checkpoint.best_dir(workdir),
+          t.step,
+          t.metric,
+        )
+
+  def offer(self, step: int, dev: dict[str, float], state: Any, lock: Any = None) -> None:
+    """Takes in the evaluation `dev` of `step`; an improvement's parameters (`state`'s raw ones
+    or their EMA, this process's replica) go to <workdir>/best/ at once."""
+    tracker = self.tracker
+    before = tracker.evals_without_improvement
+    improved = tracker.update(step, dev)
+    choice = {None: 0, "params": 1, "ema": 2}
+    decided = int(parallel.broadcast_from_main(np.asarray(choice[improved], np.int32)))
+    tracker.evals_without_improvement = 0 if decided else before + 1  # process 0's count
+    if not decided:
+      logging.info(
+        "No improvement of %s on the best, %.4g at step %s (%d evaluation(s) without).",
+        tracker.metric,
+        tracker.value if tracker.value is not None else float("nan"),
+        tracker.step,
+        tracker.evals_without_improvement,
+      )
+      return
+    state = parallel.local_replica(state)
+    info = {
+      "metric": tracker.metric,
+      "value": tracker.value,
+      "step": step,
+      "parameters": "params" if decided == 1 else "ema",
+    }
+    directory = checkpoint.best_dir(self.workdir)
+    saved_steps = checkpoint_reader.CheckpointDir(directory).steps()
+    if parallel.broadcast_from_main(_already_saved(self.workdir, saved_steps, info)):
+      # A resumed run evaluating a step again (identically): that best is on disk already, and
+      # rewriting it would leave best/ empty for the time of the write.
+      logging.info(
+        "%s already holds step %d with %s %.4g.", directory, step, tracker.metric, tracker.value
+      )
+      return
+    if lock is not None:
+      lock.check_held()
+    params = state.params if decided == 1 else optim.ema_of(state.opt_state)
+    path = checkpoint.write(directory, step, {"params": params}, info, replace=True, only=True)
+    reporting.write_result(
+      self.workdir, {"mode": "best", "path": path, **tracker.summary()}, echo=False
+    )
+    logging.info(
+      "New best %s %.4g (%s) at step %d: saved to %s.",
+      tracker.metric,
+      tracker.value,
+      info["parameters"],
+      step,
+      path,
+    )
+
+  def exhausted(self, step: int) -> bool:
+    """Whether config.early_stopping_patience evaluations in a row brought no improvement."""
+    t = self.tracker
+    if not t.exhausted:
+      return False
+    logging.info(
+      "Stopping early at step %d: %d evaluations without improving %s (best %.4g at step %s).",
+      step,
+      t.evals_without_improvement,
+      t.metric,
+      t.value if t.value is not None else float("nan"),
+      t.step,
+    )
+    return True
+
+
+def _already_saved(workdir: str, saved_steps: list[int], info: dict[str, Any]) -> bool:
+  """Whether best/ holds `info`'s step with its figure: best_result.json, written once the step
+  was complete, says so (process 0 reads it)."""
+  if not parallel.is_main_process() or info["step"] not in saved_steps:
+    return False
+  try:
+    with open(reporting.result_path(workdir, "best"), encoding="utf-8") as f:
+      saved = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return (saved.get("best_step"), saved.get("best_value"), saved.get("best_parameters")) == (
+    info["step"],
+    info["value"],
+    info["parameters"],
+  )

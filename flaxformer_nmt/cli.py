@@ -168,6 +168,23 @@ def _with_config_path(argv: list[str]) -> list[str]:
   return out
 
 
+# Flags that only some modes read: given with another mode they would be ignored without a word.
+_MODE_ONLY_FLAGS = {
+  "nbest": ("translate",),
+  "alignments": ("translate",),
+  "ensemble": ("eval", "translate"),
+}
+
+
+def _mode_only_flag_misused() -> str | None:
+  mode = flags.FLAGS.mode
+  for name, modes in _MODE_ONLY_FLAGS.items():
+    if flags.FLAGS[name].present and mode not in modes:
+      used = " and ".join(f"--mode={m}" for m in modes)
+      return f"--{name} is read by {used} only, not by --mode={mode}."
+  return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake in the flags reported as one line (exit status 2)."""
   try:
@@ -175,7 +192,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   except errors.ConfigError as e:
     _user_error(e)
   try:
-    return flags.FLAGS(argv)
+    remaining = flags.FLAGS(argv)
+    misused = _mode_only_flag_misused()
+    if misused:
+      _user_error(misused)
+    return remaining
   except flags.Error as e:
     message = str(e).rstrip(". ")
     _user_error(f"{message}{'' if message.endswith('?') else '.'} See --helpfull.")

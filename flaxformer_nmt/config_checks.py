@@ -21,7 +21,7 @@ BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
 DECODE_METHODS = ("beam", "greedy", "sample")  # decode.SearchConfig, sampling.py
 COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
 SCHEDULES = ("paper", "constant")  # optim.SCHEDULES
-BEST_METRICS = ("", "dev_bleu", "dev_loss")  # train.BestTracker
+BEST_METRICS = ("", "dev_bleu", "dev_loss")  # best.Tracker
 
 
 def _fail(message: str) -> None:

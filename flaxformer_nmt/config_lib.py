@@ -116,8 +116,8 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c.keep_checkpoints = 20  # enough to average the last 20, as the paper's big model
   c.skip_nonfinite = False  # True: skip a step whose loss or gradients are not finite
   c.label_smoothing = 0.1  # eps_ls
-  # Fine-tuning: start from the parameters of this trained workdir (or its checkpoints/ or
-  # averaged/ folder) and reuse its vocabulary; step, Adam moments and data start fresh. "" = no.
+  # Fine-tuning: start from the parameters of this trained workdir (or its checkpoints/, averaged/
+  # or best/ folder) and reuse its vocabulary; step, Adam moments and data start fresh. "" = no.
   c.init_from = ""
   # After each dev evaluation that improves this figure ("dev_bleu": higher is better, "dev_loss":
   # lower), its parameters go to <workdir>/best/ (--checkpoint=best). "" = off.

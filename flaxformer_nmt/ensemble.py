@@ -10,15 +10,13 @@ a failure is one line naming the member.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt import averaging, errors
+from flaxformer_nmt import averaging, errors, files
 from flaxformer_nmt.tokenizer import MODEL_FILENAME
 
 
@@ -29,10 +27,7 @@ def vocabulary_path(workdir: str, config: ml_collections.ConfigDict | None = Non
   if config is not None:
     vocab_path = config.data.vocab_path
   else:
-    saved = os.path.join(workdir, "config.json")
-    if os.path.isfile(saved):
-      with open(saved, encoding="utf-8") as f:
-        vocab_path = json.load(f).get("data", {}).get("vocab_path", "")
+    vocab_path = files.saved_config(workdir).get("data", {}).get("vocab_path", "")
   return vocab_path or os.path.join(workdir, MODEL_FILENAME)
 
 
@@ -53,20 +48,11 @@ ARCHITECTURE = (
 def architecture_difference(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   """The first architecture field in which the run saved in `workdir/config.json` differs from
   `config`, as "model.X=theirs where this config has ours"; None if none does (or none saved)."""
-  saved = os.path.join(workdir, "config.json")
-  if not os.path.isfile(saved):
-    return None
-  with open(saved, encoding="utf-8") as f:
-    model = json.load(f).get("model", {})
+  model = files.saved_config(workdir).get("model", {})
   for field in ARCHITECTURE:
     if field in model and field in config.model and model[field] != config.model[field]:
       return f"model.{field}={model[field]} where this config has {config.model[field]}"
   return None
-
-
-def _digest(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
 
 
 def check_members(
@@ -86,7 +72,7 @@ def check_members(
     theirs = vocabulary_path(member)
     if not os.path.isfile(theirs):
       raise errors.CheckpointError(f"--ensemble member {member}: no vocabulary at {theirs}.")
-    if os.path.isfile(ours) and _digest(theirs) != _digest(ours):
+    if os.path.isfile(ours) and not files.same_bytes(theirs, ours):
       raise errors.CheckpointMismatchError(
         f"--ensemble member {member}: its vocabulary {theirs} differs from {ours}; the members "
         "of an ensemble must share one vocabulary."

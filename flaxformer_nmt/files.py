@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
+import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -33,6 +35,28 @@ def atomic_path(path: str) -> Iterator[str]:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+def same_bytes(a: str, b: str) -> bool:
+  """Whether two files hold the same bytes (vocabularies of two runs)."""
+
+  def digest(path: str) -> str:
+    with open(path, "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
+
+  return digest(a) == digest(b)
+
+
+SAVED_CONFIG = "config.json"  # the config a training run saved into its workdir
+
+
+def saved_config(workdir: str) -> dict:
+  """The config a training run saved in `workdir` (as JSON), or {} if it saved none."""
+  path = os.path.join(workdir, SAVED_CONFIG)
+  if not os.path.isfile(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
 
 
 def write_text(path: str, text: str) -> None:

@@ -1,10 +1,11 @@
 """Starting a run from another run's parameters (`config.init_from`): fine-tuning.
 
 `config.init_from` names a trained workdir (its averaged checkpoint if that is the newest, else its
-latest, as `--checkpoint=auto`), or that workdir's `checkpoints/` folder (the latest) or
-`averaged/` folder. The new run starts from those parameters with step 0, fresh Adam moments and
-a fresh data position, and it reuses the source run's SentencePiece model: copied into the new
-workdir as its `spm.model`, and recorded with the source in `<workdir>/init_from.json`.
+latest, as `--checkpoint=auto`), or that workdir's `checkpoints/` folder (the latest), `averaged/`
+folder or `best/` folder (config.best_metric's best evaluation). The new run starts from those
+parameters with step 0, fresh Adam moments and a fresh data position, and it reuses the source
+run's SentencePiece model: copied into the new workdir as its `spm.model`, and recorded with the
+source in `<workdir>/init_from.json`.
 
 Everything is checked before any data is read: a missing or checkpoint-less source, a vocabulary
 other than the source's (`data.vocab_path`, or a workdir that already has another `spm.model`),
@@ -19,7 +20,6 @@ checkpoint, so all start from the same parameters.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -52,24 +52,20 @@ class Source:
   vocabulary: str  # the source run's SentencePiece model
 
 
-def _digest(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
-
-
 def _split(setting: str) -> tuple[str, str]:
   """(workdir, checkpoint rule) that `setting` names; CheckpointError if none."""
   path = os.path.normpath(setting)
   name = os.path.basename(path)
-  if name in ("checkpoints", "averaged") and os.path.isdir(path):
-    return os.path.dirname(path) or ".", "latest" if name == "checkpoints" else "averaged"
+  rules = {"checkpoints": "latest", "averaged": "averaged", "best": "best"}
+  if name in rules and os.path.isdir(path):
+    return os.path.dirname(path) or ".", rules[name]
   if os.path.isdir(path) and any(
     os.path.isdir(os.path.join(path, d)) for d in ("checkpoints", "averaged")
   ):
     return path, "auto"
   raise errors.CheckpointError(
     f"config.init_from={setting}: not a trained workdir (no checkpoints/ or averaged/ folder in "
-    "it), nor such a folder."
+    "it), nor such a folder (or its best/)."
   )
 
 
@@ -87,7 +83,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> Source:
   if not os.path.isfile(vocabulary):
     raise errors.CheckpointError(f"config.init_from={setting}: no vocabulary at {vocabulary}.")
   ours = config.data.vocab_path or os.path.join(workdir, MODEL_FILENAME)
-  if os.path.isfile(ours) and _digest(ours) != _digest(vocabulary):
+  if os.path.isfile(ours) and not files.same_bytes(ours, vocabulary):
     raise errors.ConfigError(
       f"config.init_from={setting}: its vocabulary {vocabulary} differs from this run's {ours}; "
       "a fine-tuned model keeps its source's vocabulary."

@@ -50,6 +50,21 @@ def result_path(workdir: str, mode: str) -> str:
   return os.path.join(workdir, f"{mode}_result.json")
 
 
+def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
+  """The train figures of a log step from the per-step metrics since the last one."""
+  tokens = sum(m["tokens"] for m in history)
+  return {
+    "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
+    "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
+    "learning_rate": history[-1]["learning_rate"],
+    "grad_norm": history[-1]["grad_norm"],
+    "param_norm": history[-1]["param_norm"],
+    "target_tokens_per_s": tokens / max(seconds, 1e-9),
+    "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),
+    "skipped_steps": sum(m["nonfinite"] for m in history),
+  }
+
+
 def write_result(workdir: str, result: dict[str, Any], *, echo: bool = True) -> None:
   """Saves a mode's final figures in the workdir, then (if `echo`) prints them as one JSON line.
 

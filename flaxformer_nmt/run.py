@@ -17,7 +17,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import checkpoint_reader, errors, evaluate, optim, parallel, steps, translate
+from flaxformer_nmt import (
+  checkpoint_reader,
+  errors,
+  evaluate,
+  files,
+  optim,
+  parallel,
+  steps,
+  translate,
+)
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import tokenizer as tokenizer_lib
 from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
@@ -54,6 +63,24 @@ def check_checkpoint_fits(config: ml_collections.ConfigDict, workdir: str, direc
     reader.check_matches(steps_saved[-1], {"params": checkpoint_reader.state_dict(params)})
   except checkpoint_reader.Unreadable:
     pass
+
+
+def check_resume_fits(config: ml_collections.ConfigDict, workdir: str, directory: str) -> None:
+  """check_checkpoint_fits for a resume from `directory`, plus the optimizer state's make-up: a
+  run keeps a parameter average (config.optim.ema_decay > 0) or not, as its checkpoints were
+  saved (its config.json says which; the decay itself may change)."""
+  check_checkpoint_fits(config, workdir, directory)
+  saved = files.saved_config(workdir).get("optim", {})
+  if "ema_decay" not in saved or not checkpoint_reader.CheckpointDir(directory).steps():
+    return
+  was, now = float(saved["ema_decay"]), float(config.optim.ema_decay)
+  if bool(was) != bool(now):
+    turn = "on" if now else "off"
+    raise errors.CheckpointMismatchError(
+      f"config.optim.ema_decay={now:g}, but the checkpoints in {directory} were saved with "
+      f"ema_decay={was:g}: a run under way cannot turn its parameter average {turn} (start "
+      f"another workdir, with config.init_from={workdir} to keep the parameters)."
+    )
 
 
 class Run:

@@ -42,7 +42,7 @@ from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import evaluate as evaluate_lib
 from flaxformer_nmt.data import prefetch
 from flaxformer_nmt.preemption import PreemptionGuard
-from flaxformer_nmt.run import Run, check_checkpoint_fits, prepare_workdir
+from flaxformer_nmt.run import Run, check_resume_fits, prepare_workdir
 
 
 def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
@@ -85,20 +85,6 @@ def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str
 def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
   # psum'd on device, so every replica holds the global value: read one this process holds.
   return [jax.tree.map(float, parallel.local_replica(m)) for m in device_metrics]
-
-
-def _summarize(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
-  tokens = sum(m["tokens"] for m in history)
-  return {
-    "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
-    "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
-    "learning_rate": history[-1]["learning_rate"],
-    "grad_norm": history[-1]["grad_norm"],
-    "param_norm": history[-1]["param_norm"],
-    "target_tokens_per_s": tokens / max(seconds, 1e-9),
-    "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),
-    "skipped_steps": sum(m["nonfinite"] for m in history),
-  }
 
 
 def _global_data_state(train_iter: data_lib.DeviceStreams) -> dict[str, Any]:
@@ -199,30 +185,11 @@ class Trainer:
     self._last_log_seconds = self.clock.seconds()
     self._last_input_wait = self._input_wait()
     self.last_dev: dict[str, float] = {}
-    self.tracker = self._restore_tracker()
-
-  def _restore_tracker(self) -> best.Tracker | None:
-    """config.best_metric's tracker, continued from the learning curve up to the restored step
-    (process 0 reads it; the others take its count of evaluations without improvement)."""
-    c = self.config
-    if not c.best_metric:
-      return None
-    tracker = best.Tracker(c.best_metric, c.early_stopping_patience)
-    if parallel.is_main_process():
-      records = reporting.read_jsonl(reporting.metrics_path(self.run.workdir, "dev"))
-      tracker.replay(records, self.start_step)
-    count = parallel.broadcast_from_main(np.asarray(tracker.evals_without_improvement, np.int32))
-    tracker.evals_without_improvement = int(count)
-    if tracker.value is not None:
-      logging.info(
-        "Best %s so far: %.4g at step %d (%s); %d evaluation(s) since.",
-        tracker.metric,
-        tracker.value,
-        tracker.step,
-        tracker.parameters,
-        tracker.evals_without_improvement,
+    self.keeper = None  # config.best_metric's tracker and <workdir>/best/
+    if config.best_metric:
+      self.keeper = best.Keeper(
+        config.best_metric, config.early_stopping_patience, run.workdir, self.start_step
       )
-    return tracker
 
   def __enter__(self) -> Trainer:
     return self
@@ -265,7 +232,7 @@ class Trainer:
     """Train figures since the last log: console, TensorBoard, train_metrics.jsonl."""
     history = self.flush()
     now = self.clock.seconds()
-    summary = _summarize(history, now - self._last_log_seconds)
+    summary = reporting.summarize_train(history, now - self._last_log_seconds)
     wait = self._input_wait()
     if wait is not None:
       # The share of training time the loop waited for a packed batch (0 = input kept ahead).
@@ -317,63 +284,12 @@ class Trainer:
       "  ".join(f"{k} {v:.4g}" for k, v in dev.items()),
       time.monotonic() - start,
     )
+    if self.keeper is not None:  # best/ first: a logged best always has its parameters saved
+      self.keeper.offer(self.step, dev, self.p_state, self.lock)
     self.writer.scalars(self.step, dev, split="dev")
-    if self.tracker is not None:
-      self._track_best(dev)
     self.clock.exclude(time.monotonic() - start)  # evaluations are not training time
     self.last_dev = dev
     return dev
-
-  def _track_best(self, dev: dict[str, float]) -> None:
-    """Offers an evaluation to the tracker; an improvement goes to <workdir>/best/ at once.
-
-    Process 0's tracker decides for all (every process must enter the write together).
-    """
-    tracker = self.tracker
-    assert tracker is not None
-    before = tracker.evals_without_improvement
-    improved = tracker.update(self.step, dev)
-    choice = {None: 0, "params": 1, "ema": 2}
-    decided = int(parallel.broadcast_from_main(np.asarray(choice[improved], np.int32)))
-    tracker.evals_without_improvement = 0 if decided else before + 1  # process 0's count
-    if not decided:
-      logging.info(
-        "No improvement of %s on the best, %.4g at step %s (%d evaluation(s) without).",
-        tracker.metric,
-        tracker.value if tracker.value is not None else float("nan"),
-        tracker.step,
-        tracker.evals_without_improvement,
-      )
-      return
-    state = parallel.local_replica(self.p_state)
-    params = state.params if decided == 1 else optim.ema_of(state.opt_state)
-    info = {
-      "metric": tracker.metric,
-      "value": tracker.value,
-      "step": self.step,
-      "parameters": "params" if decided == 1 else "ema",
-    }
-    if self.lock is not None:
-      self.lock.check_held()
-    path = checkpoint.write(
-      checkpoint.best_dir(self.run.workdir),
-      self.step,
-      {"params": params},
-      info,
-      replace=True,
-      only=True,
-    )
-    reporting.write_result(
-      self.run.workdir, {"mode": "best", "path": path, **tracker.summary()}, echo=False
-    )
-    logging.info(
-      "New best %s %.4g (%s) at step %d: saved to %s.",
-      tracker.metric,
-      tracker.value,
-      info["parameters"],
-      self.step,
-      path,
-    )
 
   def evaluate_if_missed(self) -> None:
     """Evaluates the restored step if it is an evaluation step that its run never evaluated.
@@ -393,17 +309,7 @@ class Trainer:
 
   def exhausted(self) -> bool:
     """Whether config.early_stopping_patience evaluations in a row brought no improvement."""
-    if self.tracker is not None and self.tracker.exhausted:
-      logging.info(
-        "Stopping early at step %d: %d evaluations without improving %s (best %.4g at step %s).",
-        self.step,
-        self.tracker.evals_without_improvement,
-        self.tracker.metric,
-        self.tracker.value if self.tracker.value is not None else float("nan"),
-        self.tracker.step,
-      )
-      return True
-    return False
+    return self.keeper is not None and self.keeper.exhausted(self.step)
 
   def budget_reached(self) -> bool:
     """Whether config.max_train_minutes is used up; one clock (process 0's) decides for all.
@@ -430,7 +336,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   prepare_workdir(workdir)
   with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
-    check_checkpoint_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
+    check_resume_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
     source = None
     if config.get("init_from") and not init_from.resumes(workdir, config.init_from):
       source = init_from.check(config, workdir)
@@ -476,8 +382,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             trainer.save(force=True, check_clock=False)
 
       result: dict[str, Any] = {"mode": "train", "step": trainer.step, **trainer.last_dev}
-      if trainer.tracker is not None:
-        result.update(trainer.tracker.summary(), stopped_early=stopped_early)
+      if trainer.keeper is not None:
+        result.update(trainer.keeper.tracker.summary(), stopped_early=stopped_early)
       # The training figures are on disk before the (long) test decoding starts.
       reporting.write_result(workdir, dict(result, test="pending"), echo=False)
       result.update(run.test_scores(trainer.p_state.params, f"step{trainer.step}", replicated=True))

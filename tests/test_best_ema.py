@@ -9,7 +9,17 @@ import jax
 import numpy as np
 import pytest
 
-from flaxformer_nmt import api, averaging, best, checkpoint, optim, parallel, reporting, train
+from flaxformer_nmt import (
+  api,
+  averaging,
+  best,
+  checkpoint,
+  init_from,
+  optim,
+  parallel,
+  reporting,
+  train,
+)
 from flaxformer_nmt.run import Run
 
 import helpers
@@ -144,6 +154,10 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
   assert len(api.translate(config, str(workdir), ["drei"], checkpoint="best")) == 1
   averaged = api.average(config, str(workdir), 1, checkpoint="best")
   assert averaged["steps"] == [every]
+  # Fine-tuning can start from the best evaluation's parameters.
+  fine = helpers.demo_config(model__dtype="float32", init_from=str(workdir / "best"))
+  source = init_from.check(fine, str(tmp_path / "fine"))
+  assert (source.workdir, source.which) == (str(workdir), "best")
 
 
 def test_checkpoint_choices_agree():
@@ -165,3 +179,48 @@ def test_a_run_without_them_has_no_ema_or_best(trained_demo, which, message):
   _, workdir = trained_demo
   with pytest.raises(averaging.CheckpointError, match=message):
     averaging.resolve_inference_source(str(workdir), which)
+
+
+def test_a_best_is_saved_before_its_evaluation_is_logged_and_not_written_twice(
+  tmp_path, monkeypatch
+):
+  """A kill between the two leaves an evaluation the resumed run makes again: it finds that best
+  already in best/ (the same folder, not rewritten), and the learning curve, best/ and
+  best_result.json agree in the end."""
+  config = helpers.demo_config(
+    model__dtype="float32",
+    num_train_steps=2,
+    log_every_steps=2,
+    eval_every_steps=2,
+    checkpoint_every_steps=2,
+    best_metric="dev_loss",
+    eval__dev_bleu_sentences=4,
+    data__demo_test_size=8,
+  )
+  workdir = tmp_path / "run"
+  scalars = reporting.MetricWriter.scalars
+
+  class Killed(Exception):
+    pass
+
+  def killed_when_logging_dev(self, step, values, split):
+    if split == "dev":
+      raise Killed("before the evaluation reached dev_metrics.jsonl")
+    scalars(self, step, values, split)
+
+  monkeypatch.setattr(reporting.MetricWriter, "scalars", killed_when_logging_dev)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(config, str(workdir))
+  best_dir = workdir / "best"
+  assert checkpoint.CheckpointDir(str(best_dir)).steps() == [2]
+  assert not reporting.read_jsonl(reporting.metrics_path(str(workdir), "dev"))
+  written = (best_dir / "2").stat().st_ino
+
+  monkeypatch.setattr(reporting.MetricWriter, "scalars", scalars)
+  result = train.train_and_evaluate(config, str(workdir))  # resumes at step 2, evaluates it
+  dev = reporting.read_jsonl(reporting.metrics_path(str(workdir), "dev"))
+  assert [r["step"] for r in dev] == [2] and result["best_step"] == 2
+  assert checkpoint.CheckpointDir(str(best_dir)).steps() == [2]
+  assert (best_dir / "2").stat().st_ino == written  # found saved, not written again
+  saved = json.loads((workdir / "best_result.json").read_text())
+  assert (saved["best_step"], saved["best_value"]) == (2, dev[0]["dev_loss"])

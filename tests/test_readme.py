@@ -167,6 +167,9 @@ def _research_decoding(text: str, proc: subprocess.CompletedProcess, repo: pathl
     assert [" ||| " in row for row in lines("aligned.txt")] == [True, True]
   elif "--output=data/demo_text/mono.en" in text:
     assert len(lines("data/demo_text/mono.en")) == len(lines("data/demo_text/mono.de")) == 2000
+  elif "flaxformer_nmt.data.demo_text" in text and "--variant=large" in text:
+    written = _last_json(proc)["lines"]  # docs/fine-tuning.md's shifted domain
+    assert (written["train.en"], written["test.de"], "mono.de" in written) == (2000, 200, False)
   elif "flaxformer_nmt.data.demo_text" in text:
     assert _last_json(proc)["lines"]["mono.de"] == 2000
   elif text.startswith("mkdir -p data/demo_bt"):
