@@ -29,15 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flaxformer_nmt.search import (
-  NEG_INF,
-  Cache,
-  SearchResult,
-  StepFn,
-  length_penalty,
-  next_token_log_probs,
-)
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.search import NEG_INF, Cache, SearchResult, StepFn, token_by_token
 
 Array = jax.Array
 
@@ -91,16 +83,6 @@ def draw(keys: Array, logits: Array) -> Array:
   return index.astype(jnp.int32)
 
 
-class _SampleState(NamedTuple):
-  step: Array  # []
-  last: Array  # [rows] previous token
-  tokens: Array  # [rows, max_decode_len]
-  scores: Array  # [rows] the model's log-probability of the sample so far
-  lengths: Array  # [rows]
-  done: Array  # [rows] bool
-  cache: Cache
-
-
 def sample_search(
   step_fn: StepFn,
   cache: Cache,
@@ -122,40 +104,12 @@ def sample_search(
     alpha: length-penalty exponent, for the normalised score only.
     rule: temperature, top-k, top-p.
   """
-  rows = max_lengths.shape[0]
-  loop_len = jnp.max(max_lengths)
 
-  def cond(s: _SampleState) -> Array:
-    return (s.step < loop_len) & ~jnp.all(s.done)
-
-  def body(s: _SampleState) -> _SampleState:
-    logits, cache = step_fn(s.cache, s.last[:, None])
-    log_probs = next_token_log_probs(logits)  # [rows, vocab], PAD at -inf
-    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s.step)  # [rows]
+  def sample(step: Array, scores: Array, log_probs: Array) -> tuple[Array, Array]:
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)  # [rows]
     token = draw(keys, reshape_distribution(log_probs, rule))  # [rows]
-    token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
-    live = ~s.done
-    token = jnp.where(live, token, PAD_ID)
-    tokens = lax.dynamic_update_slice(s.tokens, token[:, None], (0, s.step))
-    scores = jnp.where(live, s.scores + token_log_prob, s.scores)
-    lengths = jnp.where(live, s.step + 1, s.lengths)
-    done = s.done | (token == EOS_ID) | (s.step + 1 >= max_lengths)
-    return _SampleState(s.step + 1, token, tokens, scores, lengths, done, cache)
+    return token, scores + jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
 
-  init = _SampleState(
-    step=jnp.array(0, jnp.int32),
-    last=jnp.full((rows,), PAD_ID, jnp.int32),
-    tokens=jnp.full((rows, max_decode_len), PAD_ID, jnp.int32),
-    scores=jnp.zeros((rows,), jnp.float32),
-    lengths=jnp.zeros((rows,), jnp.int32),
-    done=max_lengths <= 0,
-    cache=cache,
-  )
-  final = lax.while_loop(cond, body, init)
-  return SearchResult(
-    tokens=final.tokens,
-    lengths=final.lengths,
-    scores=final.scores,
-    normalized_scores=final.scores / length_penalty(final.lengths, alpha),
-    num_steps=final.step,
+  return token_by_token(
+    step_fn, cache, max_lengths, sample, max_decode_len=max_decode_len, alpha=alpha
   )

@@ -88,10 +88,10 @@ def next_token_log_probs(logits: Array) -> Array:
 
 
 # ------------------------------------------------------------------------------------------------
-# Greedy search.
+# Greedy search and sampling: one hypothesis per row.
 
 
-class _GreedyState(NamedTuple):
+class _TokenState(NamedTuple):
   step: Array  # []
   last: Array  # [batch] previous token
   tokens: Array  # [batch, max_decode_len]
@@ -101,45 +101,54 @@ class _GreedyState(NamedTuple):
   cache: Cache
 
 
-def greedy_search(
-  step_fn: StepFn, cache: Cache, max_lengths: Array, *, max_decode_len: int, alpha: float
+# (step, running scores [rows], next-token log-probabilities [rows, vocab]) -> (the token each row
+# takes [rows], its running score after it [rows]): how a one-hypothesis search picks a token.
+ChooseFn = Callable[[Array, Array, Array], tuple[Array, Array]]
+
+
+def token_by_token(
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  choose: ChooseFn,
+  *,
+  max_decode_len: int,
+  alpha: float,
 ) -> SearchResult:
-  """Argmax token at each step until EOS or the sentence's maximum length.
+  """One hypothesis per row, a token at a time (`choose` picks it), until EOS or the row's
+  maximum length: greedy search and sampling.
 
   Args:
     step_fn: the decoder, one token per row per call.
-    cache: its initial cache for `batch` rows.
-    max_lengths: [batch] each sentence's maximum output length (0: skip the row).
+    cache: its initial cache for `rows` rows.
+    max_lengths: [rows] each row's maximum output length (0: skip the row).
+    choose: picks each row's next token from the running scores and log-probabilities.
     max_decode_len: static size of the output buffer (>= max(max_lengths)).
-    alpha: only for the returned normalised score.
+    alpha: length-penalty exponent, for the normalised score only.
   """
-  batch = max_lengths.shape[0]
+  rows = max_lengths.shape[0]
   loop_len = jnp.max(max_lengths)  # the loop stops at the longest cap, not at the buffer size
 
-  def cond(s: _GreedyState) -> Array:
+  def cond(s: _TokenState) -> Array:
     return (s.step < loop_len) & ~jnp.all(s.done)
 
-  def body(s: _GreedyState) -> _GreedyState:
+  def body(s: _TokenState) -> _TokenState:
     logits, cache = step_fn(s.cache, s.last[:, None])
-    # argmax of the running score, not of the log-probabilities: the same float sums as beam
-    # search's top_k, so beam 1 and greedy agree bit for bit, near-ties included.
-    candidates = s.scores[:, None] + next_token_log_probs(logits)  # [batch, vocab]
-    token = jnp.argmax(candidates, axis=-1).astype(jnp.int32)  # [batch]
-    new_score = jnp.take_along_axis(candidates, token[:, None], axis=-1)[:, 0]
+    token, new_score = choose(s.step, s.scores, next_token_log_probs(logits))  # [rows] each
     live = ~s.done
     token = jnp.where(live, token, PAD_ID)
     tokens = lax.dynamic_update_slice(s.tokens, token[:, None], (0, s.step))
     scores = jnp.where(live, new_score, s.scores)
     lengths = jnp.where(live, s.step + 1, s.lengths)
     done = s.done | (token == EOS_ID) | (s.step + 1 >= max_lengths)
-    return _GreedyState(s.step + 1, token, tokens, scores, lengths, done, cache)
+    return _TokenState(s.step + 1, token, tokens, scores, lengths, done, cache)
 
-  init = _GreedyState(
+  init = _TokenState(
     step=jnp.array(0, jnp.int32),
-    last=jnp.full((batch,), PAD_ID, jnp.int32),
-    tokens=jnp.full((batch, max_decode_len), PAD_ID, jnp.int32),
-    scores=jnp.zeros((batch,), jnp.float32),
-    lengths=jnp.zeros((batch,), jnp.int32),
+    last=jnp.full((rows,), PAD_ID, jnp.int32),
+    tokens=jnp.full((rows, max_decode_len), PAD_ID, jnp.int32),
+    scores=jnp.zeros((rows,), jnp.float32),
+    lengths=jnp.zeros((rows,), jnp.int32),
     done=max_lengths <= 0,
     cache=cache,
   )
@@ -150,6 +159,25 @@ def greedy_search(
     scores=final.scores,
     normalized_scores=final.scores / length_penalty(final.lengths, alpha),
     num_steps=final.step,
+  )
+
+
+def greedy_search(
+  step_fn: StepFn, cache: Cache, max_lengths: Array, *, max_decode_len: int, alpha: float
+) -> SearchResult:
+  """Argmax token at each step until EOS or the sentence's maximum length (see token_by_token;
+  `alpha` only for the returned normalised score)."""
+
+  def argmax(step: Array, scores: Array, log_probs: Array) -> tuple[Array, Array]:
+    del step
+    # argmax of the running score, not of the log-probabilities: the same float sums as beam
+    # search's top_k, so beam 1 and greedy agree bit for bit, near-ties included.
+    candidates = scores[:, None] + log_probs  # [batch, vocab]
+    token = jnp.argmax(candidates, axis=-1).astype(jnp.int32)  # [batch]
+    return token, jnp.take_along_axis(candidates, token[:, None], axis=-1)[:, 0]
+
+  return token_by_token(
+    step_fn, cache, max_lengths, argmax, max_decode_len=max_decode_len, alpha=alpha
   )
 
 
