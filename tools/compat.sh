@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the parallel, training, multi-process, translation and decoding tests, and the Colab notebook
-# (headless, in a real kernel), under Python 3.13 (pyenv's, or python3.13 on the PATH) in a fresh
-# virtual environment, with one of two package stacks:
+# Runs the parallel, training, multi-process, translation, decoding, sampling and best/EMA tests,
+# and the Colab notebook (headless, in a real kernel), under Python 3.13 (pyenv's, or python3.13 on
+# the PATH) in a fresh virtual environment, with one of two package stacks:
 #   tools/compat.sh colab  [PYTEST_ARGS...]  Colab's (jax 0.7.2, flax 0.11.2, orbax-checkpoint
 #                                            0.12.4; tools/constraints-colab.txt): the oldest we support
 #   tools/compat.sh newest [PYTEST_ARGS...]  whatever pip resolves today on Python 3.13 (what most
@@ -42,4 +42,5 @@ print(f"compat[{sys.argv[1]}]: Python {sys.version.split()[0]}, jax {jax.__versi
 PY
 python -m pytest -q tests/test_parallel.py tests/test_train.py tests/test_multiprocess.py \
   tests/test_resume.py tests/test_translate.py tests/test_decode.py tests/test_decode_transformer.py \
-  tests/test_checkpoint_multiprocess.py tests/test_notebook.py "$@"
+  tests/test_checkpoint_multiprocess.py tests/test_notebook.py tests/test_search_research.py \
+  tests/test_best_ema.py "$@"
