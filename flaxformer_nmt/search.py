@@ -1,13 +1,11 @@
 """Greedy and beam search over a step function, the whole loop on device.
 
-The search is written against a *step function* `(cache, ids [rows, 1]) -> (logits [rows, vocab],
-cache)`, so it knows nothing of Flax or of the Transformer: decode.py builds one from the model's
-cached decoder, and the tests drive the same search with small hand-made distributions. A step
-function that makes a token impossible (a -inf logit) keeps it out of every search.
+Written against a *step function* `(cache, ids [rows, 1]) -> (logits [rows, vocab], cache)`, it
+knows no Flax: decode.py builds one from the cached decoder, the tests from hand-made
+distributions. A -inf logit keeps a token out of every search.
 
-Beam search follows the paper (Sec. 6.1): beam 4, length penalty lp(len) = ((5 + len) / 6)^alpha
-with alpha = 0.6 (Wu et al. 2016), each sentence's own maximum output length, and early stopping.
-Two styles (`style`, `config.decode.beam_style`):
+Beam search follows the paper (Sec. 6.1): beam 4, lp(len) = ((5 + len) / 6)^alpha with alpha 0.6
+(Wu et al. 2016), each sentence's own maximum length, early stopping; two `style`s:
 
 - "t2t", tensor2tensor's beam search, which produced the paper's numbers: every step keeps the K
   best *live* extensions out of the top 2K candidates (one ending in EOS cannot take a live slot,
@@ -21,14 +19,9 @@ Two styles (`style`, `config.decode.beam_style`):
   tests check it token for token). It stops once the best live hypothesis, granted the most
   favourable penalty, cannot beat the worst finished one.
 
-In both, the most favourable penalty of a live hypothesis is the one at its maximum length:
-log-probabilities only fall as it grows. Finished hypotheses are ranked by score / lp(len); the best
-is returned with its model score (sum of log-probabilities) and its normalised score, so beam and
-greedy can be compared on the objective the search optimises.
-
-Output tokens are ids with EOS, then PAD. A hypothesis cut at the maximum length has no EOS (as in
-t2t and flax's wmt example). PAD (id 0) is never generated: it is the decoder's start symbol and
-the padding of every output.
+In both, a live hypothesis's most favourable penalty is at its maximum length (log-probabilities
+only fall). Finished ones rank by score / lp(len), returned with both scores. Outputs: ids, EOS,
+then PAD (id 0, the start symbol, never generated); one cut at the maximum length has no EOS.
 """
 
 from __future__ import annotations
@@ -70,14 +63,9 @@ def length_penalty(length: Array, alpha: float) -> Array:
 
 
 def log_softmax(logits: Array) -> Array:
-  """log_softmax over the last axis, written out: [rows, vocab] -> [rows, vocab].
-
-  The same arithmetic as jax.nn.log_softmax (shift by the max, log of the sum of exponentials),
-  but XLA:CPU fuses jax.nn.log_softmax's max-reduction into the output-projection product that
-  feeds it, and that fused kernel ran 2.5x slower than the product alone (base model, 128 rows x
-  37,000: 90-103 ms against 35-38 ms for this form, measured in one process). Per decoder step,
-  that was 40% of base-model beam search.
-  """
+  """log_softmax over the last axis, written out: [rows, vocab] -> [rows, vocab]. XLA:CPU fused
+  jax.nn.log_softmax's max into the output projection, a kernel 2.5x slower than the product
+  alone (base, 128 x 37,000: 90-103 against 35-38 ms): 40% of base-model beam search."""
   m = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [rows, 1]
   return logits - (m + jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True)))
 
@@ -101,8 +89,7 @@ class _TokenState(NamedTuple):
   cache: Cache
 
 
-# (step, running scores [rows], next-token log-probabilities [rows, vocab]) -> (the token each row
-# takes [rows], its running score after it [rows]): how a one-hypothesis search picks a token.
+# (step, scores [rows], log-probabilities [rows, vocab]) -> (tokens [rows], their new scores [rows])
 ChooseFn = Callable[[Array, Array, Array], tuple[Array, Array]]
 
 
@@ -115,17 +102,9 @@ def token_by_token(
   max_decode_len: int,
   alpha: float,
 ) -> SearchResult:
-  """One hypothesis per row, a token at a time (`choose` picks it), until EOS or the row's
-  maximum length: greedy search and sampling.
-
-  Args:
-    step_fn: the decoder, one token per row per call.
-    cache: its initial cache for `rows` rows.
-    max_lengths: [rows] each row's maximum output length (0: skip the row).
-    choose: picks each row's next token from the running scores and log-probabilities.
-    max_decode_len: static size of the output buffer (>= max(max_lengths)).
-    alpha: length-penalty exponent, for the normalised score only.
-  """
+  """One hypothesis per row (greedy search, sampling): `choose` picks each row's next token until
+  EOS or the row's `max_lengths` ([rows]; 0 skips the row); `max_decode_len` is the output
+  buffer's static size (>= max(max_lengths)); `alpha` serves the normalised score only."""
   rows = max_lengths.shape[0]
   loop_len = jnp.max(max_lengths)  # the loop stops at the longest cap, not at the buffer size
 
@@ -284,11 +263,8 @@ def _extend(s: BeamState, flat: Array, n: int, rules: _Rules) -> _Extensions:
 def _merge_finished(
   s: BeamState, ext: _Extensions, alpha: float
 ) -> tuple[Array, Array, Array, Array]:
-  """The K best (by normalised score) of the finished pool and the extensions finishing now.
-
-  All extensions have length step + 1. Returns the new pool's tokens, scores, normalised scores
-  and lengths, [batch, beam, ...] each, sorted best first.
-  """
+  """The K best (by normalised score) of the finished pool and the extensions finishing now (of
+  length step + 1): tokens, scores, normalised scores, lengths, [batch, beam, ...], best first."""
   k = s.fin_scores.shape[1]
   length = s.step + 1
   new_normalized = jnp.where(ext.finishing, ext.scores / length_penalty(length, alpha), NEG_INF)
