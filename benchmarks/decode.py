@@ -40,15 +40,17 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt import config_lib, decode, parallel, sampling
-from flaxformer_nmt import search as search_lib
-from flaxformer_nmt.model import (
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import decode, sampling
+from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.tokens import EOS_ID
+from flaxformer_nmt.model.transformer import (
   Transformer,
   TransformerConfig,
   count_params,
   init_params,
 )
-from flaxformer_nmt.tokenizer import EOS_ID
+from flaxformer_nmt.runtime import parallel
 
 _SIZE = flags.DEFINE_string("size", "base", "Model size from config_lib.SIZES.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 37_000, "Vocabulary size (the paper's EN-DE: 37k).")
@@ -86,7 +88,7 @@ def time_ctranslate2(
 
   import ctranslate2  # pylint: disable=g-import-not-at-top
 
-  from flaxformer_nmt import export  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.export import ctranslate2 as export  # pylint: disable=g-import-not-at-top
 
   vocabulary = ["<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(3, cfg.vocab_size)]
   spec = export.build_spec(cfg, jax.device_get(params), vocabulary)
@@ -151,7 +153,7 @@ def estimate_on_tpu(model: Transformer, params, inputs, search, steps: int) -> d
   """The compiler's estimate of the search on one TPU chip: encoder, one step, the batch."""
   from unittest import mock  # pylint: disable=g-import-not-at-top
 
-  from flaxformer_nmt import tpu_estimate as te  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.benchmarking import tpu_estimate as te  # pylint: disable=g-import-not-at-top
 
   try:
     chip = te.chip(_TARGET.value)

@@ -29,8 +29,9 @@ import numpy as np
 import train_step
 from absl import app, flags
 
-from flaxformer_nmt import attention_layers, model
-from flaxformer_nmt.layers import dropout, einsum_f32
+from flaxformer_nmt.model import attention as attention_layers
+from flaxformer_nmt.model import transformer as model
+from flaxformer_nmt.model.layers import dropout, einsum_f32
 
 _VARIANT = flags.DEFINE_string("variant", None, "bf16_residual, lse_backward or remat:<policy>.")
 

@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline
 
 _DATA_DIR = flags.DEFINE_string(

@@ -36,8 +36,10 @@ import numpy as np
 import step_estimate
 from absl import app, flags, logging
 
-from flaxformer_nmt import config_lib, optim, steps, tpu_estimate
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.benchmarking import tpu_estimate
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.training import optim, steps
 
 flags.DEFINE_list("sizes", ["base"], "Model sizes from the size table.")
 flags.DEFINE_list("dtypes", ["bfloat16"], "Matrix-product dtypes: bfloat16, float32.")

@@ -8,7 +8,8 @@ import sys
 
 from absl import app, flags
 
-from flaxformer_nmt import errors, visualize
+from flaxformer_nmt import errors
+from flaxformer_nmt.benchmarking import curves as visualize
 
 flags.DEFINE_string("workdir", None, "Training workdir (reads dev_metrics.jsonl).", required=True)
 flags.DEFINE_string("out", "", "PNG path (default <workdir>/learning_curve.png).")

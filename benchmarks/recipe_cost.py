@@ -25,7 +25,8 @@ import json
 
 from absl import app, flags
 
-from flaxformer_nmt import config_lib, flops
+from flaxformer_nmt.benchmarking import flops
+from flaxformer_nmt.config import builders as config_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("mfu", 0.40, "Assumed model FLOPs utilisation of the train step.")
@@ -68,7 +69,8 @@ def estimated_step_ms(size: str, vocab: int, chip_name: str, chips: int) -> floa
   """The TPU compiler's estimate of one chip's step on its share of the batch (milliseconds)."""
   import step_estimate  # pylint: disable=g-import-not-at-top  (beside this script)
 
-  from flaxformer_nmt import model, tpu_estimate  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.benchmarking import tpu_estimate
+  from flaxformer_nmt.model import transformer as model  # pylint: disable=g-import-not-at-top
 
   c = config_lib.base_config(size)
   c.model.dtype = "bfloat16"  # what "auto" is on a TPU

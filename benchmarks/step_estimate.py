@@ -29,8 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flaxformer_nmt import attention_layers, flops, layers, losses, model, optim, steps
-from flaxformer_nmt import tpu_estimate as te
+from flaxformer_nmt.benchmarking import flops
+from flaxformer_nmt.benchmarking import tpu_estimate as te
+from flaxformer_nmt.model import attention as attention_layers
+from flaxformer_nmt.model import layers, losses
+from flaxformer_nmt.model import transformer as model
+from flaxformer_nmt.training import optim, steps
 
 BATCH_FIELDS = (
   "inputs",

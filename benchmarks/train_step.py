@@ -42,10 +42,17 @@ import numpy as np
 import step_estimate
 from absl import app, flags
 
-from flaxformer_nmt import config_lib, optim, parallel, steps
-from flaxformer_nmt import flops as flop_count
-from flaxformer_nmt import tpu_estimate as te
-from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
+from flaxformer_nmt.benchmarking import flops as flop_count
+from flaxformer_nmt.benchmarking import tpu_estimate as te
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model.transformer import (
+  Transformer,
+  TransformerConfig,
+  count_params,
+  init_params,
+)
+from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.training import optim, steps
 
 flags.DEFINE_enum("size", "base", sorted(config_lib.SIZES), "Model size from the size table.")
 flags.DEFINE_integer("tokens_per_step", 4096, "Target (and source) tokens per global step.")

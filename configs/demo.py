@@ -7,7 +7,7 @@ and compounding, so the model must learn real attention. A tiny model (2+2 layer
 trains in a few minutes on a 2-core CPU and reports greedy and beam-4 sacreBLEU on held-out data.
 """
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 
 
 def get_config():

@@ -23,7 +23,7 @@ this model, i.e. about 7 epochs of Multi30k in an hour):
 - Checkpoints every 100 steps (~2.5 minutes), 10 kept, so the last 5 can be averaged.
 """
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import download
 
 

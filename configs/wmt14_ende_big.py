@@ -13,7 +13,7 @@ and the last 20 averaged; t2t's beam search. `:files` reads your own text files,
 wmt14_ende_base.py.
 """
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 
 
 def get_config(data: str = "tfds"):

@@ -12,7 +12,7 @@ multi-bleu *without* the ##AT## compound split, which belongs to t2t's EN-DE scr
 `:files` reads your own text files (train.en/.fr, newstest2013.*, newstest2014.*).
 """
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 
 
 def get_config(data: str = "tfds"):

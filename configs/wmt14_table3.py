@@ -11,7 +11,7 @@ C6, C7 d_ff 1024/4096; D1, D2 P_drop 0.0/0.2; D3, D4 eps_ls 0.0/0.2; E learned p
 beam 4, no checkpoint averaging (evaluate with --checkpoint=latest), BLEU on newstest2013.
 """
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 
 
 def get_config(arg: str = "A1"):

@@ -21,7 +21,9 @@ from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt import config_files, config_lib, errors, modes
+from flaxformer_nmt import errors, modes
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import loading as config_files
 
 CHECKPOINTS = ("auto", "latest", "averaged", "best", "ema")  # checkpoint.WHICH
 

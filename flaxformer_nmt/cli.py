@@ -27,7 +27,8 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flaxformer_nmt import config_files, errors
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import loading as config_files
 
 config_flags.DEFINE_config_file(
   "config",
@@ -218,7 +219,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _user_error(f"Unexpected arguments: {' '.join(argv[1:])} (flags are --name=value).")
   # Imported here so `--help` and flag errors are instant (jax start-up takes seconds).
-  from flaxformer_nmt import modes, parallel
+  from flaxformer_nmt import modes
+  from flaxformer_nmt.runtime import parallel
 
   logging.get_absl_handler().addFilter(_QuietLibraries())
 

@@ -15,23 +15,18 @@ import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import (
-  accelerators,
-  averaging,
-  config_lib,
-  decode,
-  ensemble,
-  errors,
-  files,
-  parallel,
-  reporting,
-)
-from flaxformer_nmt.run import Run, check_checkpoint_fits, check_workdir
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.components import Run, check_checkpoint_fits, check_workdir
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import decode, ensemble
+from flaxformer_nmt.runtime import accelerators, files, parallel
+from flaxformer_nmt.runtime import records as reporting
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (or resumes, or returns a finished run's saved figures); see train.py."""
-  from flaxformer_nmt import train as train_lib  # the training loop: this mode only
+  from flaxformer_nmt.training import loop as train_lib  # the training loop: this mode only
 
   config_lib.validate(config)
   check_workdir(workdir)
@@ -146,7 +141,7 @@ def translate_lines(
 ) -> tuple[list[list[Any]], dict[str, Any], str]:
   """(each line's translate.Hypothesis list, speed figures, which parameters) of `lines`, with
   config.decode's search."""
-  from flaxformer_nmt import translate as translate_lib
+  from flaxformer_nmt.decoding import translator as translate_lib
 
   outputs.check(config)
   run, params, description = _inference_run(config, workdir, which, "none", outputs.members)
@@ -206,7 +201,7 @@ def export(
 ) -> dict[str, Any]:
   """Converts the inference parameters (averaged when present) and the vocabulary for another
   engine (`export.FORMATS`: CTranslate2) into the directory `output`."""
-  from flaxformer_nmt import export as export_lib
+  from flaxformer_nmt.export import ctranslate2 as export_lib
 
   if fmt not in export_lib.FORMATS:
     raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
@@ -223,7 +218,7 @@ def export(
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Builds the dataset (TFDS: needs the `[prepare]` extra), checks dev and test, and trains the
   vocabulary into the workdir; see prepare.py."""
-  from flaxformer_nmt import prepare as prepare_lib
+  from flaxformer_nmt.data import prepare as prepare_lib
 
   config_lib.validate(config)
   check_workdir(workdir)
@@ -240,9 +235,10 @@ def attention(
   positional encoding, in `output` (default <workdir>/attention); see attention.py."""
   import os
 
-  from flaxformer_nmt import attention as attention_lib
-  from flaxformer_nmt import decode, errors
-  from flaxformer_nmt.tokenizer import EOS_ID
+  from flaxformer_nmt import errors
+  from flaxformer_nmt.decoding import attention_pictures as attention_lib
+  from flaxformer_nmt.decoding import decode
+  from flaxformer_nmt.model.tokens import EOS_ID
 
   if not text.strip():
     raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")

@@ -64,7 +64,7 @@ def trained_demo(tmp_path_factory) -> tuple[dict, pathlib.Path]:
   import fcntl
   import json
 
-  from flaxformer_nmt import train  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.training import loop as train  # pylint: disable=g-import-not-at-top
 
   import helpers  # pylint: disable=g-import-not-at-top
 

@@ -10,7 +10,8 @@ import pathlib
 import shutil
 from collections.abc import Callable
 
-from flaxformer_nmt import api, modes, parallel
+from flaxformer_nmt import api, modes
+from flaxformer_nmt.runtime import parallel
 
 LINES = ["A man rides a bike .", "Two dogs play .", "A child smiles ."]
 GERMAN = ["Ein Mann fährt Rad .", "Zwei Hunde spielen .", "Ein Kind lächelt ."]

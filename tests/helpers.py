@@ -18,7 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from flaxformer_nmt import config_files
+from flaxformer_nmt.config import loading as config_files
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K

@@ -13,8 +13,7 @@ import sys
 
 import tensorflow_datasets as tfds
 
-from flaxformer_nmt import prepare
-from flaxformer_nmt.data import demo
+from flaxformer_nmt.data import demo, prepare
 
 # Sentence pairs per split; MOCK_WMT14_SIZES="train,validation,test" changes them.
 _SIZES = os.environ.get("MOCK_WMT14_SIZES", "3000,32,48").split(",")

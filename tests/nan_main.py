@@ -10,7 +10,7 @@ import sys
 
 import jax.numpy as jnp
 
-from flaxformer_nmt import losses
+from flaxformer_nmt.model import losses
 
 _real = losses.label_smoothed_cross_entropy
 

@@ -9,7 +9,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from flaxformer_nmt import attention
+from flaxformer_nmt.decoding import attention_pictures as attention
 
 import helpers
 

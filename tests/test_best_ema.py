@@ -9,18 +9,14 @@ import jax
 import numpy as np
 import pytest
 
-from flaxformer_nmt import (
-  api,
-  averaging,
-  best,
-  checkpoint,
-  init_from,
-  optim,
-  parallel,
-  reporting,
-  train,
-)
-from flaxformer_nmt.run import Run
+from flaxformer_nmt import api
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.components import Run
+from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.runtime import records as reporting
+from flaxformer_nmt.training import best, init_from, optim
+from flaxformer_nmt.training import loop as train
 
 import helpers
 

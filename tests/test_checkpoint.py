@@ -15,8 +15,12 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from flaxformer_nmt import averaging, checkpoint, checkpoint_reader, errors, parallel
-from flaxformer_nmt.steps import TrainState
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
+from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.training.steps import TrainState
 
 import helpers
 

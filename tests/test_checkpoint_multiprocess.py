@@ -13,7 +13,8 @@ import os, signal, sys, time
 import numpy as np
 import jax
 import orbax.checkpoint as ocp
-from flaxformer_nmt import checkpoint, preemption
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.training import preemption
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(
@@ -110,7 +111,8 @@ import os, sys
 import numpy as np
 import jax
 import orbax.checkpoint as ocp
-from flaxformer_nmt import checkpoint, checkpoint_reader
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(

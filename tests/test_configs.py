@@ -4,7 +4,10 @@ import re
 
 import pytest
 
-from flaxformer_nmt import config_checks, config_files, config_lib, errors
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import checks as config_checks
+from flaxformer_nmt.config import loading as config_files
 
 
 def load(name: str, *args: str):

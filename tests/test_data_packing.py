@@ -15,7 +15,7 @@ import pytest
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import packing, streams
 from flaxformer_nmt.data.tokenized import TokenizedSplit
-from flaxformer_nmt.tokenizer import EOS_ID
+from flaxformer_nmt.model.tokens import EOS_ID
 
 
 def _split(src_lens, tgt_lens, seed: int = 0) -> TokenizedSplit:

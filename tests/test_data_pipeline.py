@@ -9,7 +9,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from flaxformer_nmt import config_lib, errors
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline, prefetch, sources, streams, tokenized
 
 import helpers

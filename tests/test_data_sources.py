@@ -11,7 +11,8 @@ import pathlib
 import ml_collections
 import pytest
 
-from flaxformer_nmt import config_lib, errors
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import sources
 
 _EN = ["A dog runs.", "Two men talk.", "", "A red car."]

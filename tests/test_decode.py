@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import config_lib, decode
-from flaxformer_nmt import search as search_lib
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 
 # Toy vocabulary: 0 PAD, 1 EOS, then four content tokens.
 A, B, C, D = 2, 3, 4, 5

@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 from test_translate import CharTokenizer
 
-from flaxformer_nmt import api, config_lib, decode, modes, translate
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt import api, modes
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.decoding import translator as translate
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
 import helpers
 

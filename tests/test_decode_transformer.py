@@ -14,10 +14,16 @@ import numpy as np
 import optax
 import pytest
 
-from flaxformer_nmt import config_lib, decode
-from flaxformer_nmt import search as search_lib
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_decode_cache, init_params
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.model.transformer import (
+  Transformer,
+  TransformerConfig,
+  init_decode_cache,
+  init_params,
+)
 
 # ------------------------------------------------------------------------------------------------
 # The Transformer (tiny size). One model, trained once, serves every test below: compiling is

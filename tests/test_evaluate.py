@@ -8,7 +8,7 @@ import pytest
 import sacrebleu
 from sacremoses import MosesTokenizer
 
-from flaxformer_nmt import evaluate
+from flaxformer_nmt.decoding import evaluation as evaluate
 
 # German hypotheses and references with compounds, punctuation, quotes and umlauts.
 HYPS = [

@@ -8,8 +8,10 @@ import ctranslate2  # the [export] extra; [test] includes it, so CI runs these t
 import numpy as np
 import pytest
 
-from flaxformer_nmt import averaging, errors, export
-from flaxformer_nmt import run as run_lib
+from flaxformer_nmt import components as run_lib
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.export import ctranslate2 as export
 
 import helpers
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from flaxformer_nmt import errors, files
+from flaxformer_nmt import errors
+from flaxformer_nmt.runtime import files
 
 
 def test_lines_round_trip_with_bom_crlf_and_unicode_separators(tmp_path):

@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from flaxformer_nmt import config_lib, flops
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.benchmarking import flops
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
 
 @pytest.mark.parametrize("size,vocab", [("tiny", 4000), ("small", 8000)])

@@ -9,8 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from flaxformer_nmt import averaging, errors, init_from, losses, optim, parallel, steps, train
-from flaxformer_nmt.run import Run
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.components import Run
+from flaxformer_nmt.model import losses
+from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.training import init_from, optim, steps
+from flaxformer_nmt.training import loop as train
 
 import helpers
 

@@ -10,7 +10,9 @@ import zipfile
 
 import pytest
 
-from flaxformer_nmt import accelerators, cli, config_files, errors
+from flaxformer_nmt import cli, errors
+from flaxformer_nmt.config import loading as config_files
+from flaxformer_nmt.runtime import accelerators
 
 import helpers
 

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import attention_layers, layers
+from flaxformer_nmt.model import attention as attention_layers
+from flaxformer_nmt.model import layers
 
 
 def naive_attention(q, k, v, mask):

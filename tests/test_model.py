@@ -5,8 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import config_lib
-from flaxformer_nmt.model import Transformer, TransformerConfig, count_params, init_params
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model.transformer import (
+  Transformer,
+  TransformerConfig,
+  count_params,
+  init_params,
+)
 
 VOCAB = 50
 
@@ -149,7 +154,7 @@ def test_bfloat16_keeps_float32_parameters_and_logits_and_tracks_float32(overrid
 
 
 def _loss_and_grad(cfg):
-  from flaxformer_nmt import losses
+  from flaxformer_nmt.model import losses
 
   def loss(p, src, tgt):
     logits = Transformer(cfg).apply(
@@ -208,7 +213,7 @@ def _saved_residual_bytes(cfg, params, src, tgt) -> int:
 
   from jax import ad_checkpoint
 
-  from flaxformer_nmt import losses
+  from flaxformer_nmt.model import losses
 
   def loss(p):
     logits = Transformer(cfg).apply({"params": p}, src, tgt)

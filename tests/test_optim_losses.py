@@ -8,7 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from flaxformer_nmt import config_lib, losses, optim
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model import losses
+from flaxformer_nmt.training import optim
 
 
 def test_schedule_matches_formula_at_paper_steps():

@@ -6,8 +6,10 @@ import jax
 import numpy as np
 import optax
 
-from flaxformer_nmt import config_lib, optim, parallel, steps
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.training import optim, steps
 
 
 def _packed_batch(rows: int, length: int, vocab: int) -> dict[str, np.ndarray]:

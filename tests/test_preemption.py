@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from flaxformer_nmt import preemption
+from flaxformer_nmt.training import preemption
 
 
 def test_preemption_guard_sets_a_flag_and_restores_handlers():

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from test_decode import V, _bigram_step, _masked_log_softmax, _trigram_cache, _trigram_step
 
-from flaxformer_nmt import config_lib, decode, sampling
-from flaxformer_nmt import search as search_lib
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import decode, sampling
+from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 
 CONTENT = (2, 3, 4, 5)
 

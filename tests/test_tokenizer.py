@@ -9,8 +9,8 @@ import ml_collections
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt import tokenizer as tok
 from flaxformer_nmt.data import demo
+from flaxformer_nmt.data import tokenizer as tok
 
 _PAIRS = demo.make_demo_split("train", 2000, seed=0)
 _SENTENCES = [s for pair in _PAIRS for s in pair]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flaxformer_nmt import tpu_estimate as te
+from flaxformer_nmt.benchmarking import tpu_estimate as te
 
 # Shaped as a TPU-compiled module's text: a fusion body holding one custom call, and an entry
 # computation with two custom calls outside fusions (as v5e's ConcatBitcast).

@@ -12,9 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import config_lib, errors, losses, modes, optim, steps, train
-from flaxformer_nmt import run as run_lib
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+from flaxformer_nmt import components as run_lib
+from flaxformer_nmt import errors, modes
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model import losses
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.training import loop as train
+from flaxformer_nmt.training import optim, steps
 
 import helpers
 

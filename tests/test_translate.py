@@ -6,9 +6,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from flaxformer_nmt import config_lib, translate
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.decoding import translator as translate
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
 
 class CharTokenizer:

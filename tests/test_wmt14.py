@@ -16,8 +16,8 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from flaxformer_nmt import errors, prepare
-from flaxformer_nmt.data import demo, sources
+from flaxformer_nmt import errors
+from flaxformer_nmt.data import demo, prepare, sources
 
 from helpers import REPO, SMALL_MODEL_FLAGS, demo_config  # isort: skip
 

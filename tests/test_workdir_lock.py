@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from flaxformer_nmt import errors, workdir_lock
+from flaxformer_nmt import errors
+from flaxformer_nmt.training import lock as workdir_lock
 
 
 def _write_lock(workdir, **holder) -> str:
@@ -173,7 +174,8 @@ def test_the_heartbeat_keeps_a_long_job_fresh(tmp_path, monkeypatch):
 
 _CONTENDER = r"""
 import os, sys, time
-from flaxformer_nmt import errors, workdir_lock
+from flaxformer_nmt import errors
+from flaxformer_nmt.training import lock as workdir_lock
 
 workdir, go, out = sys.argv[1:4]
 real_stale = workdir_lock.WorkdirLock._stale

@@ -21,8 +21,8 @@ import os
 
 from absl import app, flags
 
-from flaxformer_nmt import files
 from flaxformer_nmt.data import demo
+from flaxformer_nmt.runtime import files
 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Folder for the files.", required=True)
 _TRAIN_SIZE = flags.DEFINE_integer("train_size", 20_000, "Training pairs.")

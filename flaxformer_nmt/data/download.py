@@ -20,7 +20,8 @@ from collections.abc import Iterable
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import errors, files
+from flaxformer_nmt import errors
+from flaxformer_nmt.runtime import files
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # Test sets beyond test_2016_flickr, fetched on request (`data.extra_test_sets`).

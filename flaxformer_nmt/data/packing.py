@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from flaxformer_nmt.data.tokenized import TokenizedSplit
-from flaxformer_nmt.tokenizer import EOS_ID
+from flaxformer_nmt.model.tokens import EOS_ID
 
 Batch = dict[str, np.ndarray]
 _BLOCK = 16  # rows per block of the first-fit scan

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import tokenizer as tokenizer_lib
 from flaxformer_nmt.data import packing, prefetch, sources, streams, tokenized
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 
 Batch = packing.Batch
 

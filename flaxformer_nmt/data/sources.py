@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import files
 from flaxformer_nmt.data import demo
 from flaxformer_nmt.errors import DataError
+from flaxformer_nmt.runtime import files
 
 SPLITS = ("train", "dev", "test")
 

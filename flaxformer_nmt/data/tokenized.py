@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import tokenizer as tokenizer_lib
 from flaxformer_nmt.data import sources
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 
 _CHUNK = 20_000  # pairs encoded per SentencePiece batch call
 _CACHE_VERSION = 1

@@ -25,7 +25,11 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import checkpoint, checkpoint_reader, optim, parallel, reporting
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
+from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.runtime import records as reporting
+from flaxformer_nmt.training import optim
 
 EMA_PREFIX = "ema_"  # dev figures of the EMA parameters: ema_dev_bleu, ema_dev_loss, ...
 HIGHER_IS_BETTER = {"dev_bleu": True, "dev_loss": False}

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flaxformer_nmt.search import NEG_INF, Cache, SearchResult, StepFn, token_by_token
+from flaxformer_nmt.decoding.search import NEG_INF, Cache, SearchResult, StepFn, token_by_token
 
 Array = jax.Array
 

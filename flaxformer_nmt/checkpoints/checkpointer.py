@@ -59,7 +59,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from flaxformer_nmt.checkpoint_reader import (
+from flaxformer_nmt.checkpoints.reader import (
   DATA_ITEM,
   STATE_ITEM,
   UNREADABLE,

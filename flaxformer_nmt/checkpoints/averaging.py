@@ -17,8 +17,11 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import checkpoint, checkpoint_reader, files, optim
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
 from flaxformer_nmt.errors import CheckpointError
+from flaxformer_nmt.runtime import files
+from flaxformer_nmt.training import optim
 
 PyTree = checkpoint.PyTree
 

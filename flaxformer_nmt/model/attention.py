@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_nmt.layers import dropout, einsum_f32
+from flaxformer_nmt.model.layers import dropout, einsum_f32
 
 Array = jax.Array
 Dtype = Any

@@ -20,10 +20,7 @@ import sentencepiece as spm
 from absl import logging
 
 from flaxformer_nmt import errors
-
-PAD_ID: int = 0
-EOS_ID: int = 1
-UNK_ID: int = 2
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 
 MODEL_FILENAME = "spm.model"
 

@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flaxformer_nmt.config_lib import BEAM_STYLES
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.config.builders import BEAM_STYLES
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 
 Array = jax.Array
 Cache = Any  # a pytree; leaves are [rows, ...] or scalars shared by all rows

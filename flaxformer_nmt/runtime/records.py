@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from absl import logging
 
-from flaxformer_nmt import files
+from flaxformer_nmt.runtime import files
 
 RESULTS_LOG = "results.jsonl"
 

@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from flaxformer_nmt import errors, layers
-from flaxformer_nmt.model import TransformerConfig
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from flaxformer_nmt import errors
+from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.model import layers
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
+from flaxformer_nmt.model.transformer import TransformerConfig
 
 FORMATS = ("ctranslate2",)
 # Weight types CTranslate2 stores (its ACCEPTED_MODEL_TYPES); float32 keeps our weights exactly.

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from flaxformer_nmt import attention_layers, layers
+from flaxformer_nmt.model import attention as attention_layers
+from flaxformer_nmt.model import layers
 
 Array = jax.Array
 

@@ -9,7 +9,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flaxformer_nmt import errors, reporting  # noqa: E402
+from flaxformer_nmt import errors  # noqa: E402
+from flaxformer_nmt.runtime import records as reporting
 
 
 def read_dev_metrics(workdir: str) -> list[dict[str, float]]:

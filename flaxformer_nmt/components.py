@@ -17,19 +17,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import (
-  checkpoint_reader,
-  errors,
-  evaluate,
-  files,
-  optim,
-  parallel,
-  steps,
-  translate,
-)
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt import tokenizer as tokenizer_lib
-from flaxformer_nmt.model import Transformer, TransformerConfig, init_params
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
+from flaxformer_nmt.decoding import evaluation as evaluate
+from flaxformer_nmt.decoding import translator as translate
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.runtime import files, parallel
+from flaxformer_nmt.training import optim, steps
 
 
 def check_workdir(workdir: str) -> None:

@@ -28,16 +28,13 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import (
-  averaging,
-  checkpoint,
-  checkpoint_reader,
-  ensemble,
-  errors,
-  files,
-  parallel,
-)
-from flaxformer_nmt.tokenizer import MODEL_FILENAME
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
+from flaxformer_nmt.data.tokenizer import MODEL_FILENAME
+from flaxformer_nmt.decoding import ensemble
+from flaxformer_nmt.runtime import files, parallel
 
 RECORD = "init_from.json"
 
@@ -71,7 +68,7 @@ def _split(setting: str) -> tuple[str, str]:
 
 def check(config: ml_collections.ConfigDict, workdir: str) -> Source:
   """The checked source of config.init_from (the module docstring lists what is checked)."""
-  from flaxformer_nmt.run import check_checkpoint_fits  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.components import check_checkpoint_fits  # pylint: disable=g-import-not-at-top
 
   setting = config.init_from
   source_workdir, rule = _split(setting)

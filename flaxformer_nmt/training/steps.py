@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from flaxformer_nmt import losses
-from flaxformer_nmt.model import Transformer
+from flaxformer_nmt.model import losses
+from flaxformer_nmt.model.transformer import Transformer
 
 Array = jax.Array
 Batch = dict[str, Array]  # inputs, targets, *_position, *_segmentation: [rows, length] int32

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from flaxformer_nmt import sampling
-from flaxformer_nmt import search as search_lib
-from flaxformer_nmt.config_lib import BEAM_STYLES, DECODE_METHODS
-from flaxformer_nmt.model import Transformer, init_decode_cache
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.config.builders import BEAM_STYLES, DECODE_METHODS
+from flaxformer_nmt.decoding import sampling
+from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.model.transformer import Transformer, init_decode_cache
 
 Array = jax.Array
 

@@ -30,8 +30,8 @@ import numpy as np
 from absl import logging
 from sacrebleu.metrics import BLEU, CHRF
 
-from flaxformer_nmt import files, parallel
-from flaxformer_nmt.config_lib import COMPOUND_SPLITS
+from flaxformer_nmt.config.builders import COMPOUND_SPLITS
+from flaxformer_nmt.runtime import files, parallel
 
 # (source sentences, beam size) -> their translations: how a model is asked to translate.
 Translate = Callable[[Sequence[str], int], list[str]]

@@ -28,9 +28,10 @@ import numpy as np
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flaxformer_nmt import decode, layers  # noqa: E402
-from flaxformer_nmt.model import Transformer  # noqa: E402
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID  # noqa: E402
+from flaxformer_nmt.decoding import decode  # noqa: E402
+from flaxformer_nmt.model import layers
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID  # noqa: E402
+from flaxformer_nmt.model.transformer import Transformer  # noqa: E402
 
 KINDS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 PANEL_INCHES = 1.6  # side of one layer x head panel

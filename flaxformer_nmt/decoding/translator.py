@@ -28,8 +28,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import decode, files, parallel, reporting
-from flaxformer_nmt.tokenizer import EOS_ID, PAD_ID
+from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.runtime import files, parallel
+from flaxformer_nmt.runtime import records as reporting
 
 # ([batch, src_len] int32 source ids, [batch] int32 input line numbers (-1: filler row)) ->
 # the search's result (decode.decode_batch's, as numpy or jax arrays), or just the output ids

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_nmt import config_lib
+from flaxformer_nmt.config import builders as config_lib
 
 Array = jax.Array
 Dtype = Any

@@ -16,8 +16,10 @@ from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt import averaging, errors, files
-from flaxformer_nmt.tokenizer import MODEL_FILENAME
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.data.tokenizer import MODEL_FILENAME
+from flaxformer_nmt.runtime import files
 
 
 def vocabulary_path(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
@@ -60,7 +62,7 @@ def check_members(
 ) -> list[tuple[str, str]]:
   """(member workdir, resolved checkpoint choice) for each member; UserError naming the first
   member that is missing, has no checkpoint, another vocabulary or another architecture."""
-  from flaxformer_nmt.run import check_checkpoint_fits  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.components import check_checkpoint_fits  # pylint: disable=g-import-not-at-top
 
   ours = vocabulary_path(workdir, config)
   checked = []

@@ -40,7 +40,8 @@ from typing import Any
 
 from absl import logging
 
-from flaxformer_nmt import errors, files, parallel
+from flaxformer_nmt import errors
+from flaxformer_nmt.runtime import files, parallel
 
 LOCK_NAME = "train.lock"
 HEARTBEAT_S = 10.0

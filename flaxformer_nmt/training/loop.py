@@ -25,24 +25,18 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import (
-  best,
-  checkpoint,
-  checkpoint_reader,
-  errors,
-  files,
-  init_from,
-  optim,
-  parallel,
-  reporting,
-  steps,
-  workdir_lock,
-)
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt import evaluate as evaluate_lib
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import checkpointer as checkpoint
+from flaxformer_nmt.checkpoints import reader as checkpoint_reader
+from flaxformer_nmt.components import Run, check_resume_fits, prepare_workdir
 from flaxformer_nmt.data import prefetch
-from flaxformer_nmt.preemption import PreemptionGuard
-from flaxformer_nmt.run import Run, check_resume_fits, prepare_workdir
+from flaxformer_nmt.decoding import evaluation as evaluate_lib
+from flaxformer_nmt.runtime import files, parallel
+from flaxformer_nmt.runtime import records as reporting
+from flaxformer_nmt.training import best, init_from, optim, steps
+from flaxformer_nmt.training import lock as workdir_lock
+from flaxformer_nmt.training.preemption import PreemptionGuard
 
 
 def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:

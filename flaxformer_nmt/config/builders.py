@@ -1,0 +1,332 @@
+"""One table of model sizes and one builder for every experiment config.
+
+Experiment files in `configs/` are two lines: pick a size, pick the data. Keeping the sizes as data
+(not as copied config files) means Table 3 of the paper is readable in one place and a fix to the
+shared defaults reaches every experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.config.checks import (  # re-exported: config_lib.validate, ....
+  ATTENTIONS,
+  BEAM_STYLES,
+  COMPOUND_SPLITS,
+  DECODE_METHODS,
+  DROPOUT_RNGS,
+  DTYPES,
+  POSITIONALS,
+  SOURCES,
+  VOCAB_MODEL_TYPES,
+  validate,
+)
+
+__all__ = [
+  "ATTENTIONS",
+  "BEAM_STYLES",
+  "COMPOUND_SPLITS",
+  "DECODE_METHODS",
+  "DROPOUT_RNGS",
+  "DTYPES",
+  "POSITIONALS",
+  "SOURCES",
+  "VOCAB_MODEL_TYPES",
+  "validate",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """Architecture hyper-parameters of one row of the paper's Table 3 (or our small ones)."""
+
+  num_layers: int  # N, for encoder and decoder alike
+  d_model: int
+  d_ff: int
+  num_heads: int  # h; d_k = d_v = d_model / h
+  dropout_rate: float  # P_drop
+
+
+# Table 3 of Vaswani et al. (2017), plus small sizes for CPU runs. "Attention Is All You Need" base
+# and big rows are verbatim; d_k = d_v = d_model / h throughout.
+SIZES: dict[str, Size] = {
+  "base": Size(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout_rate=0.1),
+  "big": Size(num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3),
+  # Multi30k-sized model (29k pairs): see configs/multi30k.py for why.
+  "small": Size(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.3),
+  # The offline demo and the tests.
+  "tiny": Size(num_layers=2, d_model=128, d_ff=512, num_heads=4, dropout_rate=0.1),
+}
+
+
+def model_config(size: str) -> ml_collections.ConfigDict:
+  """The `config.model` block for a named size."""
+  if size not in SIZES:
+    _fail(f"Unknown model size {size!r}; choose one of {sorted(SIZES)}.")
+  s = SIZES[size]
+  return ml_collections.ConfigDict(
+    dict(
+      size=size,
+      num_layers=s.num_layers,
+      d_model=s.d_model,
+      d_ff=s.d_ff,
+      num_heads=s.num_heads,
+      dropout_rate=s.dropout_rate,
+      # The paper applies dropout to sub-layer outputs and embedding sums only.
+      attention_dropout_rate=0.0,
+      relu_dropout_rate=0.0,
+      pre_ln=False,  # The paper is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
+      positional="sinusoidal",  # or "learned" (Table 3 row E)
+      share_embeddings=True,  # source, target and pre-softmax share one matrix
+      max_len=256,  # longest sequence a learned positional table (or decode) supports
+      # Matrix products in "bfloat16" or "float32"; "auto": bfloat16 on TPUs and on GPUs from
+      # Ampere (A100, H100) on, float32 on CPUs and older GPUs. Parameters, Adam moments,
+      # layer norms, softmaxes, logits and the loss are float32 in every case.
+      dtype="auto",
+      remat=False,  # recompute each layer's activations in the backward pass (saves memory)
+      # How dropout masks are drawn: "threefry16" (two 16-bit masks per 32-bit draw: half the
+      # random-number work; the rate is rounded to 1/65536), "threefry" (jax.random.bernoulli),
+      # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See layers.py.
+      dropout_rng="threefry16",
+      # Which softmax attention trains and scores: "ours" (attention_layers.py: float32 scores
+      # and a hand-written backward) or "jax" (jax.nn.dot_product_attention: cuDNN's fused
+      # kernel on GPUs where it supports the shapes, XLA elsewhere; no attention dropout).
+      # Incremental decoding always runs ours.
+      attention="ours",
+    )
+  )
+
+
+def base_config(size: str) -> ml_collections.ConfigDict:
+  """Every field with the paper's default; experiment configs override data and schedule."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.num_train_steps = 100_000  # the paper's base model: 100k steps; big: 300k
+  # Also stop (with a checkpoint) after this many minutes of training, counted over the whole run
+  # (a resumed run continues the count saved in the checkpoint); 0 = no limit. Evaluation time does
+  # not count. For fixed-budget runs such as benchmarks/multi30k.sh.
+  c.max_train_minutes = 0.0
+  c.log_every_steps = 100
+  c.eval_every_steps = 1_000
+  c.checkpoint_every_steps = 1_000
+  c.checkpoint_every_secs = 0  # >0 also saves every this many seconds (the paper: 600)
+  c.keep_checkpoints = 20  # enough to average the last 20, as the paper's big model
+  c.skip_nonfinite = False  # True: skip a step whose loss or gradients are not finite
+  c.label_smoothing = 0.1  # eps_ls
+  # Fine-tuning: start from the parameters of this trained workdir (or its checkpoints/, averaged/
+  # or best/ folder) and reuse its vocabulary; step, Adam moments and data start fresh. "" = no.
+  c.init_from = ""
+  # After each dev evaluation that improves this figure ("dev_bleu": higher is better, "dev_loss":
+  # lower), its parameters go to <workdir>/best/ (--checkpoint=best). "" = off.
+  c.best_metric = ""
+  # Stop after this many dev evaluations in a row without improving best_metric (0 = never).
+  c.early_stopping_patience = 0
+
+  c.model = model_config(size)
+
+  c.optim = ml_collections.ConfigDict(
+    dict(
+      warmup_steps=4_000,
+      beta1=0.9,
+      beta2=0.98,
+      eps=1e-9,
+      lr_scale=1.0,  # multiplies the schedule
+      # "paper": warmup, then the inverse square root (Sec. 5.3); "constant": the same warmup,
+      # then its peak held (lr_scale * d_model^-0.5 * warmup^-0.5), for fine-tuning.
+      schedule="paper",
+      # Split each device's share of the batch into this many micro-batches, run one after
+      # another inside the step, their gradients summed: the same update with 1/k of the
+      # activation memory. data.tokens_per_batch stays the batch of one update.
+      accumulate_steps=1,
+      # > 0: also keep ema <- decay * ema + (1 - decay) * params after every update (float32, in
+      # the optimizer state), evaluated beside the raw parameters; --checkpoint=ema reads it.
+      # 0.9999 is Marian's smoothing for long runs; shorter runs want 0.999 or less.
+      ema_decay=0.0,
+    )
+  )
+
+  c.data = ml_collections.ConfigDict(
+    dict(
+      source="demo",  # "demo" | "tfds" | "files"
+      # TFDS: the builder's name; its supervised keys are (de, en) / (fr, en).
+      tfds_name="wmt14_translate/de-en",
+      tfds_data_dir="",  # "" = TFDS default
+      train_split="train",
+      dev_split="validation",  # newstest2013
+      test_split="test",  # newstest2014
+      src_lang="en",
+      tgt_lang="de",
+      # Local files: <dir>/<prefix>.<lang>[.gz], or a .tsv via <prefix>.tsv.
+      dir="",
+      # Where --mode=prepare downloads the files into `dir` from (Multi30k only: its files'
+      # checksums are recorded in data/download.py); "" = the files are already there.
+      url="",
+      # Multi30k test sets fetched besides test_prefix's: comma-separated names of
+      # data/download.py's MULTI30K_EXTRA_TEST_SETS, or "all".
+      extra_test_sets="",
+      train_prefix="train",
+      dev_prefix="val",
+      test_prefix="test",
+      # Vocabulary (SentencePiece, shared by both languages).
+      vocab_size=37_000,
+      vocab_model_type="bpe",
+      vocab_sample_size=1_000_000,  # sentences per language used to train it
+      vocab_path="",  # "" = <workdir>/spm.model, trained when absent
+      # Batching: a global budget of source tokens and of target tokens per update, over all
+      # devices of all processes (and all micro-batches, see optim.accumulate_steps).
+      tokens_per_batch=25_000,
+      max_len=256,  # pairs with either side longer (in tokens) are dropped and counted
+      # Training batches packed ahead in a background thread (data/prefetch.py), while the
+      # device computes; 0 = pack each in the training loop.
+      prefetch_batches=2,
+      # Demo generator sizes.
+      demo_train_size=200_000,
+      demo_dev_size=500,
+      demo_test_size=1_000,
+      demo_seed=0,  # the demo corpus's own seed, so runs that differ in `seed` share data
+    )
+  )
+
+  c.decode = ml_collections.ConfigDict(
+    dict(
+      beam_size=4,
+      alpha=0.6,  # length penalty ((5 + len) / 6) ** alpha
+      # "t2t": K live hypotheses from the top 2K plus the K best finished, as tensor2tensor (which
+      # gave the paper's BLEU); "shrinking": a finished hypothesis keeps its slot, so the live
+      # beam shrinks (beam 1 is then exactly greedy). See search.py.
+      beam_style="shrinking",
+      max_len_offset=50,  # maximum output length = input length + this
+      batch_size=64,  # sentences per device in a decoding batch (all devices decode)
+      # --mode=translate's search: "beam" (beam_size; 1 = greedy), "greedy", or "sample" (each
+      # token drawn from the model's distribution; for back-translation). Eval and the dev BLEU
+      # during training always score greedy and beam output.
+      method="beam",
+      # Sampling (sampling.py): log-probabilities divided by temperature (> 0), then only the
+      # top_k most likely tokens (0 = all), then the smallest set reaching top_p (1.0 = all).
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      seed=0,  # sampling's seed: the same seed and input give the same samples on any devices
+      # --alignments: the decoder layer whose cross-attention (averaged over heads) aligns words;
+      # negative counts from the top. The last one aligned best on the demo and Multi30k models
+      # (docs/decoding.md shows both layers' alignments).
+      alignment_layer=-1,
+    )
+  )
+
+  c.eval = ml_collections.ConfigDict(
+    dict(
+      dev_bleu_sentences=256,  # dev sentences decoded at each eval during training
+      dev_bleu_beam_size=1,  # greedy during training to keep evals cheap
+      # Tokenized BLEU's ##AT## compound split (t2t's EN-DE script): "auto" = for German targets
+      # only (EN-FR's tokenized BLEU is Moses + multi-bleu without it), "on", "off".
+      compound_split="auto",
+    )
+  )
+  return c
+
+
+# WMT14 pairs as the paper ran them: TFDS builder, direction, shared word-piece vocabulary size.
+WMT14_PAIRS: dict[str, tuple[str, str, str, int]] = {
+  "en-de": ("wmt14_translate/de-en", "en", "de", 37_000),
+  "en-fr": ("wmt14_translate/fr-en", "en", "fr", 32_000),
+}
+# Where a WMT14 config reads its data: `--config=configs/wmt14_ende_base.py:files`.
+WMT14_DATA = ("tfds", "files")
+# Steps between the checkpoints that get averaged: the paper saved every 10 minutes, which on its
+# 8 P100s was ~1,400 steps of the base model (100k steps in 12 hours) and ~600 of the big one
+# (300k steps in 3.5 days). Saving by steps keeps "the last 5 / 20" the paper's window on any
+# hardware; by wall clock it would cover several times more steps on a fast machine.
+WMT14_CHECKPOINT_EVERY_STEPS = {"base": 1_500, "big": 600}
+
+
+def wmt14_config(size: str, pair: str, data: str = "tfds") -> ml_collections.ConfigDict:
+  """The paper's WMT14 set-up (Sec. 5 and 6.1), as tensor2tensor ran it.
+
+  TFDS data (or, with `data="files"`, the user's text files: `<data.dir>/train.<lang>`, and
+  newstest2013 / newstest2014 as dev / test), the pair's shared vocabulary, 25,000 source and
+  target tokens per update, 100k (base) or 300k (big) steps, checkpoints every 1,500 (base) or 600
+  (big) steps so the last 5 / 20 averaged span the paper's window, and t2t's beam search.
+  """
+  if pair not in WMT14_PAIRS:
+    _fail(f"Unknown WMT14 pair {pair!r}; choose one of {sorted(WMT14_PAIRS)}.")
+  if data not in WMT14_DATA:
+    _fail(f"Unknown WMT14 data {data!r} (after the config file's ':'); choose one of {WMT14_DATA}.")
+  tfds_name, src, tgt, vocab = WMT14_PAIRS[pair]
+  c = base_config(size)
+  c.data.source = "tfds"
+  c.data.tfds_name = tfds_name
+  if data == "files":
+    c.data.source = "files"
+    c.data.dir = ""  # --config.data.dir=DIR: required
+    c.data.train_prefix, c.data.dev_prefix, c.data.test_prefix = (
+      "train",
+      "newstest2013",
+      "newstest2014",
+    )
+  c.data.src_lang, c.data.tgt_lang = src, tgt
+  c.data.vocab_size = vocab
+  c.num_train_steps = 100_000 if size == "base" else 300_000
+  c.checkpoint_every_steps = WMT14_CHECKPOINT_EVERY_STEPS.get(size, 1_500)
+  c.checkpoint_every_secs = 0
+  c.decode.beam_style = "t2t"
+  return c
+
+
+# Table 3 of the paper: variations of the base model on EN-DE, scored on newstest2013 (dev) with
+# beam search and no checkpoint averaging. Each row: the config fields it changes, and the
+# parameter count the paper gives (millions; rows (A) and (D) leave the base's 65M). Row (B),
+# a key size d_k other than d_model / h, is not expressible here: d_k = d_model / h throughout.
+TABLE3: dict[str, tuple[dict[str, object], int]] = {
+  "A1": ({"model.num_heads": 1}, 65),  # d_k = d_v = 512
+  "A2": ({"model.num_heads": 4}, 65),  # 128
+  "A3": ({"model.num_heads": 16}, 65),  # 32
+  "A4": ({"model.num_heads": 32}, 65),  # 16
+  "C1": ({"model.num_layers": 2}, 36),
+  "C2": ({"model.num_layers": 4}, 50),
+  "C3": ({"model.num_layers": 8}, 80),
+  "C4": ({"model.d_model": 256}, 28),  # d_k = 32
+  "C5": ({"model.d_model": 1024}, 168),  # d_k = 128
+  "C6": ({"model.d_ff": 1024}, 53),
+  "C7": ({"model.d_ff": 4096}, 90),
+  "D1": ({"model.dropout_rate": 0.0}, 65),
+  "D2": ({"model.dropout_rate": 0.2}, 65),
+  "D3": ({"label_smoothing": 0.0}, 65),
+  "D4": ({"label_smoothing": 0.2}, 65),
+  "E": ({"model.positional": "learned"}, 65),
+}
+
+
+def set_field(config: ml_collections.ConfigDict, path: str, value: object) -> None:
+  """config.<path> = value for a dotted path ("model.d_ff"); a ConfigError names a missing field."""
+  *groups, field = path.split(".")
+  node = config
+  for depth, group in enumerate(groups):
+    if group not in node:
+      _fail(f"config has no group {'.'.join(groups[: depth + 1])!r}.")
+    node = node[group]
+  if field not in node:
+    _fail(f"config has no field {path!r}.")
+  node[field] = value
+
+
+def wmt14_table3_config(row: str, data: str = "tfds") -> ml_collections.ConfigDict:
+  """One row of Table 3: the base EN-DE recipe with that row's change, evaluated on newstest2013
+  (`--mode=eval` scores the dev split) from the last checkpoint, as the paper's table."""
+  if row not in TABLE3:
+    _fail(f"Unknown Table 3 row {row!r}; choose one of {sorted(TABLE3)} (row B is not supported).")
+  c = wmt14_config("base", "en-de", data)
+  for path, value in TABLE3[row][0].items():
+    set_field(c, path, value)
+  if data == "tfds":
+    c.data.test_split = c.data.dev_split  # newstest2013
+  else:
+    c.data.test_prefix = c.data.dev_prefix
+  return c
+
+
+def _fail(message: str) -> None:
+  raise errors.ConfigError(message)

@@ -1,0 +1,1 @@
+"""Exporting a trained model for other inference engines (CTranslate2)."""
