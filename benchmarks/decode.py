@@ -20,11 +20,12 @@ and the same sources decoded there with the same beam and exactly the same numbe
 --ct2_threads threads; the report adds its sentences/s and our ratio to it. The last line is JSON.
 
 `--target=tpu:v4|v5e|v5p|v6e` runs nothing: it compiles the same program for one chip of that TPU
-(libtpu, no TPU needed) and reports the TPU compiler's estimate (flaxformer_nmt/tpu_estimate.py)
-of one search step and of the encoder, and from them sentences/s. The cost model counts a loop body
-once, so the search's `while_loop` is compiled twice with its body run in line: two steps and three
-(the compiler simplifies the first step, whose beams and cache it knows to be empty); a step is the
-difference, and a batch is the two-step program plus the remaining steps at that rate.
+(libtpu, no TPU needed) and reports the TPU compiler's estimate
+(flaxformer_nmt/benchmarking/tpu_estimate.py) of one search step and of the encoder, and from them
+sentences/s. The cost model counts a loop body once, so the search's `while_loop` is compiled twice
+with its body run in line: two steps and three (the compiler simplifies the first step, whose beams
+and cache it knows to be empty); a step is the difference, and a batch is the two-step program plus
+the remaining steps at that rate.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.decoding import decode, sampling
+from flaxformer_nmt.config import choices
+from flaxformer_nmt.decoding import beam_search, decode, token_loop
 from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.model.tokens import EOS_ID
 from flaxformer_nmt.model.transformer import (
@@ -59,7 +61,10 @@ _SRC_LEN = flags.DEFINE_integer("src_len", 24, "Source length in tokens, EOS inc
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty.")
 _STYLE = flags.DEFINE_enum(
-  "beam_style", "shrinking", list(config_lib.BEAM_STYLES), "Beam search style (search.py)."
+  "beam_style",
+  "shrinking",
+  list(choices.BEAM_STYLES),
+  "Beam search style (decoding/beam_search.py).",
 )
 _OFFSET = flags.DEFINE_integer("max_len_offset", 50, "Output length = source length + this.")
 _DTYPE = flags.DEFINE_string("dtype", "", "Matrix-product dtype; empty = the config's ('auto').")
@@ -70,7 +75,7 @@ _CT2_THREADS = flags.DEFINE_integer("ct2_threads", 2, "CTranslate2 intra-op thre
 _CT2_QUANT = flags.DEFINE_string("ct2_quantization", "float32", "CTranslate2 weight type.")
 _TARGET = flags.DEFINE_string("target", "host", "host (run it here), or tpu:<chip> (estimate).")
 _METHOD = flags.DEFINE_enum(
-  "method", "beam", list(config_lib.DECODE_METHODS), "Search: beam (--beam_size), greedy, sample."
+  "method", "beam", list(choices.DECODE_METHODS), "Search: beam (--beam_size), greedy, sample."
 )
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--method=sample).")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling's top-k (0 = off).")
@@ -140,7 +145,7 @@ def decode_fixed(
 
 
 class _LaxWithLoop:
-  """jax.lax as search.py sees it, with its while_loop replaced (for estimate_on_tpu)."""
+  """jax.lax as the searches see it, with its while_loop replaced (for estimate_on_tpu)."""
 
   def __init__(self, while_loop) -> None:
     self.while_loop = while_loop
@@ -173,8 +178,8 @@ def estimate_on_tpu(model: Transformer, params, inputs, search, steps: int) -> d
     ("three_steps", lambda cond, body, init: body(body(body(init)))),
   ):
     fn = functools.partial(decode_fixed.__wrapped__, model, search=search)
-    with mock.patch.object(search_lib, "lax", _LaxWithLoop(loop)):
-      with mock.patch.object(sampling, "lax", _LaxWithLoop(loop)):
+    with mock.patch.object(token_loop, "lax", _LaxWithLoop(loop)):
+      with mock.patch.object(beam_search, "lax", _LaxWithLoop(loop)):
         compiled = jax.jit(fn).lower(*abstract).compile()
     results[name] = te.estimate(compiled, 0.0, chip)
   two, three = results["two_steps"]["est_ms"], results["three_steps"]["est_ms"]

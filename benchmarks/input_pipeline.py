@@ -32,6 +32,7 @@ from absl import app, flags, logging
 
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline
+from flaxformer_nmt.workdir import Workdir
 
 _DATA_DIR = flags.DEFINE_string(
   "data_dir", None, "Folder of <prefix>.<lang>[.gz] files.", required=True
@@ -94,7 +95,7 @@ def _worker(args: tuple) -> tuple[int, float]:
   flags.FLAGS(flag_values, known_only=True)
   logging.set_verbosity(logging.WARNING)
   data = pipeline.make_data(
-    _config(), workdir, _NUM_DEVICES.value, process_index=index, process_count=count
+    _config(), Workdir(workdir), _NUM_DEVICES.value, process_index=index, process_count=count
   )
   _, tgt_tokens, _, elapsed = _time_batches(data.train, _NUM_BATCHES.value)
   return tgt_tokens, elapsed
@@ -128,7 +129,9 @@ def main(argv: list[str]) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     workdir = _WORKDIR.value or tmp
     start = time.perf_counter()
-    data = pipeline.make_data(config, workdir, _NUM_DEVICES.value, process_index=0, process_count=1)
+    data = pipeline.make_data(
+      config, Workdir(workdir), _NUM_DEVICES.value, process_index=0, process_count=1
+    )
     setup_s = time.perf_counter() - start
 
     src_tokens, tgt_tokens, cells, elapsed = _time_batches(data.train, _NUM_BATCHES.value)

@@ -4,19 +4,20 @@ r"""Estimated training time of the paper's WMT14 recipes (Table 2), from FLOPs a
   python benchmarks/recipe_cost.py --mfu=0.3
   python benchmarks/recipe_cost.py --tpu_estimate  # TPUs: the TPU compiler's own step estimate
 
-An estimate, not a measurement: steps x the analytic FLOPs of one step (flaxformer_nmt/flops.py, the
-count train_step.py checks against XLA's cost analysis) / (devices x dense bf16 peak x MFU). The
-MFU is an assumption (the flag); measure yours with `python benchmarks/train_step.py --size=base`
-on the device and pass it. Evaluation and checkpointing time are not included, nor what keeps a
-fast machine from its compute: 25,000 tokens split 8 ways is ~3,100 tokens per device, a step of
-a few milliseconds on an H100, which needs the input pipeline to feed ~10M tokens/s and leaves
-launch overheads exposed.
+An estimate, not a measurement: steps x the analytic FLOPs of one step
+(flaxformer_nmt/benchmarking/flops.py, the count train_step.py checks against XLA's cost analysis) /
+(devices x dense bf16 peak x MFU). The MFU is an assumption (the flag); measure yours with `python
+benchmarks/train_step.py --size=base` on the device and pass it. Evaluation and checkpointing time
+are not included, nor what keeps a fast machine from its compute: 25,000 tokens split 8 ways is
+~3,100 tokens per device, a step of a few milliseconds on an H100, which needs the input pipeline to
+feed ~10M tokens/s and leaves launch overheads exposed.
 
 With --tpu_estimate (libtpu needed, no TPU), the TPU machines' hours come instead from the TPU
-compiler's estimate of the real step (benchmarks/step_estimate.py, flaxformer_nmt/tpu_estimate.py)
-for one chip holding its share of the batch (25,000 / chips tokens, rows of 256): steps x that
-estimate. Still an estimate: the gradient all-reduce between chips, evaluation and checkpoints are
-not in it. GPUs keep the assumed MFU (no GPU compiler runs without a GPU). Last line: JSON.
+compiler's estimate of the real step (benchmarks/step_estimate.py,
+flaxformer_nmt/benchmarking/tpu_estimate.py) for one chip holding its share of the batch (25,000 /
+chips tokens, rows of 256): steps x that estimate. Still an estimate: the gradient all-reduce
+between chips, evaluation and checkpoints are not in it. GPUs keep the assumed MFU (no GPU compiler
+runs without a GPU). Last line: JSON.
 """
 
 from __future__ import annotations

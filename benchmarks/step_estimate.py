@@ -1,8 +1,8 @@
 """The train step's TPU time as the TPU compiler estimates it, whole and by part (no TPU needed).
 
 Used by `benchmarks/train_step.py --target=tpu:<chip>`; the method and its limits are in
-flaxformer_nmt/tpu_estimate.py and docs/performance.md. Every piece is compiled from shapes only
-(jax.eval_shape), for one chip holding the whole batch:
+flaxformer_nmt/benchmarking/tpu_estimate.py and docs/performance.md. Every piece is compiled from
+shapes only (jax.eval_shape), for one chip holding the whole batch:
 
   step              the real steps.train_step: forward, backward, gradient norm, Adam update
   forward           the training forward pass and the loss (dropout on), no gradient

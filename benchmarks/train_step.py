@@ -9,13 +9,13 @@ r"""Train-step throughput and memory for a model size at a fixed token budget pe
 Times the real pmapped train step (steps.train_step over all local devices) on a packed random
 batch of `tokens_per_step` target tokens (and as many source tokens), after a compile warm-up.
 
-MFU: the step's FLOPs are counted analytically (flaxformer_nmt/flops.py: every matrix product,
-backward = 2x forward) and checked against XLA's cost analysis of the compiled step (reported as
-`xla_to_analytic_flops`; XLA also counts element-wise work, so it comes out a little higher). The
-peak is *measured in the same process*: the best of several large square matrix products in the
-step's dtype (float32 on CPUs, bfloat16 on accelerators), so `mfu` says how much of what this
-machine actually delivers the step uses. `mfu_nominal` divides by the vendor's dense bf16 peak
-where the device is known (or --peak_tflops).
+MFU: the step's FLOPs are counted analytically (flaxformer_nmt/benchmarking/flops.py: every matrix
+product, backward = 2x forward) and checked against XLA's cost analysis of the compiled step
+(reported as `xla_to_analytic_flops`; XLA also counts element-wise work, so it comes out a little
+higher). The peak is *measured in the same process*: the best of several large square matrix
+products in the step's dtype (float32 on CPUs, bfloat16 on accelerators), so `mfu` says how much of
+what this machine actually delivers the step uses. `mfu_nominal` divides by the vendor's dense bf16
+peak where the device is known (or --peak_tflops).
 
 Memory: XLA's compiled memory analysis of the step (per device) and, on Linux, the process's peak
 resident memory while the timed steps ran (the high-water mark is reset after the warm-up, so

@@ -7,11 +7,11 @@ and compounding, so the model must learn real attention. A tiny model (2+2 layer
 trains in a few minutes on a 2-core CPU and reports greedy and beam-4 sacreBLEU on held-out data.
 """
 
-from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import builders
 
 
 def get_config():
-  c = config_lib.base_config("tiny")
+  c = builders.base_config("tiny")
   c.data.source = "demo"
   # 400 pieces split numbers into their parts (fünf|hundert|acht|zig), which the model composes;
   # at 1,000 BPE glues parts together and learning is markedly slower.

@@ -23,12 +23,12 @@ this model, i.e. about 7 epochs of Multi30k in an hour):
 - Checkpoints every 100 steps (~2.5 minutes), 10 kept, so the last 5 can be averaged.
 """
 
-from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import builders
 from flaxformer_nmt.data import download
 
 
 def get_config():
-  c = config_lib.base_config("small")
+  c = builders.base_config("small")
   c.model.dropout_rate = 0.1
   c.data.source = "files"
   c.data.dir = "data/multi30k"  # relative to the working directory; --mode=prepare fills it

@@ -13,8 +13,8 @@ your own text files with `--config=configs/wmt14_ende_base.py:files --config.dat
 (train.en/.de, newstest2013.en/.de, newstest2014.en/.de). See "Reproducing Table 2" in README.md.
 """
 
-from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import builders
 
 
 def get_config(data: str = "tfds"):
-  return config_lib.wmt14_config("base", "en-de", data)
+  return builders.wmt14_config("base", "en-de", data)

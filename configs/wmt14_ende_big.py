@@ -13,8 +13,8 @@ and the last 20 averaged; t2t's beam search. `:files` reads your own text files,
 wmt14_ende_base.py.
 """
 
-from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import builders
 
 
 def get_config(data: str = "tfds"):
-  return config_lib.wmt14_config("big", "en-de", data)
+  return builders.wmt14_config("big", "en-de", data)

@@ -12,10 +12,10 @@ multi-bleu *without* the ##AT## compound split, which belongs to t2t's EN-DE scr
 `:files` reads your own text files (train.en/.fr, newstest2013.*, newstest2014.*).
 """
 
-from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import builders
 
 
 def get_config(data: str = "tfds"):
-  c = config_lib.wmt14_config("big", "en-fr", data)
+  c = builders.wmt14_config("big", "en-fr", data)
   c.model.dropout_rate = 0.1
   return c

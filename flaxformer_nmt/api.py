@@ -21,11 +21,9 @@ from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt import errors, modes
-from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.config import loading as config_files
-
-CHECKPOINTS = ("auto", "latest", "averaged", "best", "ema")  # checkpoint.WHICH
+from flaxformer_nmt import modes
+from flaxformer_nmt.config import builders, loading
+from flaxformer_nmt.config.choices import CHECKPOINTS  # noqa: F401  (the checkpoint= choices)
 
 
 def load_config(
@@ -37,16 +35,16 @@ def load_config(
   overrides: {"num_train_steps": 300, "model.dtype": "float32", ...}, the dotted names of
   `--config.<name>=value`. An unknown name is a ConfigError naming it; the result is validated.
   """
-  config = config_files.load(name_or_path)
+  config = loading.load(name_or_path)
   for name, value in (overrides or {}).items():
-    config_lib.set_field(config, name, value)
-  config_lib.validate(config)
+    builders.set_field(config, name, value)
+  builders.validate(config)
   return config
 
 
-def _check_checkpoint(checkpoint: str) -> None:
-  if checkpoint not in CHECKPOINTS:
-    raise errors.ConfigError(f"checkpoint={checkpoint!r}; choose one of {list(CHECKPOINTS)}.")
+def _members(ensemble: Sequence[str] | str) -> tuple[str, ...]:
+  """The ensemble's other workdirs; one string is one workdir (not its characters)."""
+  return (ensemble,) if isinstance(ensemble, str) else tuple(ensemble)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -63,12 +61,11 @@ def evaluate(
   config: ml_collections.ConfigDict,
   workdir: str,
   checkpoint: str = "auto",
-  ensemble: Sequence[str] = (),
+  ensemble: Sequence[str] | str = (),
 ) -> dict[str, Any]:
   """Test BLEU (sacreBLEU and tokenized) and chrF, greedy and the configured beam; of the
   ensemble of `workdir`'s model and those of the `ensemble` workdirs, if any."""
-  _check_checkpoint(checkpoint)
-  return modes.evaluate(config, workdir, checkpoint, tuple(ensemble))
+  return modes.evaluate(config, workdir, checkpoint, _members(ensemble))
 
 
 def translate(
@@ -76,7 +73,7 @@ def translate(
   workdir: str,
   lines: Sequence[str],
   checkpoint: str = "auto",
-  ensemble: Sequence[str] = (),
+  ensemble: Sequence[str] | str = (),
 ) -> list[str]:
   """One translation per line, with config.decode's search (method, beam, sampling)."""
   return [hyps[0].text for hyps in translate_nbest(config, workdir, lines, 1, checkpoint, ensemble)]
@@ -88,19 +85,18 @@ def translate_nbest(
   lines: Sequence[str],
   nbest: int,
   checkpoint: str = "auto",
-  ensemble: Sequence[str] = (),
+  ensemble: Sequence[str] | str = (),
   alignments: bool = False,
 ) -> list[list[Any]]:
-  """`nbest` hypotheses per line, best first: translate.Hypothesis(text, score, alignment).
+  """`nbest` hypotheses per line, best first: translator.Hypothesis(text, score, alignment).
 
   Beam search gives its n best (nbest <= config.decode.beam_size); config.decode.method="sample"
   gives n samples. `alignments` adds Pharaoh word alignments ("i-j" pairs, 0-based).
   """
-  _check_checkpoint(checkpoint)
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
-  outputs = modes.Outputs(nbest, alignments, tuple(ensemble))
-  hyps, _, _ = modes.translate_lines(config, workdir, checkpoint, list(lines), outputs)
+  outputs = modes.Outputs(nbest, alignments, _members(ensemble))
+  hyps, _, _ = modes.translate_hypotheses(config, workdir, checkpoint, list(lines), outputs)
   return hyps
 
 
@@ -123,7 +119,6 @@ def export(
   checkpoint: str = "auto",
 ) -> dict[str, Any]:
   """A CTranslate2 model directory in `output` (needs `pip install -e ".[export]"`)."""
-  _check_checkpoint(checkpoint)
   return modes.export(config, workdir, checkpoint, "ctranslate2", output, quantization)
 
 
@@ -136,7 +131,6 @@ def attention(
 ) -> dict[str, Any]:
   """Attention heatmaps and the positional-encoding picture (PNG) in `output`
   (default <workdir>/attention); the result lists the files."""
-  _check_checkpoint(checkpoint)
   return modes.attention(
     config, workdir, checkpoint, text, output or os.path.join(workdir, "attention")
   )

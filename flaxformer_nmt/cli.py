@@ -29,6 +29,7 @@ from ml_collections import config_flags
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import loading as config_files
+from flaxformer_nmt.config.choices import CHECKPOINTS
 
 config_flags.DEFINE_config_file(
   "config",
@@ -82,18 +83,12 @@ flags.DEFINE_bool(
 flags.DEFINE_enum(
   "checkpoint",
   "auto",
-  [
-    "auto",
-    "latest",
-    "averaged",
-    "best",
-    "ema",
-  ],  # checkpoint.WHICH (not imported: --help stays fast)
-  "eval/translate/export/attention/average: which parameters. auto = averaged if present (and "
-  "not older than the latest), else latest; best = config.best_metric's best evaluation "
-  "(<workdir>/best); "
-  "ema = the parameter average of the latest checkpoint (config.optim.ema_decay > 0). average: "
-  "the K checkpoints up to the best step (best), or their parameter averages (ema).",
+  list(CHECKPOINTS),
+  "eval/translate/export/attention/average: which parameters. auto = the average written last "
+  "unless training saved a newer checkpoint since, else latest; averaged = the average written "
+  "last; best = config.best_metric's best evaluation (<workdir>/best); ema = the parameter "
+  "average of the latest checkpoint (config.optim.ema_decay > 0). average: the K checkpoints up "
+  "to the best step (best), or their parameter averages (ema).",
 )
 flags.DEFINE_enum(
   "distributed",

@@ -1,13 +1,16 @@
-"""What each `--mode` of main.py does, in terms of the library's pieces.
+"""What each `--mode` does, in terms of the stages: every mode reads downward from here.
 
-Each mode validates the config and checks its inputs before any expensive work, reads only the
-data it needs (`Run(data=...)`), ends by writing its figures (`reporting.write_result`), and
-returns them (for `api.py`).
+Each mode starts the same way (`_begin`: the config's rules, the workdir, the accelerator check),
+asks the `Workdir` which checkpoint and files it will use and checks its outputs before any
+expensive work, builds the command's one `Components`, reads only the data it needs, ends by
+writing its figures into the workdir, and returns them (for `api.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,22 +18,34 @@ import jax
 import ml_collections
 from absl import logging
 
+from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import averaging
-from flaxformer_nmt.components import Run, check_checkpoint_fits, check_workdir
-from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.decoding import decode, ensemble
-from flaxformer_nmt.runtime import accelerators, files, parallel
-from flaxformer_nmt.runtime import records as reporting
+from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.config import checks
+from flaxformer_nmt.decoding import evaluation, translator
+from flaxformer_nmt.decoding.model_step import Ensemble
+from flaxformer_nmt.runtime import accelerators, files, parallel, records
+from flaxformer_nmt.workdir import Workdir
+
+
+def _begin(config: ml_collections.ConfigDict, workdir: str) -> Workdir:
+  """What every mode does first: the config's rules, the workdir's, and the one warning line
+  when a GPU or TPU is visible but JAX runs on the CPU."""
+  checks.validate(config)
+  run = Workdir(workdir)
+  run.check()
+  accelerators.warn_if_unused()
+  return run
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (or resumes, or returns a finished run's saved figures); see train.py."""
-  from flaxformer_nmt.training import loop as train_lib  # the training loop: this mode only
+  """Trains (or resumes, or returns a finished run's saved figures); see training/loop.py."""
+  from flaxformer_nmt.training import loop  # the training loop: this mode only
 
-  config_lib.validate(config)
-  check_workdir(workdir)
-  saved = train_lib.finished_result(config, workdir)
+  run = _begin(config, workdir)
+  saved = loop.finished_result(config, run)
   if saved is not None:
     # A rerun of a finished command (a notebook cell after a runtime reset, a repeated job): its
     # saved figures, with nothing trained, decoded or written again, and no lock to wait for.
@@ -40,40 +55,58 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       workdir,
       saved["step"],
     )
-    reporting.print_result(saved)
+    records.print_result(saved)
     return saved
-  accelerators.warn_if_unused()
-  result = train_lib.train_and_evaluate(config, workdir)
-  reporting.write_result(workdir, result)
+  result = loop.train_and_evaluate(config, run)
+  run.write_result(result)
   return result
 
 
-def _inference_run(
-  config: ml_collections.ConfigDict,
-  workdir: str,
-  which: str,
-  data: str,
-  members: Sequence[str] = (),
-) -> tuple[Run, object, str]:
-  """(the Run, the parameters, where they came from) for an inference mode. With `members`
-  (--ensemble), the parameters are a decode.Ensemble of --workdir's model and theirs."""
-  config_lib.validate(config)
-  check_workdir(workdir)
-  accelerators.warn_if_unused()
-  requested, which = which, averaging.resolve_inference_source(workdir, which)  # fails early
-  check_checkpoint_fits(config, workdir, averaging.inference_dir(workdir, which))
-  # Each member applies the requested rule in its own workdir ("auto": its own averaged or not).
-  checked = ensemble.check_members(config, workdir, members, requested) if members else []
-  run = Run(config, workdir, data=data)
-  params, description = averaging.load_inference_params(workdir, run.abstract_params(), which)
-  if checked:
-    loaded = ensemble.load_members(checked, run.abstract_params())
-    params = decode.Ensemble((params, *(p for p, _ in loaded)))
-    description = f"ensemble of {len(loaded) + 1} models: " + "; ".join(
-      [description, *(f"{m}: {d}" for (m, _), (_, d) in zip(checked, loaded, strict=True))]
-    )
+@dataclasses.dataclass(frozen=True)
+class Inference:
+  """What an inference mode loaded: the command's Components, the parameters (an Ensemble with
+  --ensemble), a line saying where they came from, and a tag for output file names."""
+
+  components: Components
+  params: Any
+  description: str
+  tag: str
+
+
+def _load(
+  config: ml_collections.ConfigDict, run: Workdir, which: str, members: Sequence[str] = ()
+) -> Inference:
+  """The parameters `which` names (and, with `members`, each member's by the same rule in its
+  own workdir), checked against the model before any of them is read."""
+  location = run.resolve(which)
+  resolved = run.resolve_members(members, which, config) if members else []
+  components = Components.load(config, run)
+  params_lib.check_fits(location.directory, components.abstract_params)
+  for member, member_location in resolved:
+    try:
+      params_lib.check_fits(member_location.directory, components.abstract_params)
+    except errors.UserError as e:
+      raise type(e)(f"--ensemble member {member.path}: {e}") from e
+  params, description = params_lib.load(location, components.abstract_params)
+  tag = description.split()[0]  # e.g. "averaged" or "step1000"
+  if resolved:
+    loaded = [params_lib.load(loc, components.abstract_params) for _, loc in resolved]
+    params = Ensemble((params, *(p for p, _ in loaded)))
+    parts = [
+      description,
+      *(f"{m.path}: {d}" for (m, _), (_, d) in zip(resolved, loaded, strict=True)),
+    ]
+    description = f"ensemble of {len(parts)} models: " + "; ".join(parts)
+    tag = ensemble_tag(which, parts)
   logging.info("Using %s.", description)
-  return run, params, description
+  return Inference(components, params, description, tag)
+
+
+def ensemble_tag(which: str, parts: Sequence[str]) -> str:
+  """The name an ensemble's output files carry: its size, the rule, and a digest of what each
+  member loaded (its checkpoint's path and step), so two ensembles never share file names."""
+  digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+  return f"ensemble{len(parts)}_{which}_{digest[:8]}"
 
 
 def evaluate(
@@ -81,13 +114,24 @@ def evaluate(
 ) -> dict[str, Any]:
   """BLEU and chrF of the test set (greedy and the configured beam); last line JSON. With
   `members` (--ensemble), of the ensemble of --workdir's model and theirs."""
-  run, params, description = _inference_run(config, workdir, which, "test", members)
-  tag = description.split()[0]  # e.g. "averaged" or "step1000"
-  if members:
-    tag = f"ensemble{len(members) + 1}_{which}"
-  result = {"mode": "eval", "checkpoint": description}
-  result.update(run.test_scores(params, tag))
-  reporting.write_result(workdir, result)
+  run = _begin(config, workdir)
+  loaded = _load(config, run, which, members)
+  data = data_lib.make_data(
+    config,
+    run,
+    num_devices=jax.device_count(),
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    need_train=False,
+    accumulate_steps=config.optim.accumulate_steps,
+    eval_splits=("test",),
+    tokenizer=loaded.components.tokenizer,
+  )
+  result: dict[str, Any] = {"mode": "eval", "checkpoint": loaded.description}
+  result.update(
+    evaluation.score_test_set(loaded.components, loaded.params, data, run.eval_dir, loaded.tag)
+  )
+  run.write_result(result)
   return result
 
 
@@ -132,31 +176,24 @@ def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
   return rows
 
 
-def translate_lines(
+def translate_hypotheses(
   config: ml_collections.ConfigDict,
   workdir: str,
   which: str,
   lines: list[str],
   outputs: Outputs = Outputs(),
 ) -> tuple[list[list[Any]], dict[str, Any], str]:
-  """(each line's translate.Hypothesis list, speed figures, which parameters) of `lines`, with
+  """(each line's translator.Hypothesis list, speed figures, which parameters) of `lines`, with
   config.decode's search."""
-  from flaxformer_nmt.decoding import translator as translate_lib
-
   outputs.check(config)
-  run, params, description = _inference_run(config, workdir, which, "none", outputs.members)
-  translator = translate_lib.make_translator(
-    run.tokenizer,
-    run.model,
-    params,
-    config.decode,
-    max_src_len=config.data.max_len,
-    nbest=outputs.nbest,
-    alignments=outputs.alignments,
+  run = _begin(config, workdir)
+  loaded = _load(config, run, which, outputs.members)
+  decoder = translator.translator_for(
+    loaded.components, loaded.params, nbest=outputs.nbest, alignments=outputs.alignments
   )
-  hyps = translator.translate_nbest(lines)
-  logging.info("Translated %d lines in %.1fs.", len(lines), translator.stats.seconds)
-  return hyps, translator.stats.as_dict(), description
+  hyps = decoder.translate_nbest(lines)
+  logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
+  return hyps, decoder.stats.as_dict(), loaded.description
 
 
 def translate(
@@ -174,8 +211,9 @@ def translate(
   themselves go there (`--output=-`).
   """
   outputs.check(config)
+  files.check_output_file(output_path, "--output")  # before hours of decoding
   lines = files.read_lines(input_path)  # a bad file fails before the model loads
-  hyps, stats, description = translate_lines(config, workdir, which, lines, outputs)
+  hyps, stats, description = translate_hypotheses(config, workdir, which, lines, outputs)
   if parallel.is_main_process():
     files.write_lines(output_path, output_lines(hyps, outputs))
   result = {
@@ -187,7 +225,7 @@ def translate(
     "nbest": outputs.nbest,
     **stats,
   }
-  reporting.write_result(workdir, result, echo=output_path != files.STDIO)
+  Workdir(workdir).write_result(result, echo=output_path != files.STDIO)
   return result
 
 
@@ -199,32 +237,32 @@ def export(
   output: str,
   quantization: str,
 ) -> dict[str, Any]:
-  """Converts the inference parameters (averaged when present) and the vocabulary for another
-  engine (`export.FORMATS`: CTranslate2) into the directory `output`."""
-  from flaxformer_nmt.export import ctranslate2 as export_lib
+  """Converts the inference parameters and the vocabulary for another engine (CTranslate2) into
+  the directory `output`."""
+  from flaxformer_nmt.export import ctranslate2  # CTranslate2 is an optional extra
 
-  if fmt not in export_lib.FORMATS:
+  if fmt not in ctranslate2.FORMATS:
     raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
-  export_lib.check_request(output, quantization)  # before any work
-  run, params, description = _inference_run(config, workdir, which, data="none")
-  params = jax.device_get(params)
-  result = export_lib.export_ctranslate2(run.model_cfg, params, run.tokenizer, output, quantization)
-  logging.info("Exported %s to %s (%s).", description, output, quantization)
-  result = {"mode": "export", "checkpoint": description, **result}
-  reporting.write_result(workdir, result)
+  ctranslate2.check_request(output, quantization)  # before any work
+  run = _begin(config, workdir)
+  loaded = _load(config, run, which)
+  params = jax.device_get(loaded.params)
+  c = loaded.components
+  result = ctranslate2.export_ctranslate2(c.model_cfg, params, c.tokenizer, output, quantization)
+  logging.info("Exported %s to %s (%s).", loaded.description, output, quantization)
+  result = {"mode": "export", "checkpoint": loaded.description, **result}
+  run.write_result(result)
   return result
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Builds the dataset (TFDS: needs the `[prepare]` extra), checks dev and test, and trains the
-  vocabulary into the workdir; see prepare.py."""
-  from flaxformer_nmt.data import prepare as prepare_lib
+  vocabulary into the workdir; see data/prepare.py."""
+  from flaxformer_nmt.data import prepare as prepare_lib  # TFDS's builder: this mode only
 
-  config_lib.validate(config)
-  check_workdir(workdir)
-  accelerators.warn_if_unused()
-  result = prepare_lib.prepare(config, workdir, jax.process_count())
-  reporting.write_result(workdir, result)
+  run = _begin(config, workdir)
+  result = prepare_lib.prepare(config, run, jax.process_count())
+  run.write_result(result)
   return result
 
 
@@ -232,35 +270,32 @@ def attention(
   config: ml_collections.ConfigDict, workdir: str, which: str, text: str, output: str
 ) -> dict[str, Any]:
   """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
-  positional encoding, in `output` (default <workdir>/attention); see attention.py."""
-  import os
-
-  from flaxformer_nmt import errors
-  from flaxformer_nmt.decoding import attention_pictures as attention_lib
-  from flaxformer_nmt.decoding import decode
+  positional encoding, in `output` (default <workdir>/attention); see attention_pictures.py."""
+  from flaxformer_nmt.decoding import attention_pictures, decode  # matplotlib: this mode only
   from flaxformer_nmt.model.tokens import EOS_ID
 
   if not text.strip():
     raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")
-  out_dir = output if output and output != files.STDIO else os.path.join(workdir, "attention")
+  run = _begin(config, workdir)
+  out_dir = output if output and output != files.STDIO else run.attention_dir
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
-  run, params, description = _inference_run(config, workdir, which, data="none")
-  params = jax.device_get(params)
-  source = run.tokenizer.encode(text)[: config.data.max_len - 1] + [EOS_ID]
+  loaded = _load(config, run, which)
+  c, params = loaded.components, jax.device_get(loaded.params)
+  source = c.tokenizer.encode(text)[: c.max_src_len - 1] + [EOS_ID]
   search = decode.SearchConfig.from_config(config.decode)
-  target = attention_lib.translate_ids(run.model, params, source, search)
-  pictures = attention_lib.write_pictures(
-    run.model, params, run.tokenizer.id_to_piece, source, target, out_dir
+  target = attention_pictures.translate_ids(c.model, params, source, search)
+  pictures = attention_pictures.write_pictures(
+    c.model, params, c.tokenizer.id_to_piece, source, target, out_dir
   )
   result = {
     "mode": "attention",
-    "checkpoint": description,
+    "checkpoint": loaded.description,
     "text": text,
-    "translation": run.tokenizer.decode(target),
+    "translation": c.tokenizer.decode(target),
     **pictures,
   }
-  reporting.write_result(workdir, result)
+  run.write_result(result)
   return result
 
 
@@ -268,22 +303,21 @@ def average(
   config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int, which: str = "auto"
 ) -> dict[str, Any]:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged (`which`="best":
-  the last K up to the best step; "ema": the parameter averages of the last K)."""
-  config_lib.validate(config)
-  check_workdir(workdir)
-  averaging.check_num_checkpoints(workdir, num_checkpoints, which)  # before any work
-  accelerators.warn_if_unused()
-  run = Run(config, workdir, data="none")
-  params, steps = averaging.average_checkpoints(
-    workdir, num_checkpoints, run.abstract_params(), which
+  the last K up to the best step; "ema": the parameter averages of the last K); the average
+  written last is what --checkpoint=averaged reads."""
+  run = _begin(config, workdir)
+  plan = run.average_plan(num_checkpoints, which)  # before any work
+  components = Components.load(config, run)
+  params = averaging.average(
+    run.checkpoints, plan.steps, components.abstract_params, plan.path_in_state
   )
-  path = averaging.save_averaged(workdir, params, steps, "ema" if which == "ema" else "params")
+  path = run.save_average(params, plan.steps, plan.of)
   result = {
     "mode": "average",
-    "steps": steps,
+    "steps": plan.steps,
     "path": path,
-    "num_checkpoints": len(steps),
-    "of": "ema" if which == "ema" else "params",
+    "num_checkpoints": len(plan.steps),
+    "of": plan.of,
   }
-  reporting.write_result(workdir, result)
+  run.write_result(result)
   return result

@@ -65,6 +65,7 @@ def trained_demo(tmp_path_factory) -> tuple[dict, pathlib.Path]:
   import json
 
   from flaxformer_nmt.training import loop as train  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.workdir import Workdir  # pylint: disable=g-import-not-at-top
 
   import helpers  # pylint: disable=g-import-not-at-top
 
@@ -76,5 +77,5 @@ def trained_demo(tmp_path_factory) -> tuple[dict, pathlib.Path]:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not done.exists():
       config = helpers.demo_config(model__dtype="float32")
-      done.write_text(json.dumps(train.train_and_evaluate(config, str(workdir))))
+      done.write_text(json.dumps(train.train_and_evaluate(config, Workdir(str(workdir)))))
   return json.loads(done.read_text()), workdir

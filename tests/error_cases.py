@@ -152,6 +152,18 @@ def _member_with_other_heads(base: pathlib.Path, trained: pathlib.Path) -> list[
   return _translating(f"--ensemble={other}")(base, trained)
 
 
+def _data_dir_under_a_file(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """--mode=prepare whose config.data.dir ({notes}) names a file, or a path under one."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    (base / "notes.txt").write_text("my notes\n")
+    workdir = _trained(base, trained)
+    formatted = [a.format(notes=base / "notes.txt") for a in args]
+    return [f"--workdir={workdir}", "--mode=prepare", *formatted]
+
+  return setup
+
+
 TWO = ("\n".join(LINES[:2]) + "\n").encode()
 CASES = [
   Case("mismatched files", _bad_corpus(train_de=TWO), "train.en has 3 lines but"),
@@ -343,6 +355,33 @@ CASES = [
     "/m30k': no such folder",
   ),
   Case(
+    "translate output is a folder",
+    _translating("--output={base}"),
+    "is a folder; name a file",
+  ),
+  Case(
+    "translate output under a file",
+    _translating("--output={base}/in.txt/out.txt"),
+    "in.txt is a file, not a folder",
+  ),
+  Case(
+    "prepare into a data folder that is a file",
+    _data_dir_under_a_file(
+      "--config=configs/demo.py", "--config.data.source=files", "--config.data.dir={notes}"
+    ),
+    "notes.txt': is a file, not the folder of the corpus",
+  ),
+  Case(
+    "prepare a download under a file",
+    _data_dir_under_a_file("--config=configs/multi30k.py", "--config.data.dir={notes}/m30k"),
+    "notes.txt/m30k: cannot create the folder",
+  ),
+  Case(
+    "sampling seed beyond 32 bits",
+    _translating("--config.decode.method=sample", "--config.decode.seed=4294967296"),
+    "config.decode.seed must be an integer in [0, 2**32), got 4294967296",
+  ),
+  Case(
     "half-set multi-process variables",
     _in_trained("--config=configs/demo.py", "ENV:JAX_COORDINATOR_ADDRESS=127.0.0.1:1"),
     "JAX_COORDINATOR_ADDRESS is set but JAX_NUM_PROCESSES and JAX_PROCESS_ID not",
@@ -383,8 +422,10 @@ def run_mode(args: list[str]) -> None:
     modes.evaluate(config, workdir, which, members)
   elif mode == "translate":
     outputs = modes.Outputs(int(flag.get("nbest", 1)), "alignments" in flag, members)
-    modes.translate(config, workdir, which, flag["input"], "-", outputs)
+    modes.translate(config, workdir, which, flag["input"], flag.get("output", "-"), outputs)
   elif mode == "average":
     modes.average(config, workdir, int(flag["num_checkpoints"]), which)
+  elif mode == "prepare":
+    modes.prepare(config, workdir)
   else:
     raise AssertionError(f"no such mode in the table: {mode}")

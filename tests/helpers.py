@@ -18,7 +18,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import loading as config_files
+from flaxformer_nmt.workdir import Workdir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K
@@ -117,3 +120,23 @@ def run_main(
     timeout=timeout,
     env=None if env is None else {**os.environ, **env},
   )
+
+
+def load_params(config: ml_collections.ConfigDict, workdir: Any, which: str = "auto") -> Any:
+  """(params, description) of `--checkpoint=which` in `workdir`, as the inference modes load
+  them (the workdir's Components, the location it resolves)."""
+  run = Workdir(str(workdir))
+  components = Components.load(config, run)
+  return params_lib.load(run.resolve(which), components.abstract_params)
+
+
+def fresh_trainer(config: ml_collections.ConfigDict, workdir: Any) -> Any:
+  """A Trainer of `config` in `workdir`, set up as training/loop.py does (no lock)."""
+  from flaxformer_nmt import data as data_lib  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.training.state import TrainSetup  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+
+  run = Workdir(str(workdir))
+  run.create()
+  data = data_lib.make_data(config, run, jax.device_count(), 0, 1)
+  return Trainer(TrainSetup(Components(config, data.tokenizer)), data, run)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from flaxformer_nmt import api, errors
+from flaxformer_nmt import api, errors, modes
 
 import helpers
 
@@ -79,8 +79,11 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(trained_
   assert len(hyps) == 2 and all(isinstance(h, str) and h for h in hyps)
   with pytest.raises(TypeError, match="list of sentences"):
     api.translate(config, str(work), "one string")
-  with pytest.raises(errors.ConfigError, match="checkpoint='newest'"):
+  with pytest.raises(errors.ConfigError, match="--checkpoint=newest: choose one of"):
     api.translate(config, str(work), lines, checkpoint="newest")
+  # One string is one ensemble member, not a list of its characters (at 97ad9e1: "member r").
+  with pytest.raises(errors.CheckpointError, match="member runs/nothere: no such workdir"):
+    api.translate(config, str(work), lines, ensemble="runs/nothere")
   with pytest.raises(errors.CheckpointError, match="--checkpoint=best: no best checkpoint"):
     api.translate(config, str(work), lines, checkpoint="best")  # trained without best_metric
 
@@ -96,3 +99,15 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(trained_
 
   exported = api.export(config, str(work), str(tmp_path / "ct2"), quantization="int8")
   assert exported["quantization"] == "int8" and (tmp_path / "ct2" / "model.bin").is_file()
+
+
+def test_two_ensembles_write_under_two_names():
+  """Eval's output files are named by what each member loaded (at 97ad9e1 every ensemble of the
+  same size and rule wrote test_ensemble2_auto_*, the second over the first)."""
+  ours = "averaged params of 5 checkpoints (steps [6, 7, 8, 9, 10]) in /runs/a/averaged/x/10"
+  one = modes.ensemble_tag("auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"])
+  two = modes.ensemble_tag("auto", [ours, "/runs/c: step10 params ... in /runs/c/checkpoints/10"])
+  assert one != two and one.startswith("ensemble2_auto_") and two.startswith("ensemble2_auto_")
+  assert one == modes.ensemble_tag(
+    "auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"]
+  )

@@ -4,19 +4,19 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import numpy as np
 import pytest
 
-from flaxformer_nmt import api
-from flaxformer_nmt.checkpoints import averaging
-from flaxformer_nmt.checkpoints import checkpointer as checkpoint
-from flaxformer_nmt.components import Run
-from flaxformer_nmt.runtime import parallel
-from flaxformer_nmt.runtime import records as reporting
-from flaxformer_nmt.training import best, init_from, optim
+from flaxformer_nmt import api, errors
+from flaxformer_nmt.checkpoints import reader
+from flaxformer_nmt.config.choices import CHECKPOINTS
+from flaxformer_nmt.runtime import parallel, records
+from flaxformer_nmt.training import best, init_from, metrics, optim
 from flaxformer_nmt.training import loop as train
+from flaxformer_nmt.workdir import Workdir
 
 import helpers
 
@@ -57,7 +57,7 @@ def test_the_tracker_replays_the_learning_curve_up_to_the_restored_step():
 
 
 def _fresh_trainer(config, workdir):
-  return train.Trainer(Run(config, str(workdir), data="train"))
+  return helpers.fresh_trainer(config, workdir)
 
 
 def test_the_ema_is_the_hand_computed_average_of_the_trained_parameters(tmp_path):
@@ -110,19 +110,19 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
     data__demo_test_size=8,
   )
   workdir = tmp_path / "flat"
-  result = train.train_and_evaluate(config, str(workdir))
+  result = train.train_and_evaluate(config, Workdir(str(workdir)))
   stop_step = every * (patience + 1)
   assert result["stopped_early"] is True and result["step"] == stop_step
   assert (result["best_step"], result["best_metric"]) == (every, "dev_bleu")
   assert result["evals_without_improvement"] == patience
-  dev = reporting.read_jsonl(reporting.metrics_path(str(workdir), "dev"))
+  dev = records.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
   assert [r["step"] for r in dev] == [every * k for k in range(1, patience + 2)]
   assert all("ema_dev_bleu" in r and "ema_dev_loss" in r for r in dev)
   assert "test_sacrebleu_beam2" in result
   saved = json.loads((workdir / "train_result.json").read_text())
   assert saved["stopped_early"] and saved["step"] == stop_step
-  assert checkpoint.CheckpointDir(checkpoint.checkpoint_dir(str(workdir))).steps()[-1] == stop_step
-  best_steps = checkpoint.CheckpointDir(checkpoint.best_dir(str(workdir))).steps()
+  assert reader.CheckpointDir(Workdir(str(workdir)).checkpoints).steps()[-1] == stop_step
+  best_steps = reader.CheckpointDir(Workdir(str(workdir)).best).steps()
   assert best_steps == [every]
   best_result = json.loads((workdir / "best_result.json").read_text())
   assert best_result["best_step"] == every and best_result["best_parameters"] == "params"
@@ -132,18 +132,17 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
   train_log = (workdir / "train_metrics.jsonl").read_text()
   assert api.train(config, str(workdir))["step"] == stop_step
   (workdir / "train_result.json").unlink()
-  again = train.train_and_evaluate(config, str(workdir))
+  again = train.train_and_evaluate(config, Workdir(str(workdir)))
   assert again["stopped_early"] and again["step"] == stop_step and again["best_step"] == every
   assert (workdir / "train_metrics.jsonl").read_text() == train_log
 
   # --checkpoint=best and --checkpoint=ema read what training kept.
-  template = Run(config, str(workdir), data="none").abstract_params()
-  best_params, description = averaging.load_inference_params(str(workdir), template, "best")
+  best_params, description = helpers.load_params(config, workdir, "best")
   assert description.startswith(f"best params (params of step {every}, dev_bleu")
-  latest, _ = averaging.load_inference_params(str(workdir), template, "latest")
+  latest, _ = helpers.load_params(config, workdir, "latest")
   for b, p in zip(jax.tree.leaves(best_params), jax.tree.leaves(latest), strict=True):
     np.testing.assert_allclose(b, p, rtol=1e-6, atol=1e-20)  # nothing moved but by ~lr = 1e-30
-  ema, description = averaging.load_inference_params(str(workdir), template, "ema")
+  ema, description = helpers.load_params(config, workdir, "ema")
   assert description.startswith(f"ema{stop_step} params")
   for e, p in zip(jax.tree.leaves(ema), jax.tree.leaves(latest), strict=True):
     np.testing.assert_allclose(e, p, rtol=1e-6, atol=1e-20)
@@ -152,16 +151,14 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
   assert averaged["steps"] == [every]
   # Fine-tuning can start from the best evaluation's parameters.
   fine = helpers.demo_config(model__dtype="float32", init_from=str(workdir / "best"))
-  source = init_from.check(fine, str(tmp_path / "fine"))
-  assert (source.workdir, source.which) == (str(workdir), "best")
+  source = init_from.check(fine, Workdir(str(tmp_path / "fine")))
+  assert (source.workdir.path, source.location.kind) == (str(workdir), "best")
 
 
 def test_checkpoint_choices_agree():
   from flaxformer_nmt import cli  # pylint: disable=g-import-not-at-top
 
-  assert (
-    tuple(cli.flags.FLAGS["checkpoint"].parser.enum_values) == checkpoint.WHICH == api.CHECKPOINTS
-  )
+  assert tuple(cli.flags.FLAGS["checkpoint"].parser.enum_values) == CHECKPOINTS == api.CHECKPOINTS
 
 
 @pytest.mark.parametrize(
@@ -173,8 +170,8 @@ def test_checkpoint_choices_agree():
 )
 def test_a_run_without_them_has_no_ema_or_best(trained_demo, which, message):
   _, workdir = trained_demo
-  with pytest.raises(averaging.CheckpointError, match=message):
-    averaging.resolve_inference_source(str(workdir), which)
+  with pytest.raises(errors.CheckpointError, match=message):
+    Workdir(str(workdir)).resolve(which)
 
 
 def test_a_best_is_saved_before_its_evaluation_is_logged_and_not_written_twice(
@@ -194,7 +191,7 @@ def test_a_best_is_saved_before_its_evaluation_is_logged_and_not_written_twice(
     data__demo_test_size=8,
   )
   workdir = tmp_path / "run"
-  scalars = reporting.MetricWriter.scalars
+  scalars = metrics.MetricWriter.scalars
 
   class Killed(Exception):
     pass
@@ -204,19 +201,82 @@ def test_a_best_is_saved_before_its_evaluation_is_logged_and_not_written_twice(
       raise Killed("before the evaluation reached dev_metrics.jsonl")
     scalars(self, step, values, split)
 
-  monkeypatch.setattr(reporting.MetricWriter, "scalars", killed_when_logging_dev)
+  monkeypatch.setattr(metrics.MetricWriter, "scalars", killed_when_logging_dev)
   with pytest.raises(Killed):
-    train.train_and_evaluate(config, str(workdir))
+    train.train_and_evaluate(config, Workdir(str(workdir)))
   best_dir = workdir / "best"
-  assert checkpoint.CheckpointDir(str(best_dir)).steps() == [2]
-  assert not reporting.read_jsonl(reporting.metrics_path(str(workdir), "dev"))
+  assert reader.CheckpointDir(str(best_dir)).steps() == [2]
+  assert not records.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
   written = (best_dir / "2").stat().st_ino
 
-  monkeypatch.setattr(reporting.MetricWriter, "scalars", scalars)
-  result = train.train_and_evaluate(config, str(workdir))  # resumes at step 2, evaluates it
-  dev = reporting.read_jsonl(reporting.metrics_path(str(workdir), "dev"))
+  monkeypatch.setattr(metrics.MetricWriter, "scalars", scalars)
+  result = train.train_and_evaluate(
+    config, Workdir(str(workdir))
+  )  # resumes at step 2, evaluates it
+  dev = records.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
   assert [r["step"] for r in dev] == [2] and result["best_step"] == 2
-  assert checkpoint.CheckpointDir(str(best_dir)).steps() == [2]
+  assert reader.CheckpointDir(str(best_dir)).steps() == [2]
   assert (best_dir / "2").stat().st_ino == written  # found saved, not written again
   saved = json.loads((workdir / "best_result.json").read_text())
   assert (saved["best_step"], saved["best_value"]) == (2, dev[0]["dev_loss"])
+
+
+def _best_params(value: float) -> dict:
+  return {"w": np.full((3,), value, np.float32)}
+
+
+def _best_info(step: int, value: float) -> dict:
+  return {"metric": "dev_loss", "value": value, "step": step, "parameters": "params"}
+
+
+def test_a_best_of_the_same_step_is_replaced_without_emptying_best(tmp_path, monkeypatch):
+  """A resumed run whose evaluation of a saved best step came out another way writes the new
+  parameters beside the old ones and swaps them in; a kill before the swap leaves the old best, a
+  kill between its two renames leaves the new one in best/.incoming, moved into place at the next
+  start. best/ never lacks a complete step to read (at 97ad9e1 the old step was deleted before the
+  new one was written)."""
+  directory = str(tmp_path / "best")
+  best.write_best(directory, 5, _best_params(1.0), _best_info(5, 1.0))
+  assert reader.CheckpointDir(directory).steps() == [5]
+
+  def steps_and_value():
+    steps = reader.CheckpointDir(directory).steps()
+    return steps, [reader.CheckpointDir(directory).read_data(s)["value"] for s in steps]
+
+  class Killed(Exception):
+    pass
+
+  real_rename = best.os.rename  # os.rename itself: orbax renames through it too
+  incoming = os.path.join(directory, best.INCOMING, "5")
+
+  def rename_then_die(src, dst):
+    if str(src) == incoming:  # the old step is aside, the new one not yet in place
+      raise Killed()
+    real_rename(src, dst)
+
+  monkeypatch.setattr(best.os, "rename", rename_then_die)
+  with pytest.raises(Killed):
+    best.write_best(directory, 5, _best_params(2.0), _best_info(5, 2.0))
+  monkeypatch.setattr(best.os, "rename", real_rename)
+  assert reader.CheckpointDir(str(tmp_path / "best" / best.INCOMING)).steps() == [5]
+  # Readers meanwhile find the new one where it is (--checkpoint=best).
+  assert Workdir(str(tmp_path)).resolve("best").directory == os.path.join(directory, ".incoming")
+  best.finish_replacement(directory)  # what the next Keeper does first
+  assert Workdir(str(tmp_path)).resolve("best").directory == directory
+  assert steps_and_value() == ([5], [2.0])
+  assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["5"]
+
+  # A new best of a later step: the earlier one goes only once the new one is complete.
+  best.write_best(directory, 7, _best_params(3.0), _best_info(7, 3.0))
+  assert steps_and_value() == ([7], [3.0])
+
+
+def test_a_saved_best_is_recognised_by_its_own_record_not_best_result_json(tmp_path):
+  """A kill after best/<step> was written but before best_result.json named it: the resumed run's
+  identical evaluation finds it by the step's own JSON item and does not write it again."""
+  directory = str(tmp_path / "best")
+  info = _best_info(5, 1.5)
+  best.write_best(directory, 5, _best_params(1.5), info)
+  assert best._already_saved(directory, info)  # pylint: disable=protected-access
+  assert not best._already_saved(directory, _best_info(5, 1.4))  # pylint: disable=protected-access
+  assert not best._already_saved(directory, _best_info(6, 1.5))  # pylint: disable=protected-access

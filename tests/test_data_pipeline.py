@@ -12,6 +12,7 @@ import pytest
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline, prefetch, sources, streams, tokenized
+from flaxformer_nmt.workdir import Workdir
 
 import helpers
 
@@ -55,6 +56,11 @@ def _texts(data: pipeline.Data, batch: dict[str, np.ndarray], side: str = "targe
   return out
 
 
+def _make_data(config, workdir, *args, **kwargs):
+  """make_data with the run folder at `workdir` (a path)."""
+  return pipeline.make_data(config, Workdir(str(workdir)), *args, **kwargs)
+
+
 @pytest.fixture
 def corpus(tmp_path: pathlib.Path) -> pathlib.Path:
   d = tmp_path / "corpus"
@@ -64,7 +70,7 @@ def corpus(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_files_end_to_end(corpus: pathlib.Path, tmp_path: pathlib.Path) -> None:
-  data = pipeline.make_data(
+  data = _make_data(
     _config(corpus), str(tmp_path / "run"), num_devices=8, process_index=0, process_count=1
   )
   assert data.global_rows == 16  # 512 // 32
@@ -81,7 +87,7 @@ def test_files_end_to_end(corpus: pathlib.Path, tmp_path: pathlib.Path) -> None:
 
 def test_restart_reuses_vocab_and_cache(corpus, tmp_path, monkeypatch) -> None:
   workdir = str(tmp_path / "run")
-  first = pipeline.make_data(_config(corpus), workdir, 8, 0, 1)
+  first = _make_data(_config(corpus), workdir, 8, 0, 1)
   batches = [next(first.train) for _ in range(3)]
   caches = os.listdir(os.path.join(workdir, "data_cache"))
   assert len(caches) == 1 and caches[0].startswith("train-")
@@ -92,7 +98,7 @@ def test_restart_reuses_vocab_and_cache(corpus, tmp_path, monkeypatch) -> None:
     "tokenize_pairs",
     lambda p, t, name="", **k: encoded.append(name) or real(p, t, name=name, **k),
   )
-  second = pipeline.make_data(_config(corpus), workdir, 8, 0, 1)
+  second = _make_data(_config(corpus), workdir, 8, 0, 1)
   assert "train" not in encoded  # the cached ids were loaded
   assert second.tokenizer.fingerprint == first.tokenizer.fingerprint
   for want in batches:  # the same config and seed give the same batches
@@ -102,8 +108,8 @@ def test_restart_reuses_vocab_and_cache(corpus, tmp_path, monkeypatch) -> None:
 
 
 def test_two_workdirs_identical_and_restorable(corpus, tmp_path) -> None:
-  a = pipeline.make_data(_config(corpus), str(tmp_path / "a"), 8, 0, 1)
-  b = pipeline.make_data(_config(corpus), str(tmp_path / "b"), 8, 0, 1)
+  a = _make_data(_config(corpus), str(tmp_path / "a"), 8, 0, 1)
+  b = _make_data(_config(corpus), str(tmp_path / "b"), 8, 0, 1)
   for _ in range(7):
     next(a.train)
   b.train.set_state(a.train.get_state())
@@ -117,8 +123,8 @@ def test_prefetched_batches_and_positions_equal_the_training_loops_own(corpus, t
   """Packed ahead in a thread (the default) or in the loop (prefetch_batches=0): the same batches,
   and after each the same position (that of the batches handed out, not of those packed ahead),
   also across a set_state."""
-  ahead = pipeline.make_data(_config(corpus), str(tmp_path / "a"), 8, 0, 1)
-  inline = pipeline.make_data(_config(corpus, prefetch_batches=0), str(tmp_path / "b"), 8, 0, 1)
+  ahead = _make_data(_config(corpus), str(tmp_path / "a"), 8, 0, 1)
+  inline = _make_data(_config(corpus, prefetch_batches=0), str(tmp_path / "b"), 8, 0, 1)
   assert isinstance(ahead.train, prefetch.Prefetcher)
   assert isinstance(inline.train, streams.DeviceStreams)
   saved: list = []
@@ -139,7 +145,7 @@ def test_prefetched_batches_and_positions_equal_the_training_loops_own(corpus, t
 
 
 def test_a_packing_error_reaches_the_training_loop(corpus, tmp_path, monkeypatch) -> None:
-  data = pipeline.make_data(_config(corpus, prefetch_batches=1), str(tmp_path / "a"), 8, 0, 1)
+  data = _make_data(_config(corpus, prefetch_batches=1), str(tmp_path / "a"), 8, 0, 1)
   next(data.train)
 
   def broken(self):
@@ -157,10 +163,9 @@ def test_a_packing_error_reaches_the_training_loop(corpus, tmp_path, monkeypatch
 def test_global_batches_do_not_depend_on_the_process_count(corpus, tmp_path) -> None:
   """8 devices in 1 process or in 2 of 4: the same global batches, each device its own stream."""
   workdir = str(tmp_path / "run")
-  whole = pipeline.make_data(_config(corpus), workdir, 8, 0, 1)  # trains the shared vocabulary
+  whole = _make_data(_config(corpus), workdir, 8, 0, 1)  # trains the shared vocabulary
   parts = [
-    pipeline.make_data(_config(corpus), workdir, 8, process_index=p, process_count=2)
-    for p in range(2)
+    _make_data(_config(corpus), workdir, 8, process_index=p, process_count=2) for p in range(2)
   ]
   assert [p.train.num_streams for p in parts] == [4, 4]
   assert sum(p.train.examples_per_epoch for p in parts) == whole.train.examples_per_epoch == 300
@@ -199,7 +204,7 @@ def test_demo_end_to_end(tmp_path) -> None:
       demo_test_size=60,
     )
   )
-  data = pipeline.make_data(c, str(tmp_path), 8, 0, 1)
+  data = _make_data(c, str(tmp_path), 8, 0, 1)
   assert len(data.pairs("test")) == 60
   test = [t for b in data.eval_batches("test") for t in _texts(data, b)]
   assert sorted(test) == sorted(t for _, t in data.pairs("test"))
@@ -210,7 +215,7 @@ def test_data_errors_come_before_vocabulary_training(corpus, tmp_path) -> None:
   (corpus / "test.de").write_text("nur eine Zeile\n")
   workdir = tmp_path / "run"
   with pytest.raises(errors.DataError, match=r"test.en has 31 lines but .*test.de has 1"):
-    pipeline.make_data(_config(corpus), str(workdir), 8, 0, 1)
+    _make_data(_config(corpus), str(workdir), 8, 0, 1)
   assert not (workdir / "spm.model").exists()
 
 
@@ -221,7 +226,7 @@ def test_over_long_and_empty_train_pairs_are_dropped(corpus, tmp_path, caplog) -
   (corpus / "train.en").write_text("\n".join(en) + "\n")
   (corpus / "train.de").write_text("\n".join(de) + "\n")
   caplog.set_level("INFO")
-  data = pipeline.make_data(_config(corpus), str(tmp_path / "run"), 8, 0, 1)
+  data = _make_data(_config(corpus), str(tmp_path / "run"), 8, 0, 1)
   assert data.train.examples_per_epoch == 298
   assert "dropped 1 with a side longer than data.max_len=32" in caplog.text
   assert "and 1 with an empty side" in caplog.text
@@ -243,7 +248,7 @@ def test_multi30k_non_padding_share(tmp_path, devices, least) -> None:
       max_len=64,
     )
   )
-  data = pipeline.make_data(c, str(tmp_path), devices, 0, 1)
+  data = _make_data(c, str(tmp_path), devices, 0, 1)
   assert data.train.examples_per_epoch > 28_900
   batches = [next(data.train) for _ in range(30)]
   for side in ("inputs", "targets"):
@@ -254,9 +259,9 @@ def test_multi30k_non_padding_share(tmp_path, devices, least) -> None:
 
 def test_need_train_false_skips_train_split(corpus, tmp_path) -> None:
   workdir = tmp_path / "run"
-  pipeline.make_data(_config(corpus), str(workdir), 8, 0, 1)
+  _make_data(_config(corpus), str(workdir), 8, 0, 1)
   (corpus / "train.en").unlink()  # evaluation must not need the train text once a vocabulary exists
-  data = pipeline.make_data(_config(corpus), str(workdir), 8, 0, 1, need_train=False)
+  data = _make_data(_config(corpus), str(workdir), 8, 0, 1, need_train=False)
   assert data.train is None
   test = [t for b in data.eval_batches("test") for t in _texts(data, b)]
   assert sorted(test) == sorted(_corpus(31, 20_000)[1])
@@ -273,7 +278,7 @@ def test_tfds_end_to_end_offline(tmp_path) -> None:
 
   c = _config(tmp_path, source="tfds", dir="")
   with tfds.testing.mock_data(as_data_source_fn=as_data_source):
-    data = pipeline.make_data(c, str(tmp_path / "run"), 8, 0, 1)
+    data = _make_data(c, str(tmp_path / "run"), 8, 0, 1)
   assert data.pairs("dev") == list(zip(*corpora["validation"], strict=True))  # EN -> DE, in order
   assert data.train.examples_per_epoch == 200
   assert set(_texts(data, next(data.train))) <= set(corpora["train"][1])

@@ -19,9 +19,9 @@ from test_translate import CharTokenizer
 
 from flaxformer_nmt import api, modes
 from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.decoding import alignments, decode
 from flaxformer_nmt.decoding import translator as translate
-from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
 import helpers
@@ -45,15 +45,22 @@ def _decode_config(**fields) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({**base, **fields})
 
 
+def _translate(lines, tokenizer, model, params, decode_config, max_src_len, *, beam_size=None):
+  translator = translate.make_translator(
+    tokenizer, model, params, decode_config, max_src_len, beam_size=beam_size
+  )
+  return translator.translate(lines)
+
+
 def _sample_lines(tiny, lines, **fields):
   model, params, vocab = tiny
-  return translate.translate_lines(
+  return _translate(
     lines,
     CharTokenizer(vocab_size=vocab),
     model,
     params,
     _decode_config(**{"method": "sample", **fields}),
-    max_src_len=16,
+    16,
   )
 
 
@@ -66,7 +73,7 @@ def test_samples_depend_on_the_seed_and_line_only(tiny):
   assert _sample_lines(tiny, LINES, batch_size=2) == first
   assert _sample_lines(tiny, LINES, seed=1) != first
   model, params, vocab = tiny
-  greedy = translate.translate_lines(
+  greedy = _translate(
     LINES, CharTokenizer(vocab_size=vocab), model, params, _decode_config(), 16, beam_size=1
   )
   assert _sample_lines(tiny, LINES, top_k=1) == greedy
@@ -113,7 +120,7 @@ def test_nbest_samples_are_ranked_and_differ(tiny):
 def test_beam_nbest_through_the_translator_and_its_tsv(tiny):
   model, params, vocab = tiny
   tokenizer = CharTokenizer(vocab_size=vocab)
-  best = translate.translate_lines(LINES, tokenizer, model, params, _decode_config(), 16)
+  best = _translate(LINES, tokenizer, model, params, _decode_config(), 16)
   translator = translate.make_translator(
     tokenizer, model, params, _decode_config(), max_src_len=16, nbest=3
   )
@@ -217,15 +224,44 @@ def test_alignments_name_only_existing_words(tiny):
 
 
 def test_pharaoh_from_piece_positions():
-  starts = translate.word_starts(["\u2581a", "b", "\u2581c", "\u2581d", "e"])
+  starts = alignments.word_starts(["\u2581a", "b", "\u2581c", "\u2581d", "e"])
   assert starts == [0, 0, 1, 2, 2]
   # A bare "▁" is a space, not a word: "a ,b" is two words (what text.split() counts).
-  assert translate.word_starts(["\u2581a", "\u2581", ",", "b"]) == [0, 1, 1, 1]
-  assert translate.word_starts(["\u2581", "\u2581x", "y", "\u2581"]) == [0, 0, 0, 0]
-  assert translate.word_starts(["x", "\u2581\u2581", "\u2581y"]) == [0, 1, 1]
-  assert translate.word_starts(["\u2581"]) == [0]
+  assert alignments.word_starts(["\u2581a", "\u2581", ",", "b"]) == [0, 1, 1, 1]
+  assert alignments.word_starts(["\u2581", "\u2581x", "y", "\u2581"]) == [0, 0, 0, 0]
+  assert alignments.word_starts(["x", "\u2581\u2581", "\u2581y"]) == [0, 1, 1]
+  assert alignments.word_starts(["\u2581"]) == [0]
   # target pieces 0..3 (words 0, 0, 1, 1) aligned to source pieces 4, 0, -1 (none), 2
-  assert translate.pharaoh(starts, [0, 0, 1, 1], [4, 0, -1, 2]) == "0-0 1-1 2-0"
+  assert alignments.pharaoh(starts, [0, 0, 1, 1], [4, 0, -1, 2]) == "0-0 1-1 2-0"
+
+
+def test_an_unknown_output_piece_is_a_word_of_its_own(tmp_path):
+  """SentencePiece decodes <unk> as " ⁇ ": a word of its own, and the piece after it starts
+  another. Output word indices follow the decoded text's words, so none shifts after an <unk>
+  (at 97ad9e1 every later index was one short); source words stay the input line's."""
+  from flaxformer_nmt.data.tokenizer import train_tokenizer  # pylint: disable=g-import-not-at-top
+
+  sentences = ["we need forty two chairs", "wir brauchen zweiundvierzig stuehle"] * 50
+  tokenizer = train_tokenizer(sentences, str(tmp_path / "spm"), 60, model_type="bpe")
+  piece = tokenizer.id_to_piece
+  wir, brauchen = tokenizer.encode("wir"), tokenizer.encode("brauchen")
+  inner = next(i for i in range(3, tokenizer.vocab_size) if not piece(i).startswith("\u2581"))
+  for output in (
+    wir + [UNK_ID] + brauchen,  # "wir ⁇ brauchen"
+    wir + [UNK_ID, UNK_ID] + brauchen,  # "wir ⁇ ⁇ brauchen"
+    [UNK_ID] + wir,  # "⁇ wir"
+    wir + [UNK_ID, inner],  # "wir ⁇ <inner>": the piece after <unk> is a word without a "▁"
+  ):
+    words = tokenizer.decode(output).split()
+    starts = alignments.word_starts([piece(i) for i in output], [i == UNK_ID for i in output])
+    assert max(starts) + 1 == len(words), (output, words, starts)
+  # Each output piece aligned to source piece 0 ("we"): every output word appears once, the last
+  # one (after the <unk>) with its own index.
+  source = tokenizer.encode("we need") + [EOS_ID]
+  output = wir + [UNK_ID] + brauchen + [EOS_ID]
+  positions = [0] * (len(output) - 1)
+  pairs = alignments.pharaoh_of(tokenizer, source, output, positions).split()
+  assert pairs == ["0-0", "0-1", "0-2"]
 
 
 @pytest.mark.slow
@@ -265,8 +301,8 @@ def test_main_py_nbest_alignments_sampling_and_an_ensemble(trained_demo, tmp_pat
 
 
 def test_alignment_layer_counts_from_the_top_and_is_validated():
-  assert [translate.alignment_layer(s, 6) for s in (-1, -2, 0, 5)] == [5, 4, 0, 5]
-  assert translate.alignment_layer(-2, 1) == 0  # fewer layers than asked for: the first
+  assert [alignments.alignment_layer(s, 6) for s in (-1, -2, 0, 5)] == [5, 4, 0, 5]
+  assert alignments.alignment_layer(-2, 1) == 0  # fewer layers than asked for: the first
   c = config_lib.base_config("tiny")
   c.decode.alignment_layer = 2  # tiny has 2 layers: 0 and 1
   with pytest.raises(Exception, match="alignment_layer=2 names no decoder layer"):

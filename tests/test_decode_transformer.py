@@ -15,8 +15,8 @@ import optax
 import pytest
 
 from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.decoding import decode
-from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.config import choices
+from flaxformer_nmt.decoding import beam_search, decode
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import (
   Transformer,
@@ -125,7 +125,7 @@ def test_t2t_beam_one_is_greedy_search_on_the_transformer(trained_tiny):
   np.testing.assert_array_equal(beam.lengths, greedy.lengths)
 
 
-@pytest.mark.parametrize("style", config_lib.BEAM_STYLES)
+@pytest.mark.parametrize("style", choices.BEAM_STYLES)
 def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny, style):
   model, params, inputs = trained_tiny
   search = decode.SearchConfig(beam_size=4, alpha=0.6, max_len_offset=3, style=style)
@@ -166,7 +166,7 @@ def test_per_sentence_cross_attention_equals_repeating_the_source_per_beam(train
     rows_inputs = jnp.repeat(inputs, k, axis=0)
     cache = init_decode_cache(model, batch * k, max_decode_len, src_len)  # one row per beam
     # model_step_fn projects the repeated encoder output: K copies of each sentence's keys.
-    return search_lib.beam_search(
+    return beam_search.beam_search(
       decode.model_step_fn(model, params, rows_encoded, rows_inputs),
       cache,
       decode.max_output_lengths(inputs, offset, max_decode_len),

@@ -127,7 +127,7 @@ def test_an_internal_error_keeps_its_traceback(tmp_path):
   script.write_text(
     "import runpy, sys\n"
     f"sys.path.insert(0, {str(helpers.REPO)!r})\n"
-    "from flaxformer_nmt import steps\n"
+    "from flaxformer_nmt.training import steps\n"
     "def broken(*args, **kwargs):\n"
     "  raise KeyError('a bug inside the train step')\n"
     "steps.train_step = broken\n"

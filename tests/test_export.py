@@ -8,12 +8,24 @@ import ctranslate2  # the [export] extra; [test] includes it, so CI runs these t
 import numpy as np
 import pytest
 
-from flaxformer_nmt import components as run_lib
+from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.decoding import translator
 from flaxformer_nmt.export import ctranslate2 as export
+from flaxformer_nmt.workdir import Workdir
 
 import helpers
+
+
+class _Run:
+  """A workdir's Components and its dev and test sets, as --mode=eval builds them."""
+
+  def __init__(self, config, workdir):
+    self.data = data_lib.make_data(config, Workdir(str(workdir)), 8, 0, 1, need_train=False)
+    self.components = Components(config, self.data.tokenizer)
+    self.config, self.tokenizer = config, self.data.tokenizer
+    self.model_cfg = self.components.model_cfg
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +47,13 @@ def exported(trained_demo, tmp_path_factory):
   assert result["files"] == ["config.json", "model.bin", "shared_vocabulary.json", "spm.model"]
   assert json.loads((work / "export_result.json").read_text())["output"] == str(out)
   config = helpers.demo_config(model__dtype="float32")
-  run = run_lib.Run(config, str(work), data="eval")
-  params, _ = averaging.load_inference_params(str(work), run.abstract_params(), "latest")
+  run = _Run(config, work)
+  params, _ = helpers.load_params(config, work, "latest")
   return run, params, str(out)
 
 
 def _ours(run, params, sources, beam):
-  return run.translator(params, replicated=False)(sources, beam)
+  return translator.translate_lines(sources, run.components, params, beam_size=beam)
 
 
 def _caps(run, sources):
@@ -102,7 +114,7 @@ def test_beam_four_bleu_is_within_half_a_point(exported, tmp_path):
     data__demo_test_size=200,
     data__vocab_path=os.path.join(model_dir, "spm.model"),
   )
-  run = run_lib.Run(config, str(tmp_path / "workdir"), data="eval")
+  run = _Run(config, tmp_path / "workdir")
   pairs = run.data.pairs("test")
   assert len(pairs) == 200
   sources, refs = [s for s, _ in pairs], [r for _, r in pairs]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.runtime import files
+from flaxformer_nmt.runtime import files, records
 
 
 def test_lines_round_trip_with_bom_crlf_and_unicode_separators(tmp_path):
@@ -88,3 +88,38 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path):
       raise RuntimeError("killed while writing")
   assert path.read_text() == "old"
   assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left behind
+
+
+def test_a_torn_last_record_is_dropped_before_the_next_is_appended(tmp_path, caplog):
+  """A kill mid-write leaves a record file ending in half a line. The next append drops it first
+  (at 97ad9e1 it was glued to the new record, and both were lost to every reader, the best
+  checkpoint's replay of dev_metrics.jsonl included); readers skip a torn line meanwhile."""
+  path = tmp_path / "dev_metrics.jsonl"
+  path.write_text('{"step": 100, "dev_bleu": 20.0}\n{"step": 200, "dev_b')
+  assert records.read_jsonl(str(path)) == [{"step": 100, "dev_bleu": 20.0}]
+  with caplog.at_level("WARNING"):
+    records.append_jsonl(str(path), {"step": 200, "dev_bleu": 25.0})
+  assert "torn line" in caplog.text
+  assert records.read_jsonl(str(path)) == [
+    {"step": 100, "dev_bleu": 20.0},
+    {"step": 200, "dev_bleu": 25.0},
+  ]
+  assert path.read_text().endswith("}\n")
+  # A file whose only line is torn, and a whole file, are appended to as they should be.
+  path.write_text('{"step": 1')
+  records.append_jsonl(str(path), {"step": 2})
+  assert path.read_text() == '{"step": 2}\n'
+  records.append_jsonl(str(path), {"step": 3})
+  assert [r["step"] for r in records.read_jsonl(str(path))] == [2, 3]
+  assert records.last_record_of_step(str(path), 3) == {}
+  assert records.last_record_of_step(str(path), 4) is None
+
+
+def test_an_output_file_is_checked_before_any_work(tmp_path):
+  files.check_output_file("-", "--output")
+  files.check_output_file(str(tmp_path / "new" / "dir" / "out.txt"), "--output")  # made later
+  with pytest.raises(errors.ConfigError, match="is a folder; name a file"):
+    files.check_output_file(str(tmp_path), "--output")
+  (tmp_path / "notes").write_text("x")
+  with pytest.raises(errors.ConfigError, match="notes is a file, not a folder"):
+    files.check_output_file(str(tmp_path / "notes" / "out.txt"), "--output")

@@ -1,4 +1,5 @@
-"""flaxformer_nmt/flops.py's analytic count (the numerator of MFU) against XLA's cost analysis."""
+"""flaxformer_nmt/benchmarking/flops.py's analytic count (the numerator of MFU) against XLA's cost
+analysis."""
 
 import jax
 import jax.numpy as jnp

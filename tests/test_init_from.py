@@ -9,13 +9,17 @@ import jax
 import numpy as np
 import pytest
 
+from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging
-from flaxformer_nmt.components import Run
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import init_from, optim, steps
 from flaxformer_nmt.training import loop as train
+from flaxformer_nmt.training.state import TrainSetup
+from flaxformer_nmt.training.trainer import Trainer
+from flaxformer_nmt.workdir import Workdir
 
 import helpers
 
@@ -32,31 +36,34 @@ def test_starts_from_the_source_bitwise_and_its_first_loss_is_the_sources(traine
   source, work = tmp_path / "source", tmp_path / "fine"
   shutil.copytree(trained, source)
   config = _fine_tune_config(source)
-  src = init_from.check(config, str(work))
-  assert (src.workdir, src.which) == (str(source), "latest")
-  assert not init_from.resumes(str(work), config.init_from)
+  run = Workdir(str(work))
+  src = init_from.check(config, run)
+  assert (src.workdir.path, src.location.kind) == (str(source), "latest")
+  assert not run.training_steps()
   work.mkdir()
-  init_from.adopt_vocabulary(config, str(work), src)
+  components = Components(config, Tokenizer(src.vocabulary))
+  init_from.check_fits(src, components)
+  init_from.adopt_vocabulary(config, run, src)
   assert (work / "spm.model").read_bytes() == (source / "spm.model").read_bytes()
 
-  run = Run(config, str(work), data="train")
-  wanted, _ = averaging.load_inference_params(str(source), run.abstract_params(), "latest")
+  data = data_lib.make_data(config, run, 8, 0, 1, tokenizer=components.tokenizer)
+  wanted, _ = helpers.load_params(config, source, "latest")
   # The same config and vocabulary in another workdir packs the same first batch.
   peek_config = _fine_tune_config(source, data__vocab_path=str(source / "spm.model"))
-  peek = Run(peek_config, str(tmp_path / "peek"), data="train")
-  first_batch = next(peek.data.train)
-  peek.data.train.close()
-  with train.Trainer(run, None, src) as trainer:
+  peek = data_lib.make_data(peek_config, Workdir(str(tmp_path / "peek")), 8, 0, 1)
+  first_batch = next(peek.train)
+  peek.train.close()
+  with Trainer(TrainSetup(components), data, run, None, src) as trainer:
     state = parallel.local_replica(trainer.p_state)
     assert int(state.step) == 0 and trainer.step == 0
     helpers.assert_trees_equal(state.params, wanted)
     assert all(not np.any(x) for x in jax.tree.leaves(state.opt_state) if np.ndim(x) > 0)
     trainer.train_step()
     (first,) = trainer.flush()
-  record = json.loads((work / init_from.RECORD).read_text())
+  record = json.loads((work / "init_from.json").read_text())
   assert record["source_workdir"] == str(source) and record["parameters"].startswith("step60")
 
-  logits = steps._forward(run.model, wanted, first_batch, train=False)  # pylint: disable=protected-access
+  logits = steps._forward(components.model, wanted, first_batch, train=False)  # pylint: disable=protected-access
   weights = (first_batch["targets"] > 0).astype(np.float32)
   loss_sum, _, tokens = losses.label_smoothed_cross_entropy(
     logits, first_batch["targets"], weights, config.label_smoothing
@@ -72,26 +79,26 @@ def test_a_fine_tuning_run_trains_and_then_resumes_its_own_checkpoints(trained_d
     trained, num_train_steps=10, checkpoint_every_steps=10, eval_every_steps=10
   )
   config.optim.schedule, config.optim.lr_scale = "constant", 0.1
-  result = train.train_and_evaluate(config, str(work))
+  result = train.train_and_evaluate(config, Workdir(str(work)))
   assert result["step"] == 10 and "test_sacrebleu_beam2" in result
-  assert init_from.resumes(str(work), config.init_from)  # its own checkpoints win from now on
+  assert Workdir(str(work)).training_steps()  # its own checkpoints win from now on
   # Resuming does not need the source any more: moved away, the rerun still resumes.
   source = tmp_path / "source"
   shutil.copytree(trained, source)
   config.init_from = str(source)
   shutil.move(str(source), str(tmp_path / "moved"))
-  assert train.train_and_evaluate(config, str(work))["step"] == 10
+  assert train.train_and_evaluate(config, Workdir(str(work)))["step"] == 10
   # Checkpoints that are listed but all unreadable stop the run (set aside, not deleted), never
   # a silent start from random parameters; the next run starts over from the source.
   shutil.move(str(tmp_path / "moved"), str(source))
-  (work / init_from.RECORD).unlink()
+  (work / "init_from.json").unlink()
   for metadata in (work / "checkpoints").glob("*/state/_METADATA"):
     metadata.write_text("{not json")
   with pytest.raises(errors.CheckpointError, match="could be read"):
-    train.train_and_evaluate(config, str(work))
+    train.train_and_evaluate(config, Workdir(str(work)))
   assert (work / "checkpoints" / "unreadable" / "10").is_dir()
-  assert train.train_and_evaluate(config, str(work))["step"] == 10
-  record = json.loads((work / init_from.RECORD).read_text())
+  assert train.train_and_evaluate(config, Workdir(str(work)))["step"] == 10
+  record = json.loads((work / "init_from.json").read_text())
   assert record["source_workdir"] == str(source)
 
 
@@ -111,7 +118,8 @@ def test_bad_sources_are_one_line_before_any_work(trained_demo, tmp_path, change
   change = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in change.items()}
   config = _fine_tune_config(trained, **change)
   with pytest.raises(errors.UserError) as info:
-    init_from.check(config, str(tmp_path / "fine"))
+    source = init_from.check(config, Workdir(str(tmp_path / "fine")))
+    init_from.check_fits(source, Components(config, Tokenizer(source.vocabulary)))
   line = str(info.value)
   assert message.format(tmp=tmp_path) in line and "\n" not in line
   assert "config.init_from=" in line

@@ -204,7 +204,9 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   job = run("--mode=translate", f"--input={source}", f"--output={tmp_path / 'out2'}")
   assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
   translations = (tmp_path / "out2").read_text().splitlines()
-  one_process, _, _ = modes.translate_lines(_in_process_config(), str(reference), "auto", lines)
+  one_process, _, _ = modes.translate_hypotheses(
+    _in_process_config(), str(reference), "auto", lines
+  )
   assert translations == [h[0].text for h in one_process]
   assert len(translations) == 4 and translations[1] == "" and all(translations[i] for i in (0, 2))
 
@@ -217,7 +219,7 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   config = _in_process_config()
   config.decode.method, config.decode.seed = "sample", 3
   outputs = modes.Outputs(nbest=2)
-  sampled, _, _ = modes.translate_lines(config, str(reference), "auto", lines, outputs)
+  sampled, _, _ = modes.translate_hypotheses(config, str(reference), "auto", lines, outputs)
   assert (tmp_path / "s2").read_text().splitlines() == modes.output_lines(sampled, outputs)
 
   # Averaging under 2 processes: the mean of the last 2 checkpoints, written once.
@@ -229,7 +231,10 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
     cache_dir=base / "jax_cache",
   )
   assert job.wait(TIMEOUT_S) == [0, 0], job.log()[-4000:]
-  with ocp.CheckpointManager(reference / "averaged", item_names=("state", "data")) as manager:
+  pointer = json.loads((reference / "averaged" / "latest.json").read_text())
+  assert pointer["name"] == f"params_2_steps_{TOTAL - 4}_to_{TOTAL}"
+  folder = reference / "averaged" / pointer["name"]
+  with ocp.CheckpointManager(folder, item_names=("state", "data")) as manager:
     averaged = manager.restore(
       TOTAL, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(), data=ocp.args.JsonRestore())
     )

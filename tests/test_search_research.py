@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from test_decode import V, _bigram_step, _masked_log_softmax, _trigram_cache, _trigram_step
 
-from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.decoding import decode, sampling
+from flaxformer_nmt.config import choices
+from flaxformer_nmt.decoding import beam_search, decode, sampling, token_loop
 from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 
@@ -38,7 +38,7 @@ def _all_sequences(log_table, bias_row, max_len, alpha):
   return sorted(out, key=lambda x: -x[0])
 
 
-@pytest.mark.parametrize("style", config_lib.BEAM_STYLES)
+@pytest.mark.parametrize("style", choices.BEAM_STYLES)
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_nbest_ranks_equal_brute_force(alpha, style):
   """With more slots than prefixes nothing is pruned, so the n best are the n best of all."""
@@ -48,7 +48,7 @@ def test_nbest_ranks_equal_brute_force(alpha, style):
   bias = rng.normal(scale=1.0, size=(3, V))
   max_lengths = np.array([3, 4, 2])
   beam, n = 4**3, 5
-  result = search_lib.beam_search(
+  result = beam_search.beam_search(
     _trigram_step(log_table),
     _trigram_cache(bias, beam),
     jnp.asarray(max_lengths),
@@ -68,7 +68,7 @@ def test_nbest_ranks_equal_brute_force(alpha, style):
       np.testing.assert_allclose(result.normalized_scores[b, rank], normalized, rtol=1e-4)
 
 
-@pytest.mark.parametrize("style", config_lib.BEAM_STYLES)
+@pytest.mark.parametrize("style", choices.BEAM_STYLES)
 def test_nbest_of_a_narrow_beam_is_sorted_and_its_first_is_the_one_best(style):
   rng = np.random.default_rng(3)
   log_table = rng.normal(scale=2.0, size=(V, V, V))
@@ -76,8 +76,8 @@ def test_nbest_of_a_narrow_beam_is_sorted_and_its_first_is_the_one_best(style):
   max_lengths = jnp.asarray([6, 5, 6, 4])
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_len=6, style=style)
   step = _trigram_step(log_table)
-  one = search_lib.beam_search(step, _trigram_cache(bias, 3), max_lengths, **kwargs)
-  three = search_lib.beam_search(step, _trigram_cache(bias, 3), max_lengths, nbest=3, **kwargs)
+  one = beam_search.beam_search(step, _trigram_cache(bias, 3), max_lengths, **kwargs)
+  three = beam_search.beam_search(step, _trigram_cache(bias, 3), max_lengths, nbest=3, **kwargs)
   scores = np.asarray(three.normalized_scores)
   assert np.all(np.isfinite(scores)) and np.all(np.diff(scores, axis=1) <= 0)
   np.testing.assert_allclose(three.normalized_scores[:, 0], one.normalized_scores, rtol=1e-5)
@@ -85,10 +85,10 @@ def test_nbest_of_a_narrow_beam_is_sorted_and_its_first_is_the_one_best(style):
   for b in range(4):  # three different hypotheses per sentence
     assert len({tuple(np.asarray(t).tolist()) for t in three.tokens[b]}) == 3
   with pytest.raises(ValueError, match="beam size"):
-    search_lib.beam_search(step, _trigram_cache(bias, 3), max_lengths, nbest=4, **kwargs)
+    beam_search.beam_search(step, _trigram_cache(bias, 3), max_lengths, nbest=4, **kwargs)
 
 
-@pytest.mark.parametrize("style", config_lib.BEAM_STYLES)
+@pytest.mark.parametrize("style", choices.BEAM_STYLES)
 def test_nbest_keeps_searching_after_a_sure_winner(style):
   """EOS first has probability 0.9: the 1-best search stops after one step, but a 3-best list
   must go on until three hypotheses have finished."""
@@ -100,8 +100,8 @@ def test_nbest_keeps_searching_after_a_sure_winner(style):
   step = _bigram_step(np.log(probs / probs.sum(-1, keepdims=True)))
   kwargs = dict(beam_size=3, alpha=0.0, max_decode_len=5, style=style)
   cache = {"index": jnp.array(0, jnp.int32)}
-  one = search_lib.beam_search(step, cache, jnp.asarray([5]), **kwargs)
-  three = search_lib.beam_search(step, cache, jnp.asarray([5]), nbest=3, **kwargs)
+  one = beam_search.beam_search(step, cache, jnp.asarray([5]), **kwargs)
+  three = beam_search.beam_search(step, cache, jnp.asarray([5]), nbest=3, **kwargs)
   assert int(one.num_steps) == 1 and int(one.tokens[0, 0]) == EOS_ID
   got = [
     np.asarray(t)[: int(n)].tolist() for t, n in zip(three.tokens[0], three.lengths[0], strict=True)
@@ -140,7 +140,7 @@ def test_sampling_without_freedom_is_greedy(rule):
   log_table = rng.normal(scale=2.0, size=(V, V, V))
   bias = rng.normal(scale=1.0, size=(16, V))
   max_lengths = rng.integers(1, 8, size=16)
-  greedy = search_lib.greedy_search(
+  greedy = token_loop.greedy_search(
     _trigram_step(log_table),
     _trigram_cache(bias, 1),
     jnp.asarray(max_lengths),
@@ -227,8 +227,8 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model():
   cache = _trigram_cache(bias, 3)
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_len=6)
   max_lengths = jnp.asarray([6, 5, 6, 4])
-  one = search_lib.beam_search(step, cache, max_lengths, **kwargs)
-  two = search_lib.beam_search(pair, (cache, cache), max_lengths, **kwargs)
+  one = beam_search.beam_search(step, cache, max_lengths, **kwargs)
+  two = beam_search.beam_search(pair, (cache, cache), max_lengths, **kwargs)
   np.testing.assert_array_equal(two.tokens, one.tokens)
   np.testing.assert_allclose(two.scores, one.scores, rtol=1e-5)
 

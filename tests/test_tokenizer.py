@@ -70,13 +70,15 @@ def test_training_is_deterministic_and_small_corpus_clamps(tmp_path) -> None:
 def test_vocab_path_missing_is_one_line(tmp_path) -> None:
   config = _data_config(vocab_path=str(tmp_path / "nope.model"))
   with pytest.raises(errors.DataError, match="config.data.vocab_path=.*nope.model") as e:
-    tok.load_or_train_tokenizer(config, str(tmp_path), lambda: iter(_PAIRS), process_index=0)
+    tok.load_or_train_tokenizer(
+      config, str(tmp_path / "spm.model"), lambda: iter(_PAIRS), process_index=0
+    )
   assert "\n" not in str(e.value)
 
 
 def test_vocab_path_is_loaded(tokenizer: tok.Tokenizer, tmp_path) -> None:
   config = _data_config(vocab_path=tokenizer.model_path)
-  loaded = tok.load_or_train_tokenizer(config, str(tmp_path), _fail, process_index=0)
+  loaded = tok.load_or_train_tokenizer(config, str(tmp_path / "spm.model"), _fail, process_index=0)
   assert loaded.fingerprint == tokenizer.fingerprint
   assert not os.path.exists(tmp_path / "spm.model")
 
@@ -87,9 +89,11 @@ def _fail():
 
 def test_trains_once_then_reuses_workdir_model(tmp_path) -> None:
   config = _data_config()
-  first = tok.load_or_train_tokenizer(config, str(tmp_path), lambda: iter(_PAIRS), process_index=0)
+  first = tok.load_or_train_tokenizer(
+    config, str(tmp_path / "spm.model"), lambda: iter(_PAIRS), process_index=0
+  )
   assert first.model_path == str(tmp_path / "spm.model") and os.path.isfile(first.model_path)
-  again = tok.load_or_train_tokenizer(config, str(tmp_path), _fail, process_index=0)
+  again = tok.load_or_train_tokenizer(config, str(tmp_path / "spm.model"), _fail, process_index=0)
   assert again.fingerprint == first.fingerprint
 
 
@@ -108,7 +112,7 @@ def test_other_processes_wait_for_process_zero(
   result = []
   waiter = threading.Thread(
     target=lambda: result.append(
-      tok.load_or_train_tokenizer(config, str(tmp_path), _fail, process_index=1)
+      tok.load_or_train_tokenizer(config, str(tmp_path / "spm.model"), _fail, process_index=1)
     )
   )
   waiter.start()

@@ -12,13 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import components as run_lib
 from flaxformer_nmt import errors, modes
+from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 from flaxformer_nmt.training import loop as train
 from flaxformer_nmt.training import optim, steps
+from flaxformer_nmt.training.state import TrainSetup
+from flaxformer_nmt.workdir import Workdir
 
 import helpers
 
@@ -59,7 +61,7 @@ def test_time_budget_stops_early_with_a_checkpoint(tmp_path, tiny_config):
   c = tiny_config
   c.max_train_minutes = 1e-4  # 6 ms: stops after the first step
   c.data.demo_test_size = 5
-  result = train.train_and_evaluate(c, str(tmp_path))
+  result = train.train_and_evaluate(c, Workdir(str(tmp_path)))
   assert result["step"] == 1
   assert os.listdir(tmp_path / "checkpoints") == ["1"]
 
@@ -95,7 +97,7 @@ def test_bfloat16_demo_trains_close_to_float32_with_float32_state(
   c.model.dtype = "bfloat16"
   c.decode.beam_size = 1
   with caplog.at_level(logging.INFO):
-    low = train.train_and_evaluate(c, str(tmp_path / "bfloat16"))
+    low = train.train_and_evaluate(c, Workdir(str(tmp_path / "bfloat16")))
   assert "bfloat16 matrix products" in caplog.text
   losses = _train_losses(tmp_path / "bfloat16")
   assert len(losses) == 6 and losses[-1] < 0.6 * losses[0], losses
@@ -121,7 +123,7 @@ def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
   def no_initial_state(self):
     raise AssertionError("a resume built the initial train state")
 
-  monkeypatch.setattr(run_lib.Run, "initial_state", no_initial_state)
+  monkeypatch.setattr(TrainSetup, "initial_state", no_initial_state)
   import shutil
 
   result, done = trained_demo
@@ -132,7 +134,7 @@ def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
   c = tiny_config
   c.model.dtype = "float32"
   with caplog.at_level(logging.INFO):
-    redone = train.train_and_evaluate(c, str(workdir))
+    redone = train.train_and_evaluate(c, Workdir(str(workdir)))
   assert "Evaluating step 60, which the interrupted run did not." in caplog.text
   dev = helpers.read_metrics(workdir, "dev")
   assert [d["step"] for d in dev] == [60]
@@ -140,6 +142,28 @@ def test_resume_evaluates_a_step_the_interrupted_run_saved_but_did_not_evaluate(
   # Training time continues from the checkpoint instead of restarting at 0.
   assert dev[0]["train_minutes"] == pytest.approx(result["train_minutes"], abs=0.02)
   assert redone["test_sacrebleu_greedy"] == pytest.approx(result["test_sacrebleu_greedy"])
+
+
+def test_a_run_killed_while_it_scored_the_test_set_returns_its_dev_figures(
+  trained_demo, tmp_path, tiny_config
+):
+  """Killed during its final test decoding (train_result.json still says "pending"), the rerun
+  resumes at the last step, which it evaluated already: its result carries that evaluation's
+  figures from dev_metrics.jsonl, as the uninterrupted run's did (at 97ad9e1 it had none of
+  dev_bleu, dev_loss or train_minutes, and the notebook's rerun cell raised KeyError)."""
+  import shutil
+
+  result, done = trained_demo
+  workdir = tmp_path / "w"
+  shutil.copytree(done, workdir)
+  pending = {k: v for k, v in result.items() if not k.startswith("test") and "signature" not in k}
+  (workdir / "train_result.json").write_text(json.dumps(dict(pending, test="pending")))
+  c = tiny_config
+  c.model.dtype = "float32"
+  rerun = train.train_and_evaluate(c, Workdir(str(workdir)))
+  for key in ("dev_bleu", "dev_loss", "dev_accuracy", "train_minutes"):
+    assert rerun[key] == result[key], key
+  assert rerun["test_sacrebleu_beam2"] == pytest.approx(result["test_sacrebleu_beam2"])
 
 
 def test_average_and_translate_read_no_corpus(trained_demo, tmp_path):
@@ -150,8 +174,8 @@ def test_average_and_translate_read_no_corpus(trained_demo, tmp_path):
   workdir = tmp_path / "w"
   shutil.copytree(done, workdir)
   c = helpers.demo_config(data__source="files", data__dir=str(tmp_path / "gone"))
-  run = run_lib.Run(c, str(workdir), data="none")
-  assert run.data is None and run.tokenizer.vocab_size == c.data.vocab_size
+  components = Components.load(c, Workdir(str(workdir)))
+  assert components.tokenizer.vocab_size == c.data.vocab_size
   modes.average(c, str(workdir), 2)
   assert json.loads((workdir / "average_result.json").read_text())["steps"] == [30, 60]
   (tmp_path / "in.txt").write_text("three hundred and five\n\ntwelve\n")

@@ -117,7 +117,7 @@ def test_bucket_lengths():
   assert translate.bucket_lengths(256) == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 
 
-def test_translate_lines_with_the_tiny_model(tmp_path):
+def test_translating_lines_with_the_tiny_model(tmp_path):
   """The real (untrained) model: count, order and empties survive; a line's translation does not
   depend on where it stands in the input or on its batch-mates."""
   c = config_lib.base_config("tiny")
@@ -130,7 +130,13 @@ def test_translate_lines_with_the_tiny_model(tmp_path):
   )
   tokenizer = CharTokenizer(vocab_size=vocab)
   lines = ["Grüße", "", "東京 und Zürich", "ab", "   ", "eine sehr lange Zeile!", "c", "naïve"]
-  out = translate.translate_lines(lines, tokenizer, model, params, decode_config, max_src_len=8)
+
+  def translate_lines(lines, beam_size=None):
+    return translate.make_translator(
+      tokenizer, model, params, decode_config, max_src_len=8, beam_size=beam_size
+    ).translate(lines)
+
+  out = translate_lines(lines)
   assert len(out) == len(lines)
   assert [o == "" for o in out] == [not s.strip() for s in lines]
   # The untrained model never says EOS first.
@@ -138,16 +144,12 @@ def test_translate_lines_with_the_tiny_model(tmp_path):
   assert all(len(o) <= 8 + 3 for o in out)  # source (cut to 8) + max_len_offset
 
   perm = [7, 4, 2, 0, 6, 1, 5, 3]
-  shuffled = translate.translate_lines(
-    [lines[i] for i in perm], tokenizer, model, params, decode_config, max_src_len=8
-  )
+  shuffled = translate_lines([lines[i] for i in perm])
   assert shuffled == [out[i] for i in perm]
 
   translator = translate.make_translator(tokenizer, model, params, decode_config, max_src_len=8)
   assert translator.translate(lines) == out
   stats = translator.stats.as_dict()
   assert stats["num_lines"] == 8 and stats["num_empty"] == 2 and stats["num_truncated"] == 2
-  greedy = translate.translate_lines(
-    lines, tokenizer, model, params, decode_config, max_src_len=8, beam_size=1
-  )
+  greedy = translate_lines(lines, beam_size=1)
   assert len(greedy) == len(lines) and [o == "" for o in greedy] == [o == "" for o in out]

@@ -18,6 +18,7 @@ import tensorflow_datasets as tfds
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import demo, prepare, sources
+from flaxformer_nmt.workdir import Workdir
 
 from helpers import REPO, SMALL_MODEL_FLAGS, demo_config  # isort: skip
 
@@ -105,7 +106,7 @@ def test_prepare_builds_array_record_then_checks_the_splits(tmp_path, monkeypatc
     builder_cls = sources.import_tfds().builder_cls("wmt14_translate")
     monkeypatch.setattr(builder_cls, "is_prepared", lambda self: False)
     monkeypatch.setattr(builder_cls, "download_and_prepare", download_and_prepare)
-    result = prepare.prepare(c, str(tmp_path / "run"), process_count=1)
+    result = prepare.prepare(c, Workdir(str(tmp_path / "run")), process_count=1)
   assert len(calls) == 1
   name, data_dir, kwargs = calls[0]
   assert name == "wmt14_translate" and kwargs == {"file_format": "array_record"}
@@ -118,7 +119,9 @@ def test_prepare_refuses_several_processes_and_bad_names(tmp_path):
   c = demo_config()
   c.data.source = "tfds"
   with pytest.raises(errors.ConfigError, match="run it once, on one host"):
-    prepare.prepare(c, str(tmp_path), process_count=2)
+    prepare.prepare(c, Workdir(str(tmp_path)), process_count=2)
   c.data.tfds_name = "wmt14_translate/xx-en"
   with pytest.raises(errors.DataError, match="unknown config 'xx-en'"):
-    prepare.prepare(c, str(tmp_path), process_count=1)  # before TensorFlow is even looked for
+    prepare.prepare(
+      c, Workdir(str(tmp_path)), process_count=1
+    )  # before TensorFlow is even looked for

@@ -13,10 +13,13 @@ import pytest
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.training import lock as workdir_lock
+from flaxformer_nmt.workdir import Workdir
+
+LOCK_NAME = os.path.basename(Workdir("").lock_path)  # train.lock
 
 
 def _write_lock(workdir, **holder) -> str:
-  path = os.path.join(workdir, workdir_lock.LOCK_NAME)
+  path = os.path.join(workdir, LOCK_NAME)
   with open(path, "w") as f:
     json.dump(holder, f)
   return path
@@ -40,12 +43,12 @@ def _dead_pid() -> int:
 
 
 def test_held_while_training_and_released_after(tmp_path):
-  path = tmp_path / workdir_lock.LOCK_NAME
-  with workdir_lock.WorkdirLock(str(tmp_path)):
+  path = tmp_path / LOCK_NAME
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     holder = json.loads(path.read_text())
     assert holder["pid"] == os.getpid() and holder["host"] and holder["started"]
     with pytest.raises(errors.WorkdirLockedError) as info:
-      with workdir_lock.WorkdirLock(str(tmp_path)):
+      with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
         pass
     message = str(info.value)
     assert "\n" not in message and f"pid {os.getpid()}" in message
@@ -65,9 +68,9 @@ def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
       started="then",
     )
     old = time.time() - 10 * workdir_lock.STALE_AFTER_S
-    os.utime(tmp_path / workdir_lock.LOCK_NAME, (old, old))  # an old file, but a live holder
+    os.utime(tmp_path / LOCK_NAME, (old, old))  # an old file, but a live holder
     with pytest.raises(errors.WorkdirLockedError, match=f"pid {sleeper.pid}, started then"):
-      with workdir_lock.WorkdirLock(str(tmp_path)):
+      with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
         pass
   finally:
     sleeper.kill()
@@ -76,8 +79,8 @@ def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
 
 def test_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
   _write_dead_holders_lock(tmp_path)
-  with workdir_lock.WorkdirLock(str(tmp_path)):
-    assert json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
   assert "Took over the lock" in caplog.text
   assert sorted(os.listdir(tmp_path)) == []  # the stale file was not left behind
 
@@ -91,7 +94,7 @@ def test_a_reused_pid_does_not_count_as_the_holder(tmp_path):
     process_start="12345",
     started="then",
   )
-  with workdir_lock.WorkdirLock(str(tmp_path)):
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     pass
 
 
@@ -116,7 +119,7 @@ def test_another_hosts_live_holder_keeps_its_lock(tmp_path, monkeypatch):
   beats = _beating(path, seconds=2.0, every=0.3)
   start = time.monotonic()
   with pytest.raises(errors.WorkdirLockedError, match="host other-host, pid 1, started then"):
-    with workdir_lock.WorkdirLock(str(tmp_path)):
+    with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
       pass
   assert time.monotonic() - start < 2.0  # refused at the first heartbeat seen, not after a wait
   beats.join()
@@ -130,7 +133,7 @@ def test_another_hosts_silent_lock_is_taken_over_within_the_window(tmp_path, mon
   monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
   path = _write_lock(tmp_path, host="dead-runtime", pid=1, started="then")
   start = time.monotonic()
-  with workdir_lock.WorkdirLock(str(tmp_path)):
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     assert json.loads(open(path).read())["pid"] == os.getpid()
   assert 1.0 < time.monotonic() - start < 6.0
   assert "Took over the lock" in caplog.text
@@ -141,15 +144,15 @@ def test_another_hosts_old_lock_is_taken_over_at_once(tmp_path):
   old = time.time() - workdir_lock.STALE_AFTER_S - 1
   os.utime(path, (old, old))
   start = time.monotonic()
-  with workdir_lock.WorkdirLock(str(tmp_path)):
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     assert json.loads(open(path).read())["pid"] == os.getpid()
   assert time.monotonic() - start < workdir_lock.POLL_S * 3
 
 
 def test_a_holder_whose_lock_was_taken_over_stops_before_saving(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
-  path = tmp_path / workdir_lock.LOCK_NAME
-  with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
+  path = tmp_path / LOCK_NAME
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))) as lock:
     lock.check_held()  # still ours
     path.write_text(json.dumps({"host": "newcomer", "pid": 7, "token": "theirs"}))
     deadline = time.time() + 10
@@ -162,8 +165,8 @@ def test_a_holder_whose_lock_was_taken_over_stops_before_saving(tmp_path, monkey
 
 def test_the_heartbeat_keeps_a_long_job_fresh(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
-  path = tmp_path / workdir_lock.LOCK_NAME
-  with workdir_lock.WorkdirLock(str(tmp_path)):
+  path = tmp_path / LOCK_NAME
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     old = time.time() - 1000
     os.utime(path, (old, old))
     deadline = time.time() + 10
@@ -176,6 +179,7 @@ _CONTENDER = r"""
 import os, sys, time
 from flaxformer_nmt import errors
 from flaxformer_nmt.training import lock as workdir_lock
+from flaxformer_nmt.workdir import Workdir
 
 workdir, go, out = sys.argv[1:4]
 real_stale = workdir_lock.WorkdirLock._stale
@@ -193,7 +197,7 @@ workdir_lock.WorkdirLock._stale = slow_stale
 while not os.path.exists(go):
   time.sleep(0.005)
 try:
-  with workdir_lock.WorkdirLock(workdir):
+  with workdir_lock.WorkdirLock(Workdir(workdir)):
     line = "won"
     time.sleep(2.0)  # hold it while the others try
 except errors.WorkdirLockedError:
@@ -221,4 +225,4 @@ def test_of_many_simultaneous_contenders_for_a_stale_lock_exactly_one_wins(tmp_p
     assert proc.wait(timeout=60) == 0
   outcomes = sorted(out.read_text().split())
   assert outcomes == ["refused"] * 11 + ["won"], outcomes
-  assert not (workdir / workdir_lock.LOCK_NAME).exists()  # the winner released it
+  assert not (workdir / LOCK_NAME).exists()  # the winner released it

@@ -10,11 +10,13 @@ are initialised or shaped (`init_params`, also under jax.eval_shape).
 workdir, asks for 10 more steps with `api.train`, and traces until the first training step is
 dispatched (the set-up before it: checks, vocabulary, data, model, restore).
 
-A call *climbs* when its callee's module is not among the modules the caller's module imports,
-directly or through others, at module level: the call can only happen through a callback, an
-object handed down from above, or an import hidden inside a function. The import graph is read
-from the package's source (module-level `import` statements only), so the same rule judges any
-version of the package. Last line: JSON {"modules": [...], "climbs": [...], ...}.
+A call *climbs* when its callee's module imports the caller's (directly or through others): the
+call goes back up, through a callback (pmap's wrapper calling the function it was given, a search
+calling its step function) or an object handed down. A *hidden edge* is a call into a module that
+the caller's neither imports nor is imported by: reached through an import inside a function or
+an object handed over. The import graph is read from the package's source (module-level `import`
+statements only), so the same rule judges any version of the package. Last line: JSON
+{"modules": [...], "num_climbs": N, "num_hidden_edges": N, ...}.
 """
 
 from __future__ import annotations
@@ -81,16 +83,17 @@ def main() -> int:
   below = reachable(module_level_imports(root))
   entered: list[str] = []
   climbs: list[str] = []
+  hidden: list[str] = []
   stop = {"now": False}
   counts = {"tokenizer_loads": 0, "init_params_calls": 0}
 
   def module_of(frame) -> str | None:
     path = pathlib.Path(frame.f_code.co_filename).resolve()
     try:
-      rel = path.relative_to(root.parent)
+      rel = path.relative_to(root)
     except ValueError:
       return None
-    parts = rel.with_suffix("").parts
+    parts = (PACKAGE, *rel.with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
   def profile(frame, event, arg):  # noqa: ARG001
@@ -119,8 +122,14 @@ def main() -> int:
     while caller_frame is not None and module_of(caller_frame) is None:
       caller_frame = caller_frame.f_back  # through jax, functools, ... to our caller
     caller = module_of(caller_frame) if caller_frame is not None else None
-    if caller and caller != callee and callee not in below.get(caller, set()):
-      climbs.append(f"{caller}.{caller_frame.f_code.co_name} -> {callee}.{frame.f_code.co_name}")
+    if not caller or caller == callee or callee in below.get(caller, set()):
+      return
+    edge = f"{caller}.{caller_frame.f_code.co_name} -> {callee}.{frame.f_code.co_name}"
+    # A callee that imports the caller is above it: a callback (pmap's wrapper calling the
+    # function it was given, a search calling its step function). One that neither imports
+    # nor is imported by the caller was reached through an import inside a function or an
+    # object handed over.
+    (climbs if caller in below.get(callee, set()) else hidden).append(edge)
 
   config = api.load_config(args.config)
   workdir = args.workdir
@@ -141,9 +150,11 @@ def main() -> int:
       api.train(config, workdir)
   finally:
     sys.setprofile(None)
-  distinct_climbs = sorted(set(climbs))
+  distinct_climbs, distinct_hidden = sorted(set(climbs)), sorted(set(hidden))
   for line in distinct_climbs:
     print("climb:", line)
+  for line in distinct_hidden:
+    print("hidden edge:", line)
   print(
     json.dumps(
       {
@@ -151,6 +162,7 @@ def main() -> int:
         "modules": entered,
         "num_modules": len(entered),
         "num_climbs": len(distinct_climbs),
+        "num_hidden_edges": len(distinct_hidden),
         **counts,
       }
     )

@@ -10,14 +10,15 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from flaxformer_nmt import errors  # noqa: E402
-from flaxformer_nmt.runtime import records as reporting
+from flaxformer_nmt.runtime import records
+from flaxformer_nmt.workdir import Workdir
 
 
 def read_dev_metrics(workdir: str) -> list[dict[str, float]]:
-  path = reporting.metrics_path(workdir, "dev")
+  path = Workdir(workdir).metrics_path("dev")
   if not os.path.exists(path):
     raise errors.DataError(f"{path} does not exist: no evaluation has run in {workdir}.")
-  return reporting.read_jsonl(path)
+  return records.read_jsonl(path)
 
 
 def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[dict[str, float]]:

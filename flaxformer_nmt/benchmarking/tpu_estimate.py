@@ -13,7 +13,7 @@ goes uncounted).
 fusions back out, prices those calls separately as memory traffic (reading and writing their
 result once at HBM bandwidth, said in `accounted_custom_call_ms`), refuses (returns no estimate)
 when the program has loops, and puts a roofline of the same program beside it (max of its flops at
-peak and its bytes at HBM bandwidth). Analytic FLOPs (flaxformer_nmt/flops.py) over the estimated
+peak and its bytes at HBM bandwidth). Analytic FLOPs (benchmarking/flops.py) over the estimated
 time and the chip's peak give the estimated MFU.
 """
 

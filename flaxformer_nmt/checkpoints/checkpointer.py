@@ -25,11 +25,10 @@ What that takes here:
   mismatching parameter and both shapes, found from the checkpoint's metadata before any array is
   read.
 
-Layout under a workdir: `checkpoints/<step>/` (training) and `averaged/<step>/` (the mean of the
-last K training checkpoints' params, named after the newest of them), both orbax step directories
-with a `state` item and a `data` item (the averaged one stores `{"params": ...}` and a description).
-`Checkpointer` writes the first during training; `checkpoint_reader.CheckpointDir` reads either;
-`write` writes one step at once (averaging).
+Every folder of checkpoints holds orbax step directories with a `state` item and a `data` item (an
+average or `best/` stores `{"params": ...}` and a description of itself). `Checkpointer` writes
+them during training; `reader.CheckpointDir` reads any of them; `write` writes one step at once
+(averages, `best/`). Which folder of a workdir holds what is `workdir.Workdir`'s.
 
 Multi-process runs (`jax.distributed`): every process calls `save` and `restore`; orbax writes numpy
 arrays and JSON from process 0 only, and synchronises the processes around each save. Which step
@@ -68,28 +67,6 @@ from flaxformer_nmt.checkpoints.reader import (
   open_manager,
   state_dict,
 )
-
-CHECKPOINTS = "checkpoints"
-AVERAGED = "averaged"
-BEST = "best"
-# --checkpoint: auto (averaged if newer, else latest), latest, averaged, best (config.best_metric's
-# best evaluation), ema (the parameter average held in the latest training checkpoint).
-WHICH = ("auto", "latest", "averaged", "best", "ema")
-
-
-def checkpoint_dir(workdir: str) -> str:
-  """Where training checkpoints of `workdir` live."""
-  return str(epath.Path(workdir) / CHECKPOINTS)
-
-
-def averaged_dir(workdir: str) -> str:
-  """Where `averaging.save_averaged` writes the averaged parameters of `workdir`."""
-  return str(epath.Path(workdir) / AVERAGED)
-
-
-def best_dir(workdir: str) -> str:
-  """Where training keeps the parameters of the best dev evaluation (config.best_metric)."""
-  return str(epath.Path(workdir) / BEST)
 
 
 def _host_leaf(x: Any) -> np.ndarray:
@@ -149,7 +126,7 @@ class Checkpointer:
   the big model's gigabytes go to disk; `wait_until_finished` or `close` make it durable. If the
   program ends without either (an exception), an exit hook finishes the write; only a kill -9
   or a crash of the interpreter leaves it unfinished, and then the previous checkpoints remain.
-  The values come from `config_lib.validate`: `every_steps` and `every_secs` 0 mean "off".
+  The values come from `config.checks.validate`: `every_steps` and `every_secs` 0 mean "off".
   """
 
   def __init__(

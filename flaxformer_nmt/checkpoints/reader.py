@@ -1,8 +1,8 @@
 """Reading checkpoints: orbax step directories, retries, and what counts as damage.
 
-Split from checkpoint.py (which saves, resumes and writes): everything here only reads, so it is
+Split from checkpointer.py (which saves, resumes and writes): everything here only reads, so it is
 safe beside a training job, and every read is this process's own (no barrier across the processes
-of a job; see `open_manager`). Its rules, in checkpoint.py's docstring: a read that fails is
+of a job; see `open_manager`). Its rules, in checkpointer.py's docstring: a read that fails is
 retried; only positive evidence that a present file is damaged marks a step corrupt; a missing
 file never does; a checkpoint of another model is a one-line mismatch error, found from metadata.
 """
@@ -238,6 +238,11 @@ class CheckpointDir:
       items[DATA_ITEM] = ocp.args.JsonRestore()
     restored = _with_retries(path, lambda: manager.restore(step, args=ocp.args.Composite(**items)))
     return restored[STATE_ITEM], (restored[DATA_ITEM] if with_data else None)
+
+  def read_data(self, step: int) -> Any:
+    """The JSON item of one step alone (how an average or best/ describes itself)."""
+    args = ocp.args.Composite(**{DATA_ITEM: ocp.args.JsonRestore()})
+    return _with_retries(self.path(step), lambda: self.manager.restore(step, args=args))[DATA_ITEM]
 
   def check_matches(self, step: int, template: PyTree) -> None:
     """CheckpointMismatchError if `step`'s parameter names or shapes differ from `template`'s.

@@ -12,30 +12,20 @@ import dataclasses
 import ml_collections
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.config.checks import (  # re-exported: config_lib.validate, ....
-  ATTENTIONS,
-  BEAM_STYLES,
-  COMPOUND_SPLITS,
-  DECODE_METHODS,
-  DROPOUT_RNGS,
-  DTYPES,
-  POSITIONALS,
-  SOURCES,
-  VOCAB_MODEL_TYPES,
-  validate,
-)
+from flaxformer_nmt.config.checks import validate
 
+# Experiment files and older code call these through config_lib; `validate` stays reachable here.
 __all__ = [
-  "ATTENTIONS",
-  "BEAM_STYLES",
-  "COMPOUND_SPLITS",
-  "DECODE_METHODS",
-  "DROPOUT_RNGS",
-  "DTYPES",
-  "POSITIONALS",
-  "SOURCES",
-  "VOCAB_MODEL_TYPES",
+  "SIZES",
+  "TABLE3",
+  "WMT14_PAIRS",
+  "Size",
+  "base_config",
+  "model_config",
+  "set_field",
   "validate",
+  "wmt14_config",
+  "wmt14_table3_config",
 ]
 
 
@@ -89,9 +79,9 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       remat=False,  # recompute each layer's activations in the backward pass (saves memory)
       # How dropout masks are drawn: "threefry16" (two 16-bit masks per 32-bit draw: half the
       # random-number work; the rate is rounded to 1/65536), "threefry" (jax.random.bernoulli),
-      # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See layers.py.
+      # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See model/layers.py.
       dropout_rng="threefry16",
-      # Which softmax attention trains and scores: "ours" (attention_layers.py: float32 scores
+      # Which softmax attention trains and scores: "ours" (model/attention.py: float32 scores
       # and a hand-written backward) or "jax" (jax.nn.dot_product_attention: cuDNN's fused
       # kernel on GPUs where it supports the shapes, XLA elsewhere; no attention dropout).
       # Incremental decoding always runs ours.
@@ -196,7 +186,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       alpha=0.6,  # length penalty ((5 + len) / 6) ** alpha
       # "t2t": K live hypotheses from the top 2K plus the K best finished, as tensor2tensor (which
       # gave the paper's BLEU); "shrinking": a finished hypothesis keeps its slot, so the live
-      # beam shrinks (beam 1 is then exactly greedy). See search.py.
+      # beam shrinks (beam 1 is then exactly greedy). See decoding/beam_search.py.
       beam_style="shrinking",
       max_len_offset=50,  # maximum output length = input length + this
       batch_size=64,  # sentences per device in a decoding batch (all devices decode)
@@ -204,8 +194,8 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       # token drawn from the model's distribution; for back-translation). Eval and the dev BLEU
       # during training always score greedy and beam output.
       method="beam",
-      # Sampling (sampling.py): log-probabilities divided by temperature (> 0), then only the
-      # top_k most likely tokens (0 = all), then the smallest set reaching top_p (1.0 = all).
+      # Sampling (decoding/sampling.py): log-probabilities divided by temperature (> 0), then only
+      # the top_k most likely tokens (0 = all), then the smallest set reaching top_p (1.0 = all).
       temperature=1.0,
       top_k=0,
       top_p=1.0,

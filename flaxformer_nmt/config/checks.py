@@ -1,8 +1,7 @@
-"""Every rule on a config value, in one place: `validate`, and the choices each field allows.
+"""Every rule on a config value, in one place: `validate` (the choices are in choices.py).
 
-main.py (through modes.py) calls `validate` before any data is read or program compiled, and the
-rest of the code trusts a validated config. Kept apart from config_lib.py, which builds configs;
-config_lib re-exports these names.
+Every mode (modes.py) calls `validate` before any data is read or program compiled, and the rest
+of the code trusts a validated config. Kept apart from builders.py, which builds configs.
 """
 
 from __future__ import annotations
@@ -10,18 +9,20 @@ from __future__ import annotations
 import ml_collections
 
 from flaxformer_nmt import errors
-
-DTYPES = ("auto", "float32", "bfloat16")
-SOURCES = ("demo", "tfds", "files")
-VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
-POSITIONALS = ("sinusoidal", "learned")
-DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # layers.dropout_keep_mask
-ATTENTIONS = ("ours", "jax")  # attention_layers.dot_product_attention / jax.nn's
-BEAM_STYLES = ("shrinking", "t2t")  # search.py's module docstring
-DECODE_METHODS = ("beam", "greedy", "sample")  # decode.SearchConfig, sampling.py
-COMPOUND_SPLITS = ("auto", "on", "off")  # evaluate.splits_compounds
-SCHEDULES = ("paper", "constant")  # optim.SCHEDULES
-BEST_METRICS = ("", "dev_bleu", "dev_loss")  # best.Tracker
+from flaxformer_nmt.config.choices import (
+  ATTENTIONS,
+  BEAM_STYLES,
+  BEST_METRICS,
+  COMPOUND_SPLITS,
+  DECODE_METHODS,
+  DROPOUT_RNGS,
+  DTYPES,
+  POSITIONALS,
+  SCHEDULES,
+  SEED_LIMIT,
+  SOURCES,
+  VOCAB_MODEL_TYPES,
+)
 
 
 def _fail(message: str) -> None:
@@ -38,6 +39,15 @@ def _get(config: ml_collections.ConfigDict, path: str):
   for part in path.split("."):
     config = config[part]
   return config
+
+
+def _seed(config: ml_collections.ConfigDict, path: str) -> None:
+  value = _get(config, path)
+  if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+    _fail(
+      f"config.{path} must be an integer in [0, 2**32), got {value!r}: JAX's random keys hold "
+      "32 bits, so other seeds would give the same numbers as one inside that range."
+    )
 
 
 def _in_unit(config: ml_collections.ConfigDict, path: str) -> None:
@@ -63,6 +73,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for path in ("checkpoint_every_steps", "checkpoint_every_secs", "max_train_minutes"):
     _at_least(config, path, 0)  # 0: off
   _in_unit(config, "label_smoothing")
+  _seed(config, "seed")
 
   m = config.model
   for path in ("num_layers", "d_model", "d_ff", "num_heads"):
@@ -138,6 +149,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not dc.temperature > 0:
     _fail(f"config.decode.temperature must be > 0, got {dc.temperature!r}.")
   _at_least(config, "decode.top_k", 0)
+  _seed(config, "decode.seed")
   if not 0 < dc.top_p <= 1:
     _fail(f"config.decode.top_p must be in (0, 1], got {dc.top_p!r}.")
   if dc.alignment_layer >= m.num_layers:

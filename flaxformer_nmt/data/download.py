@@ -156,12 +156,24 @@ def _fetch(url: str, path: str, size: int, sha256: str) -> None:
     ) from None
 
 
+def make_folder(path: str) -> None:
+  """Creates config.data.dir, or says in one line why it cannot be (a file is in the way)."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise errors.DataError(f"config.data.dir={path}: is a file, not a folder for the corpus.")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:  # a file somewhere above it, no permission, a full disk
+    raise errors.DataError(
+      f"config.data.dir={path}: cannot create the folder ({e.strerror or e})."
+    ) from None
+
+
 def download(data: ml_collections.ConfigDict, names: Iterable[str] | None = None) -> dict[str, int]:
   """Fetches Multi30k's files into `data.dir` from `data.url`; returns how many were downloaded
   and how many were already there, verified."""
   names = list(names) if names is not None else wanted_files(data)
   base = data.url if data.url.endswith("/") else data.url + "/"
-  os.makedirs(data.dir, exist_ok=True)
+  make_folder(data.dir)
   fetched = kept = 0
   for i, name in enumerate(names, 1):
     path = os.path.join(data.dir, name)

@@ -9,8 +9,8 @@ translation get.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import ml_collections
 from absl import logging
@@ -23,6 +23,15 @@ Batch = packing.Batch
 # The vocabulary sample is seeded by this, not by config.seed, so runs that differ only in their
 # training seed share the same vocabulary.
 _VOCAB_SEED = 0
+
+
+class RunFolder(Protocol):
+  """Where a run keeps its vocabulary and tokenized corpora (`workdir.Workdir` is one)."""
+
+  @property
+  def data_cache(self) -> str: ...
+
+  def vocabulary(self, config: ml_collections.ConfigDict | None = None) -> str: ...
 
 
 def _process_defaults(process_index: int | None, process_count: int | None) -> tuple[int, int]:
@@ -74,15 +83,19 @@ class Data:
 
 def make_data(
   config: ml_collections.ConfigDict,
-  workdir: str,
+  workdir: RunFolder,
   num_devices: int,
   process_index: int | None = None,
   process_count: int | None = None,
   need_train: bool = True,
   accumulate_steps: int = 1,
   eval_splits: Sequence[str] = ("dev", "test"),
+  tokenizer: tokenizer_lib.Tokenizer | None = None,
 ) -> Data:
   """Checks the data, loads or trains the vocabulary, tokenizes (or loads the cache), batches.
+
+  `workdir` says where the vocabulary and the tokenized corpora live; `tokenizer`, when the caller
+  has loaded the run's vocabulary already, is used as it is.
 
   `num_devices` is the global device count: one training stream each, and global rows are a
   multiple of it times `accumulate_steps` (each device splits its rows into that many
@@ -119,10 +132,14 @@ def make_data(
   pairs = {split: list(source.iter_pairs(split)) for split in eval_splits}
   for split, split_pairs in pairs.items():
     logging.info("%s: %d pairs.", split, len(split_pairs))
-  os.makedirs(workdir, exist_ok=True)
-  tokenizer = tokenizer_lib.load_or_train_tokenizer(
-    dc, workdir, lambda: source.iter_pairs("train"), seed=_VOCAB_SEED, process_index=process_index
-  )
+  if tokenizer is None:
+    tokenizer = tokenizer_lib.load_or_train_tokenizer(
+      dc,
+      workdir.vocabulary(config),
+      lambda: source.iter_pairs("train"),
+      seed=_VOCAB_SEED,
+      process_index=process_index,
+    )
   train = None
   if need_train:
     # This process's devices' streams: pairs i with (i // num_local) % process_count == index.
@@ -130,7 +147,7 @@ def make_data(
       source,
       "train",
       tokenizer,
-      os.path.join(workdir, "data_cache"),
+      workdir.data_cache,
       shard=tokenized.Shard(process_index, process_count, block=num_local),
     )
     train = streams.DeviceStreams(

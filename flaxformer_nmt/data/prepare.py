@@ -17,7 +17,6 @@ is known to be readable.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ml_collections
@@ -67,7 +66,9 @@ def build_tfds(data_config: ml_collections.ConfigDict) -> str:
   return str(builder.data_dir)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str, process_count: int) -> dict[str, Any]:
+def prepare(
+  config: ml_collections.ConfigDict, workdir: pipeline.RunFolder, process_count: int
+) -> dict[str, Any]:
   """Builds the dataset (TFDS), checks dev and test, trains the vocabulary; returns the figures.
 
   Run it once, on one host: the build writes one shared dataset directory.
@@ -90,6 +91,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, process_count: int)
   for split in ("dev", "test"):
     result[f"{split}_set"] = data.split_name(split)
     result[f"{split}_sentences"] = len(data.pairs(split))
-  result["vocab_path"] = dc.vocab_path or os.path.join(workdir, "spm.model")
+  result["vocab_path"] = workdir.vocabulary(config)
   result["vocab_size"] = data.tokenizer.vocab_size
   return result

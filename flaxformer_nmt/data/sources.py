@@ -74,7 +74,7 @@ class DemoSource(Source):
     self._generated: dict[str, list[Pair]] = {}
 
   def check(self, splits: Sequence[str] = SPLITS) -> None:
-    del splits  # generated in code: the sizes are checked by config_lib.validate
+    del splits  # generated in code: the sizes are checked by config.checks.validate
 
   def iter_pairs(self, split: str) -> Iterator[Pair]:
     _check_split(split)
@@ -153,6 +153,8 @@ class FilesSource(Source):
     )
 
   def check(self, splits: Sequence[str] = SPLITS) -> None:
+    if os.path.exists(self._dir) and not os.path.isdir(self._dir):
+      raise DataError(f"data.dir={self._dir!r}: is a file, not the folder of the corpus.")
     if not os.path.isdir(self._dir):
       raise DataError(f"data.dir={self._dir!r}: no such folder.{self._hint}")
     for split in splits:
@@ -354,6 +356,6 @@ def _text(value: str | bytes, name: str, index: int) -> str:
 
 
 def make_source(data_config: ml_collections.ConfigDict) -> Source:
-  """The source named by `data.source` (one of config_lib.SOURCES)."""
+  """The source named by `data.source` (one of config.choices.SOURCES)."""
   kinds = {"demo": DemoSource, "files": FilesSource, "tfds": TfdsSource}
   return kinds[data_config.source](data_config)

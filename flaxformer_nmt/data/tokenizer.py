@@ -22,8 +22,6 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 
-MODEL_FILENAME = "spm.model"
-
 # How long processes other than 0 wait for process 0 to write the vocabulary.
 _WAIT_TIMEOUT_S = 6 * 3600.0
 _WAIT_POLL_S = 2.0
@@ -164,28 +162,16 @@ def sample_sentences(pairs: Iterable[tuple[str, str]], sample_size: int, seed: i
   return [s for pair in reservoir for s in pair]
 
 
-def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
-  """The run's existing vocabulary (`data.vocab_path`, else `<workdir>/spm.model`), never trained.
-
-  For modes that read no corpora (average, translate): they need the vocabulary's size and pieces.
-  """
-  path = data_config.vocab_path or os.path.join(workdir, MODEL_FILENAME)
-  if not os.path.isfile(path):
-    what = "config.data.vocab_path=" if data_config.vocab_path else ""
-    raise errors.CheckpointError(
-      f"{what}{path}: no such vocabulary; train with --workdir={workdir} first."
-    )
-  return Tokenizer(path)
-
-
 def load_or_train_tokenizer(
   data_config: ml_collections.ConfigDict,
-  workdir: str,
+  path: str,
   train_pairs_fn: Callable[[], Iterable[tuple[str, str]]],
   seed: int = 0,
   process_index: int | None = None,
 ) -> Tokenizer:
-  """The run's vocabulary: `data.vocab_path`, else `<workdir>/spm.model`, else trained and saved.
+  """The run's vocabulary at `path` (`data.vocab_path`, or the workdir's own `spm.model`, as
+  `Workdir.vocabulary` says), trained there from `train_pairs_fn`'s sample if it is the
+  workdir's own and absent.
 
   Multi-process runs: only process 0 trains; the others wait for the file to appear in the (shared)
   workdir. That is simple and enough because the write is an atomic rename.
@@ -195,7 +181,6 @@ def load_or_train_tokenizer(
       raise errors.DataError(f"config.data.vocab_path={data_config.vocab_path}: no such file.")
     logging.info("Using the vocabulary %s (data.vocab_path).", data_config.vocab_path)
     return Tokenizer(data_config.vocab_path)
-  path = os.path.join(workdir, MODEL_FILENAME)
   if os.path.isfile(path):
     logging.info("Reusing the vocabulary %s.", path)
     return Tokenizer(path)
@@ -217,7 +202,7 @@ def load_or_train_tokenizer(
   sentences = sample_sentences(train_pairs_fn(), data_config.vocab_sample_size, seed)
   return train_tokenizer(
     sentences,
-    os.path.join(workdir, MODEL_FILENAME[: -len(".model")]),
+    path.removesuffix(".model"),
     data_config.vocab_size,
     model_type=data_config.vocab_model_type,
   )

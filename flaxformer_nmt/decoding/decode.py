@@ -1,27 +1,32 @@
-"""Translating a batch with the Transformer: its cached decoder as a step function, the length
+"""Translating a batch with the Transformer: the search's settings (`SearchConfig`), the length
 rule, and the jitted entry point `decode_batch` (encoder once, then the search, in one program).
 
-The searches themselves (greedy and beam search, search.py; sampling, sampling.py) see only a step
-function, so the model side lives here: projecting the cross-attention keys and values once,
-sizing the decode caches, each sentence's maximum output length (input length + 50 as in the
-paper, Sec. 6.1), ensembles (`Ensemble`: several models' next-token probabilities averaged at
-every step, fairseq's rule) and word alignments (the cross-attention of one decoder layer).
+The searches (token_loop.py, sampling.py, beam_search.py) see only a step function, and the model
+as one is model_step.py's; this module puts them together: each sentence's maximum output length
+(input length + 50 as in the paper, Sec. 6.1), the decode caches' size, sampling's keys, and the
+alignments asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from flaxformer_nmt.config.builders import BEAM_STYLES, DECODE_METHODS
-from flaxformer_nmt.decoding import sampling
+from flaxformer_nmt.config.choices import BEAM_STYLES, DECODE_METHODS
+from flaxformer_nmt.decoding import beam_search, sampling, token_loop
 from flaxformer_nmt.decoding import search as search_lib
-from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.decoding.model_step import (
+  Ensemble,
+  ensemble_step_fn,
+  model_step_fn,
+  source_positions,
+)
+from flaxformer_nmt.model.tokens import PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, init_decode_cache
 
 Array = jax.Array
@@ -36,7 +41,7 @@ class SearchConfig:
     alpha: length-penalty exponent; 0 ranks by plain log-probability.
     max_len_offset: a sentence's output has at most (its source length + this) tokens, EOS
       included, and never more than the model's `max_len`.
-    style: "shrinking" or "t2t" (search.py's module docstring).
+    style: "shrinking" or "t2t" (beam_search.py's module docstring).
     method: "beam" (beam_size 1 = greedy), "greedy" or "sample" (sampling.py).
     nbest: outputs per sentence: the n best of the beam (n <= beam_size), or n samples.
     temperature, top_k, top_p, seed: sampling's (sampling.py; `row_keys` for the seed).
@@ -95,15 +100,6 @@ class SearchConfig:
     return sampling.SamplingRule(self.temperature, self.top_k, self.top_p)
 
 
-class Ensemble(NamedTuple):
-  """The parameters of several models of one configuration, decoded as one (`ensemble_step_fn`).
-
-  Wherever a decode function takes `params`, an Ensemble may stand instead.
-  """
-
-  members: tuple[Any, ...]
-
-
 # ------------------------------------------------------------------------------------------------
 # The length rule.
 
@@ -130,63 +126,7 @@ def decode_length_bound(src_len: int, max_len_offset: int, model_max_len: int | 
 
 
 # ------------------------------------------------------------------------------------------------
-# The Transformer as a step function, and the jitted entry point.
-
-
-def model_step_fn(
-  model: Transformer, params: Any, encoded: Array, inputs: Array
-) -> search_lib.StepFn:
-  """The cached decoder as a step function over rows of (`encoded`, `inputs`).
-
-  encoded: [batch, src_len, d_model]; inputs: [batch, src_len] (for the cross-attention mask).
-  The step may run on K rows per sentence (beam search: row b * K + j is beam j of sentence b);
-  the cross-attention then keeps one copy of each sentence's keys and values for its K rows.
-
-  The cross-attention keys and values of every decoder layer are projected here, once, by one
-  decoder step on a throwaway one-position cache with `cross_cache` mutable; each step then reads
-  them as constants.
-  """
-  batch, src_len = inputs.shape
-  _, projected = model.apply(
-    {"params": params, "cache": init_decode_cache(model, batch, 1, src_len)},
-    encoded,
-    inputs,
-    jnp.zeros((batch, 1), jnp.int32),
-    decode=True,
-    method=Transformer.decode,
-    mutable=["cache", "cross_cache"],
-  )
-  cross_cache = projected["cross_cache"]  # leaves [batch, src_len, heads, head_dim]
-
-  def step(cache: search_lib.Cache, ids: Array) -> tuple[Array, search_lib.Cache]:
-    logits, mutated = model.apply(
-      {"params": params, "cache": cache, "cross_cache": cross_cache},
-      encoded,
-      inputs,
-      ids,
-      decode=True,
-      method=Transformer.decode,
-      mutable=["cache"],
-    )  # logits: [rows, 1, vocab]
-    return logits[:, 0, :], mutated["cache"]
-
-  return step
-
-
-def ensemble_step_fn(step_fns: list[search_lib.StepFn]) -> search_lib.StepFn:
-  """Several models' step functions as one: the cache is the tuple of theirs, and the "logits"
-  are the log of the mean of their next-token probabilities (fairseq's ensemble rule), which every
-  search then treats as one model's log-probabilities."""
-
-  def step(caches: tuple, ids: Array) -> tuple[Array, tuple]:
-    outs = [fn(cache, ids) for fn, cache in zip(step_fns, caches, strict=True)]
-    log_probs = jnp.stack(
-      [search_lib.log_softmax(logits.astype(jnp.float32)) for logits, _ in outs]
-    )
-    mean = jax.nn.logsumexp(log_probs, axis=0) - jnp.log(jnp.float32(len(outs)))  # [rows, vocab]
-    return mean, tuple(cache for _, cache in outs)
-
-  return step
+# The jitted entry point.
 
 
 def row_keys(seed: int, line_ids: Array, samples: int) -> Array:
@@ -217,7 +157,7 @@ def decode_batch(
     search: method, beam size, style, alpha, length rule, n-best, sampling. Beam size 1 runs the
       shrinking beam search with one slot, which is greedy search (tests check it token for
       token), or, for style "t2t", greedy search itself.
-    greedy: run greedy search (search.py) instead (the reference beam 1 is checked against).
+    greedy: run greedy search (token_loop.py) instead (the reference beam 1 is checked against).
     line_ids: [batch] int32 each row's input line number, for sampling's keys (`row_keys`);
       default 0..batch-1.
 
@@ -291,7 +231,7 @@ def run_search(
   if members is not None:
     cache = tuple(cache for _ in range(members))
   if search.method == "greedy":
-    return search_lib.greedy_search(
+    return token_loop.greedy_search(
       step_fn, cache, max_lengths, max_decode_len=max_decode_len, alpha=search.alpha
     )
   if search.method == "sample":
@@ -306,7 +246,7 @@ def run_search(
       rule=search.sampling_rule,
     )
     return _rank_samples(result, batch, k)
-  return search_lib.beam_search(
+  return beam_search.beam_search(
     step_fn,
     cache,
     max_lengths,
@@ -331,26 +271,3 @@ def _rank_samples(result: search_lib.SearchResult, batch: int, k: int) -> search
   return result._replace(
     **{f: ranked(getattr(result, f)) for f in search_lib.SearchResult._fields[:4]}
   )
-
-
-def source_positions(
-  model: Transformer, params: Any, inputs: Array, tokens: Array, layer: int
-) -> Array:
-  """Hard alignments from one decoder layer's cross-attention, averaged over heads.
-
-  inputs: [batch, S] sources; tokens: [batch, (n,) T] their outputs (EOS, then PAD). The outputs
-  are run through the model teacher-forced, which reproduces the attention the search saw when
-  it chose each token; output position t is aligned to the source position it attends to most,
-  EOS and padding excluded on both sides (as fairseq's --print-alignment). Returns tokens' shape,
-  int32 source positions, -1 where there is no alignment.
-  """
-  rows = tokens.reshape(-1, tokens.shape[-1])  # [batch * n, T]
-  sources = jnp.repeat(inputs, rows.shape[0] // inputs.shape[0], axis=0)  # [batch * n, S]
-  _, state = model.apply({"params": params}, sources, rows, mutable=["intermediates"])
-  (weights,) = state["intermediates"][f"decoder_{layer}"]["cross_attention"]["attention_weights"]
-  mean = jnp.mean(weights, axis=1)  # [rows, T, S]
-  real_source = (sources != PAD_ID) & (sources != EOS_ID)  # [rows, S]
-  mean = jnp.where(real_source[:, None, :], mean, -1.0)
-  best = jnp.argmax(mean, axis=-1).astype(jnp.int32)  # [rows, T]
-  real_target = (rows != PAD_ID) & (rows != EOS_ID) & jnp.any(real_source, axis=1)[:, None]
-  return jnp.where(real_target, best, -1).reshape(tokens.shape)

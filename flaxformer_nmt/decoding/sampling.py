@@ -1,8 +1,8 @@
 """Sampling search: each next token drawn from the model's distribution, on the cached decoder.
 
-Like search.py, it sees only a step function `(cache, ids [rows, 1]) -> (logits [rows, vocab],
-cache)`, so it runs on the same incremental decoder as greedy search and costs about as much per
-step (one draw instead of one argmax). Back-translation works better with sampled than with beam
+Like every search (search.py), it sees only a step function, so it runs on the same incremental
+decoder as greedy search (token_loop.py, whose loop it shares) and costs about as much per step
+(one draw instead of one argmax). Back-translation works better with sampled than with beam
 output (Edunov et al., 2018, "Understanding Back-Translation at Scale"), which is what it is for.
 
 The distribution can be reshaped before each draw, in this order (as fairseq and Hugging Face do):
@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flaxformer_nmt.decoding.search import NEG_INF, Cache, SearchResult, StepFn, token_by_token
+from flaxformer_nmt.decoding.search import NEG_INF, Cache, SearchResult, StepFn
+from flaxformer_nmt.decoding.token_loop import token_by_token
 
 Array = jax.Array
 

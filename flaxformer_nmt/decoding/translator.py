@@ -10,9 +10,7 @@ are not sent to the model and come back empty. A line longer than the model acce
 counted, with a warning) rather than dropped, which would shift every later line.
 
 `translate_nbest` returns each line's n hypotheses (the n best of the beam, or n samples) with
-their scores, and, when asked, word alignments in Pharaoh format ("i-j": source word i, output
-word j, 0-based), mapped from the model's source positions (decode.source_positions) to words:
-a word is a piece that starts with SentencePiece's "▁" and the pieces that follow it.
+their scores, and, when asked, word alignments in Pharaoh format (alignments.py).
 """
 
 from __future__ import annotations
@@ -28,18 +26,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import decode
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.runtime import files, parallel
-from flaxformer_nmt.runtime import records as reporting
+from flaxformer_nmt.runtime import files, parallel, progress
 
 # ([batch, src_len] int32 source ids, [batch] int32 input line numbers (-1: filler row)) ->
 # the search's result (decode.decode_batch's, as numpy or jax arrays), or just the output ids
 # [batch, out_len] (EOS, then PAD) for a decoder that has no scores (the tests' stand-ins).
 BatchDecodeFn = Callable[[np.ndarray, np.ndarray], Any]
-
-# SentencePiece's word-start mark.
-_WORD_START = "\u2581"
 
 # Padded source lengths. Roughly geometric, so padding wastes at most ~1/3 of a batch while a
 # full run compiles about ten programs.
@@ -65,45 +61,6 @@ class Hypothesis:
   text: str
   score: float  # what the search ranks by: log-probability / length penalty (0.0 for no output)
   alignment: str | None = None  # Pharaoh "i-j ..." when alignments were asked for
-
-
-def word_starts(pieces: Sequence[str]) -> list[int]:
-  """Each piece's word index, counting words as the decoded text's `split()` does.
-
-  A word starts at the first piece with content after a "▁" (or at the first piece with
-  content at all). A bare "▁" piece is only a space: it opens no word of its own (the text
-  would show none), and is counted with the word it precedes (or, at the end, the one before).
-  """
-  index, pending, out = -1, True, []
-  for piece in pieces:
-    if piece.startswith(_WORD_START):
-      pending = True
-    content = piece.lstrip(_WORD_START)
-    if not content:
-      out.append(None)
-      continue
-    if pending:
-      index, pending = index + 1, False
-    out.append(index)
-  # Bare pieces take the next word's index, or the last word's, or 0 when there is no word.
-  following = None
-  for i in range(len(out) - 1, -1, -1):
-    if out[i] is None:
-      out[i] = following if following is not None else max(index, 0)
-    else:
-      following = out[i]
-  return out  # type: ignore[return-value]
-
-
-def pharaoh(source_words: Sequence[int], target_words: Sequence[int], positions) -> str:
-  """ "i-j" pairs, sorted, without repeats: target piece t (word target_words[t]) aligned to
-  source piece positions[t] (word source_words[...]); -1 = no alignment."""
-  pairs = {
-    (source_words[p], target_words[t])
-    for t, p in enumerate(positions)
-    if t < len(target_words) and 0 <= p < len(source_words)
-  }
-  return " ".join(f"{i}-{j}" for i, j in sorted(pairs))
 
 
 @dataclasses.dataclass
@@ -227,7 +184,7 @@ class Translator:
           done,
           len(order),
           rate,
-          reporting.format_seconds((len(order) - done) / rate),
+          progress.format_seconds((len(order) - done) / rate),
         )
         last_log = now
     self.stats.seconds = time.time() - start
@@ -250,24 +207,10 @@ class Translator:
       text = files.one_line(self.tokenizer.decode(ids))
       alignment = None
       if self.alignments:
-        alignment = self._alignment(source, ids, positions[k] if positions is not None else [])
+        row_positions = positions[k] if positions is not None else []
+        alignment = alignments_lib.pharaoh_of(self.tokenizer, source, ids, row_positions)
       out.append(Hypothesis(text, float(scores[k]), alignment))
     return out
-
-  def _alignment(self, source: Sequence[int], output: Sequence[int], positions) -> str:
-    """Pharaoh word alignment of one output, from its pieces' source positions."""
-    piece = self.tokenizer.id_to_piece  # type: ignore[attr-defined]
-    source_pieces = [piece(int(i)) for i in source if i not in (EOS_ID, PAD_ID)]
-    output_ids = list(output)
-    end = output_ids.index(EOS_ID) if EOS_ID in output_ids else len(output_ids)
-    output_pieces = [piece(int(i)) for i in output_ids[:end] if i != PAD_ID]
-    return pharaoh(word_starts(source_pieces), word_starts(output_pieces), list(positions))
-
-
-def alignment_layer(setting: int, num_layers: int) -> int:
-  """config.decode.alignment_layer as a layer index: negative counts from the top (-1 the last,
-  -2 the penultimate), and a model with fewer layers than that uses its first."""
-  return max(num_layers + setting, 0) if setting < 0 else setting
 
 
 def _next_power_of_two(n: int) -> int:
@@ -314,11 +257,12 @@ def make_translator(
 ) -> Translator:
   """A Translator for `model` with the search, length rule and batch size of config.decode
   (`beam_size` overrides the beam and asks for beam search, e.g. greedy dev BLEU during
-  training). `params` may be a decode.Ensemble. `nbest` hypotheses per line; `alignments` adds
-  word alignments from config.decode.alignment_layer's cross-attention."""
+  training). `params` may be a model_step.Ensemble. `nbest` hypotheses per line; `alignments`
+  adds word alignments from config.decode.alignment_layer's cross-attention."""
   layer = -1
   if alignments:
-    layer = alignment_layer(int(decode_config.get("alignment_layer", -1)), model.cfg.num_layers)
+    setting = int(decode_config.get("alignment_layer", -1))
+    layer = alignments_lib.alignment_layer(setting, model.cfg.num_layers)
   search = decode.SearchConfig.from_config(
     decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
   )
@@ -333,29 +277,48 @@ def make_translator(
   )
 
 
+def translator_for(
+  components: Components,
+  params: Any,
+  *,
+  replicated: bool = False,
+  beam_size: int | None = None,
+  nbest: int = 1,
+  alignments: bool = False,
+) -> Translator:
+  """`make_translator` with the command's Components: its tokenizer, model and config."""
+  return make_translator(
+    components.tokenizer,
+    components.model,
+    params,
+    components.config.decode,
+    components.max_src_len,
+    replicated=replicated,
+    beam_size=beam_size,
+    nbest=nbest,
+    alignments=alignments,
+  )
+
+
 def translate_lines(
   lines: Sequence[str],
-  tokenizer: TextTokenizer,
-  model: Any,
+  components: Components,
   params: Any,
-  decode_config: ml_collections.ConfigDict,
-  max_src_len: int,
   *,
   replicated: bool = False,
   beam_size: int | None = None,
 ) -> list[str]:
-  """Translates `lines` with config.decode's settings; see the module docstring.
-
-  `max_src_len` is the longest source the model takes, EOS included: for a trained model
-  min(config.model.max_len, config.data.max_len). `replicated`: see `make_decode_fn`.
-  """
-  translator = make_translator(
-    tokenizer,
-    model,
-    params,
-    decode_config,
-    max_src_len,
-    replicated=replicated,
-    beam_size=beam_size,
-  )
+  """One translation of each of `lines`, with config.decode's settings (`beam_size` overrides
+  the beam); see the module docstring. `replicated`: see `make_decode_fn`."""
+  translator = translator_for(components, params, replicated=replicated, beam_size=beam_size)
   return translator.translate(lines)
+
+
+def translate_fn(
+  components: Components, params: Any, *, replicated: bool
+) -> Callable[[Sequence[str], int], list[str]]:
+  """`(sources, beam_size) -> translations`: how evaluation asks a model to translate, on every
+  device of every process (`params` replicated over the local devices, or one host copy)."""
+  return lambda sources, beam_size: translate_lines(
+    list(sources), components, params, replicated=replicated, beam_size=beam_size
+  )

@@ -166,8 +166,8 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
-  dropout_kind: str = "threefry16"  # config_lib.DROPOUT_RNGS
-  implementation: str = "ours"  # config_lib.ATTENTIONS: "jax" = jax.nn.dot_product_attention
+  dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
+  implementation: str = "ours"  # choices.ATTENTIONS: "jax" = jax.nn.dot_product_attention
 
   @nn.compact
   def __call__(
@@ -214,8 +214,8 @@ class MultiHeadAttention(nn.Module):
       self._init_self_cache(key, value)  # `init` with the full target length: shapes only
 
     if not decode and self.is_mutable_collection("intermediates"):
-      # For pictures (attention.py): the probabilities again, only when asked for; the product
-      # below is untouched. Sown as [B, N, T, S] under this module's name.
+      # For pictures (decoding/attention_pictures.py): the probabilities again, only when asked for;
+      # the product below is untouched. Sown as [B, N, T, S] under this module's name.
       self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
@@ -226,7 +226,7 @@ class MultiHeadAttention(nn.Module):
       # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
       query = query.reshape(key.shape[0], beams * query.shape[1], n, h)
     if self.implementation == "jax":
-      # config_lib.validate allows it only without attention dropout. cuDNN on GPUs where it
+      # config.checks.validate allows it only without attention dropout. cuDNN on GPUs where it
       # supports the shapes and dtype, XLA elsewhere (jax decides).
       out = jax.nn.dot_product_attention(query, key, value, mask=mask)  # [B, T, N, H]
     else:
@@ -290,7 +290,7 @@ class MultiHeadAttention(nn.Module):
     """Encoder keys/values, [B, S, N, H] each, from the `cross_cache` collection.
 
     Projected once per sentence, before the search loop, by a call with `cross_cache` mutable
-    (`decode.model_step_fn`); the loop's steps read it as a constant. Being outside the loop's
+    (decoding/model_step.py); the loop's steps read it as a constant. Being outside the loop's
     carried state, it is neither copied nor reordered with the beams, and no step branches on
     whether it is ready.
     """

@@ -1,10 +1,10 @@
 """Building blocks of the Transformer: float32-accumulating products, tied logits, dropout,
 positional encodings, feed-forward. Attention, with its decode caches and masks, is in
-attention_layers.py.
+attention.py.
 
 Everything here is pure Flax linen: parameters in, activations out.
 
-Einsum letters and shape comments mean the same in this file, attention_layers.py and model.py
+Einsum letters and shape comments mean the same in this file, attention.py and transformer.py
 (gemma's style):
 
   B  batch (rows)                      D  d_model
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.config import choices
 
 Array = jax.Array
 Dtype = Any
@@ -101,7 +101,7 @@ tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 #   "threefry"    jax.random.bernoulli with the default threefry generator, as flax's nn.Dropout.
 #   "rbg"         jax.random.bernoulli on an "rbg" key (XLA's RngBitGenerator): the fast choice
 #                 on TPUs; slower than threefry on CPUs (measured: 1.6x slower per mask).
-# The names are config_lib.DROPOUT_RNGS.
+# The names are choices.DROPOUT_RNGS.
 
 
 def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...], kind: str) -> Array:
@@ -112,7 +112,7 @@ def dropout_keep_mask(rng: Array, rate: float, shape: tuple[int, ...], kind: str
     rbg_key = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl="rbg")
     return jax.random.bernoulli(rbg_key, 1.0 - rate, shape)
   if kind != "threefry16":
-    raise ValueError(f"Unknown dropout rng {kind!r}; choose one of {config_lib.DROPOUT_RNGS}.")
+    raise ValueError(f"Unknown dropout rng {kind!r}; choose one of {choices.DROPOUT_RNGS}.")
   size = int(np.prod(shape))
   words = jax.random.bits(rng, ((size + 1) // 2,), jnp.uint32)  # [ceil(size / 2)]
   halves = jnp.concatenate([words & 0xFFFF, words >> 16])[:size]  # [size] uniform in [0, 2^16)
@@ -189,7 +189,7 @@ class PositionalEncoding(nn.Module):
       positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])  # [B, T]
     if self.kind == "sinusoidal":
       pe = sinusoidal_encoding(positions, self.d_model)
-    else:  # "learned" (config_lib.validate allows no other)
+    else:  # "learned" (config.checks allows no other)
       table = self.param(
         "pos_embedding", nn.initializers.normal(stddev=0.02), (self.max_len, self.d_model)
       )
@@ -208,7 +208,7 @@ class FeedForward(nn.Module):
   d_ff: int
   relu_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
-  dropout_kind: str = "threefry16"  # config_lib.DROPOUT_RNGS
+  dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool = True) -> Array:

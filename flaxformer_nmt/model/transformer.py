@@ -50,14 +50,14 @@ class TransformerConfig:
   max_len: int = 256
   dtype: Any = jnp.float32  # of matrix products; see the module docstring
   remat: bool = False
-  dropout_rng: str = "threefry16"  # how masks are drawn: config_lib.DROPOUT_RNGS
-  attention: str = "ours"  # config_lib.ATTENTIONS
+  dropout_rng: str = "threefry16"  # how masks are drawn: choices.DROPOUT_RNGS
+  attention: str = "ours"  # choices.ATTENTIONS
 
   @classmethod
   def from_config(
     cls, model: ml_collections.ConfigDict, vocab_size: int, auto_dtype: str = "float32"
   ) -> TransformerConfig:
-    """Builds the model's config from `config.model` (checked by `config_lib.validate`).
+    """Builds the model's config from `config.model` (checked by `config.checks.validate`).
 
     `auto_dtype` is what `model.dtype="auto"` resolves to on this machine
     (`parallel.auto_dtype()`: bfloat16 on TPUs and recent GPUs, float32 on CPUs).
@@ -334,7 +334,7 @@ def init_decode_cache(
   `position`), which are shared by all rows. `num_sentences` (default `batch_size`) is the number
   of source sentences (beam search decodes `batch_size = num_sentences * beam` rows); the
   cross-attention keys and values are not part of this cache but of the `cross_cache`
-  collection (`decode.model_step_fn`).
+  collection (`decoding/model_step.model_step_fn`).
   """
   num_sentences = batch_size if num_sentences is None else num_sentences
   dummy_src = jnp.ones((num_sentences, src_len), jnp.int32)

@@ -59,6 +59,20 @@ def saved_config(workdir: str) -> dict:
     return json.load(f)
 
 
+def check_output_file(path: str, flag: str) -> None:
+  """ConfigError, before any work, if `path` cannot become a file (`flag` names where it came
+  from): a folder is there, or a file stands where its folder should be. "-" (stdout) is fine."""
+  if path == STDIO:
+    return
+  if os.path.isdir(path):
+    raise errors.ConfigError(f"{flag}={path} is a folder; name a file (or - for stdout).")
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise errors.ConfigError(f"{flag}={path}: {parent} is a file, not a folder.")
+
+
 def write_text(path: str, text: str) -> None:
   """Writes `text` as UTF-8, atomically (see `atomic_path`)."""
   with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:

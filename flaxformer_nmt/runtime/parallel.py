@@ -2,9 +2,9 @@
 
 One process drives its local devices; `jax.distributed` joins several processes (hosts) into one
 run. Each process feeds its local devices with their rows of the global batch, and pmap's
-collectives span every device of every process, so the per-device steps in `steps.py` are unaware
-of hosts. pmap places the devices of process p at positions p * local_device_count + j of its axis
-(devices of one host are contiguous), which is how the input pipeline numbers its streams.
+collectives span every device of every process, so the per-device steps in `training/steps.py` are
+unaware of hosts. pmap places the devices of process p at positions p * local_device_count + j of
+its axis (devices of one host are contiguous), which is how the input pipeline numbers its streams.
 
 Reading results on the host never indexes a pmap output (`x[0]` is a global gather since JAX 0.8,
 which hangs or fails across hosts): `local_replica` copies one *addressable* shard, and values that

@@ -1,8 +1,11 @@
-"""Console progress, metrics (TensorBoard and JSON lines) and result files for long-running work.
+"""JSON-line records and result files: what scripts, tests and a rerun read, never the log text.
 
-Only process 0 writes TensorBoard files, metrics, results and JSON lines, so a multi-host run
-produces one set of each. Scripts and tests read the JSON lines (`<workdir>/train_metrics.jsonl`,
-`dev_metrics.jsonl`, `<mode>_result.json`, `results.jsonl`), never the log text.
+Every mode ends by writing its figures to a result file (`write_result`) before it prints them as
+its last line, so a closed terminal loses nothing. Record files (`train_metrics.jsonl`,
+`dev_metrics.jsonl`, `results.jsonl`) grow by one line at a time (`append_jsonl`); a kill in the
+middle of a write leaves a torn last line, which readers skip and the next append drops first, so
+the record after it is never glued to it and lost. Only process 0 writes, so a multi-host run
+leaves one copy of each. Which files a workdir holds, and where, is `workdir.Workdir`'s business.
 """
 
 from __future__ import annotations
@@ -17,169 +20,103 @@ from absl import logging
 
 from flaxformer_nmt.runtime import files
 
-RESULTS_LOG = "results.jsonl"
+
+def _drop_torn_tail(path: str) -> None:
+  """Cuts a last line without its newline (a write killed halfway) off `path`, with a warning.
+
+  Reads backwards from the end in blocks, so a long record file costs one seek, not a read.
+  """
+  with open(path, "rb+") as f:
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+      return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+      return
+    position = end
+    while position > 0:
+      start = max(position - 65536, 0)
+      f.seek(start)
+      block = f.read(position - start)
+      newline = block.rfind(b"\n")
+      if newline >= 0:
+        keep = start + newline + 1
+        break
+      position = start
+    else:
+      keep = 0
+    f.truncate(keep)
+  logging.warning(
+    "%s ended in a torn line (%d bytes, a write cut short): dropped it before appending.",
+    path,
+    end - keep,
+  )
 
 
 def append_jsonl(path: str, record: dict[str, Any]) -> None:
-  """One JSON line appended to `path` (process 0 only)."""
-  if jax.process_index() == 0:
-    with open(path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record, sort_keys=True) + "\n")
+  """One JSON line appended to `path` (process 0 only); a torn last line is dropped first."""
+  if jax.process_index() != 0:
+    return
+  if os.path.exists(path):
+    _drop_torn_tail(path)
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-  """The records of a JSON-lines file ([] if absent); a torn last line (a kill) is skipped."""
+  """The records of a JSON-lines file ([] if absent); a line that is not JSON (torn) is skipped."""
   if not os.path.exists(path):
     return []
   records = []
   for line in files.iter_lines(path):
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except json.JSONDecodeError:
       continue
+    if isinstance(record, dict):
+      records.append(record)
   return records
 
 
-def metrics_path(workdir: str, split: str) -> str:
-  """`<workdir>/<split>_metrics.jsonl`: train figures at each log step, dev at each evaluation."""
-  return os.path.join(workdir, f"{split}_metrics.jsonl")
+def last_record_of_step(path: str, step: int) -> dict[str, Any] | None:
+  """The last record of `path` logged at `step` (a step logged twice, before and after a resume,
+  counts as its later line), without its "step" field; None if there is none."""
+  found = None
+  for record in read_jsonl(path):
+    if record.get("step") == step:
+      found = {k: v for k, v in record.items() if k != "step"}
+  return found
 
 
-def result_path(workdir: str, mode: str) -> str:
-  """`<workdir>/<mode>_result.json`: the latest final figures of a mode."""
-  return os.path.join(workdir, f"{mode}_result.json")
-
-
-def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
-  """The train figures of a log step from the per-step metrics since the last one."""
-  tokens = sum(m["tokens"] for m in history)
-  return {
-    "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
-    "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
-    "learning_rate": history[-1]["learning_rate"],
-    "grad_norm": history[-1]["grad_norm"],
-    "param_norm": history[-1]["param_norm"],
-    "target_tokens_per_s": tokens / max(seconds, 1e-9),
-    "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),
-    "skipped_steps": sum(m["nonfinite"] for m in history),
-  }
-
-
-def write_result(workdir: str, result: dict[str, Any], *, echo: bool = True) -> None:
-  """Saves a mode's final figures in the workdir, then (if `echo`) prints them as one JSON line.
+def write_result(
+  result_path: str, log_path: str, result: dict[str, Any], *, echo: bool = True
+) -> None:
+  """Saves a mode's final figures to `result_path`, appends them with the time to `log_path`,
+  then (if `echo`) prints them as one JSON line. Process 0 only.
 
   The file comes first: a job whose stdout is gone (a closed pipe, a dropped session) still leaves
-  its result in `<workdir>/<mode>_result.json`, and `<workdir>/results.jsonl` keeps every result
-  with the time it was written. Process 0 only.
+  its result behind.
   """
   if jax.process_index() != 0:
     return
   line = json.dumps(result, sort_keys=True)
-  files.write_text(result_path(workdir, result["mode"]), line + "\n")
-  append_jsonl(
-    os.path.join(workdir, RESULTS_LOG), {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result}
-  )
+  files.write_text(result_path, line + "\n")
+  append_jsonl(log_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result})
   if echo:
     print_result(result)
+
+
+def read_result(result_path: str) -> dict[str, Any] | None:
+  """A result file's figures, or None if it is missing or not a JSON object (torn)."""
+  try:
+    with open(result_path, encoding="utf-8") as f:
+      found = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return found if isinstance(found, dict) else None
 
 
 def print_result(result: dict[str, Any]) -> None:
   """A mode's figures as the one JSON line that ends its output (process 0 only)."""
   if jax.process_index() == 0:
     print(json.dumps(result, sort_keys=True), flush=True)
-
-
-class MetricWriter:
-  """Scalars to TensorBoard (tensorboardX: no TensorFlow needed) and to `<split>_metrics.jsonl`.
-
-  A no-op off process 0.
-  """
-
-  def __init__(self, workdir: str) -> None:
-    self._workdir = workdir
-    self._writer = None
-    if jax.process_index() == 0:
-      from tensorboardX import SummaryWriter  # imported lazily: heavy, and process 0 only
-
-      self._writer = SummaryWriter(logdir=workdir)
-
-  def scalars(self, step: int, values: dict[str, float], split: str) -> None:
-    """`values` of `step` under `split` ("train" or "dev")."""
-    if self._writer is None:
-      return
-    for name, value in values.items():
-      self._writer.add_scalar(f"{split}/{name}", float(value), step)
-    self._writer.flush()
-    append_jsonl(metrics_path(self._workdir, split), {"step": step, **values})
-
-  def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-
-  def __enter__(self) -> MetricWriter:
-    return self
-
-  def __exit__(self, *exc_info: object) -> None:
-    self.close()
-
-
-class TrainClock:
-  """Seconds spent training (evaluations excluded), continued across resumes.
-
-  The checkpoint stores `seconds()`, so a resumed run's learning curve (dev figures against
-  minutes of training) and its `max_train_minutes` budget continue where the last run stopped.
-  """
-
-  def __init__(self, seconds_before: float = 0.0) -> None:
-    self._before = float(seconds_before)
-    self._start = time.monotonic()
-    self._excluded = 0.0
-
-  def seconds(self) -> float:
-    return self._before + time.monotonic() - self._start - self._excluded
-
-  def exclude(self, seconds: float) -> None:
-    """Takes time spent on something else (an evaluation) out of the training time."""
-    self._excluded += seconds
-
-
-class Progress:
-  """Rate and ETA over the steps run in this process (resumed runs don't inflate the rate)."""
-
-  def __init__(self, first_step: int, total_steps: int) -> None:
-    self.first_step = first_step
-    self.total_steps = total_steps
-    self.start = time.monotonic()
-
-  def eta(self, step: int, budget_left: float | None = None) -> str:
-    """Time to the last step, or to the end of a wall-clock budget if that comes first."""
-    done = step - self.first_step
-    if done <= 0:
-      return "?"
-    seconds = (time.monotonic() - self.start) / done * (self.total_steps - step)
-    if budget_left is not None:
-      seconds = max(min(seconds, budget_left), 0.0)
-    return format_seconds(seconds)
-
-
-def format_seconds(seconds: float) -> str:
-  seconds = int(seconds)
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
-  wait = metrics.get("input_wait_fraction")
-  logging.info(
-    "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s%s  ETA %s",
-    step,
-    total,
-    metrics["loss"],
-    metrics["nll"],
-    metrics["learning_rate"],
-    metrics["grad_norm"],
-    metrics["target_tokens_per_s"],
-    "" if wait is None else f"  input wait {wait:.0%}",
-    eta,
-  )

@@ -18,18 +18,18 @@ already), never a logged best whose parameters were not written.
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
+import shutil
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.checkpoints import checkpointer as checkpoint
-from flaxformer_nmt.checkpoints import reader as checkpoint_reader
+from flaxformer_nmt.checkpoints import checkpointer, reader
 from flaxformer_nmt.runtime import parallel
-from flaxformer_nmt.runtime import records as reporting
 from flaxformer_nmt.training import optim
+from flaxformer_nmt.workdir import BEST_INCOMING, Workdir
 
 EMA_PREFIX = "ema_"  # dev figures of the EMA parameters: ema_dev_bleu, ema_dev_loss, ...
 HIGHER_IS_BETTER = {"dev_bleu": True, "dev_loss": False}
@@ -101,12 +101,12 @@ class Keeper:
   every process enters the write together); only process 0 reads the learning curve.
   """
 
-  def __init__(self, metric: str, patience: int, workdir: str, start_step: int) -> None:
+  def __init__(self, metric: str, patience: int, workdir: Workdir, start_step: int) -> None:
     self.workdir = workdir
     self.tracker = Tracker(metric, patience)
     if parallel.is_main_process():
-      records = reporting.read_jsonl(reporting.metrics_path(workdir, "dev"))
-      self.tracker.replay(records, start_step)
+      finish_replacement(workdir.best)  # a replacement that a kill interrupted
+      self.tracker.replay(workdir.dev_records(), start_step)
     count = parallel.broadcast_from_main(
       np.asarray(self.tracker.evals_without_improvement, np.int32)
     )
@@ -121,12 +121,12 @@ class Keeper:
         t.parameters,
         t.evals_without_improvement,
       )
-      saved = checkpoint_reader.CheckpointDir(checkpoint.best_dir(workdir)).steps()
+      saved = reader.CheckpointDir(workdir.best).steps()
       if t.step not in saved:  # best_metric switched on (or changed) for a run under way
         logging.warning(
           "%s holds no parameters of step %d, the learning curve's best %s; it receives the "
           "next evaluation that improves on it.",
-          checkpoint.best_dir(workdir),
+          workdir.best,
           t.step,
           t.metric,
         )
@@ -156,30 +156,28 @@ class Keeper:
       "step": step,
       "parameters": "params" if decided == 1 else "ema",
     }
-    directory = checkpoint.best_dir(self.workdir)
-    saved_steps = checkpoint_reader.CheckpointDir(directory).steps()
-    if parallel.broadcast_from_main(_already_saved(self.workdir, saved_steps, info)):
-      # A resumed run evaluating a step again (identically): that best is on disk already, and
-      # rewriting it would leave best/ empty for the time of the write.
+    directory = self.workdir.best
+    if parallel.broadcast_from_main(_already_saved(directory, info)):
+      # A resumed run evaluating a step again, identically: best/ holds it already (a kill may
+      # have come before best_result.json named it), so only the record is written.
       logging.info(
         "%s already holds step %d with %s %.4g.", directory, step, tracker.metric, tracker.value
       )
-      return
-    if lock is not None:
-      lock.check_held()
-    params = state.params if decided == 1 else optim.ema_of(state.opt_state)
-    path = checkpoint.write(directory, step, {"params": params}, info, replace=True, only=True)
-    reporting.write_result(
-      self.workdir, {"mode": "best", "path": path, **tracker.summary()}, echo=False
-    )
-    logging.info(
-      "New best %s %.4g (%s) at step %d: saved to %s.",
-      tracker.metric,
-      tracker.value,
-      info["parameters"],
-      step,
-      path,
-    )
+    else:
+      if lock is not None:
+        lock.check_held()
+      params = state.params if decided == 1 else optim.ema_of(state.opt_state)
+      write_best(directory, step, params, info)
+      logging.info(
+        "New best %s %.4g (%s) at step %d: saved to %s.",
+        tracker.metric,
+        tracker.value,
+        info["parameters"],
+        step,
+        directory,
+      )
+    path = os.path.join(directory, str(step))
+    self.workdir.write_result({"mode": "best", "path": path, **tracker.summary()}, echo=False)
 
   def exhausted(self, step: int) -> bool:
     """Whether config.early_stopping_patience evaluations in a row brought no improvement."""
@@ -197,18 +195,54 @@ class Keeper:
     return True
 
 
-def _already_saved(workdir: str, saved_steps: list[int], info: dict[str, Any]) -> bool:
-  """Whether best/ holds `info`'s step with its figure: best_result.json, written once the step
-  was complete, says so (process 0 reads it)."""
-  if not parallel.is_main_process() or info["step"] not in saved_steps:
+def _already_saved(directory: str, info: dict[str, Any]) -> bool:
+  """Whether best/ holds `info`'s step with its figure, as the step's own JSON item says
+  (process 0 reads it)."""
+  if not parallel.is_main_process():
+    return False
+  best = reader.CheckpointDir(directory)
+  if info["step"] not in best.steps():
     return False
   try:
-    with open(reporting.result_path(workdir, "best"), encoding="utf-8") as f:
-      saved = json.load(f)
-  except (OSError, ValueError):
+    saved = best.read_data(info["step"])
+  except reader.Unreadable:
     return False
-  return (saved.get("best_step"), saved.get("best_value"), saved.get("best_parameters")) == (
-    info["step"],
-    info["value"],
-    info["parameters"],
-  )
+  return all(saved.get(k) == info[k] for k in ("step", "value", "parameters", "metric"))
+
+
+# A new best of a step that best/ already holds (a resumed run whose evaluation came out another
+# way) is written beside it first, then swapped in by two renames; a kill between them leaves the
+# new one in INCOMING, which `finish_replacement` moves into place at the next start.
+INCOMING = BEST_INCOMING
+OUTGOING = ".outgoing"
+
+
+def write_best(directory: str, step: int, params: Any, info: dict[str, Any]) -> None:
+  """Writes `params` as best/<step> and removes every other step once it is complete, so best/
+  always holds a complete best: the previous one until the new one is in place. Every process
+  calls it (orbax writes from process 0)."""
+  if step not in reader.CheckpointDir(directory).steps():
+    checkpointer.write(directory, step, {"params": params}, info, only=True)
+    return
+  incoming = os.path.join(directory, INCOMING)
+  checkpointer.write(incoming, step, {"params": params}, info, replace=True, only=True)
+  if parallel.is_main_process():
+    finish_replacement(directory)
+  parallel.broadcast_from_main(True)  # the others wait for the swap
+
+
+def finish_replacement(directory: str) -> None:
+  """Moves a complete step from best/.incoming into best/ (the step it replaces is renamed
+  aside first and deleted after), then keeps only the newest step. Process 0 only."""
+  incoming = reader.CheckpointDir(os.path.join(directory, INCOMING))
+  for step in incoming.steps()[-1:]:
+    target, outgoing = os.path.join(directory, str(step)), os.path.join(directory, OUTGOING)
+    if os.path.isdir(target):
+      shutil.rmtree(outgoing, ignore_errors=True)
+      os.rename(target, outgoing)
+    os.rename(str(incoming.path(step)), target)
+    logging.info("Replaced %s with the new evaluation of that step.", target)
+  for leftover in (INCOMING, OUTGOING):
+    shutil.rmtree(os.path.join(directory, leftover), ignore_errors=True)
+  for step in reader.CheckpointDir(directory).steps()[:-1]:
+    shutil.rmtree(os.path.join(directory, str(step)), ignore_errors=True)

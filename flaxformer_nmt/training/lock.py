@@ -1,4 +1,4 @@
-"""One training job per workdir: `<workdir>/train.lock` names the job that holds it.
+"""One training job per workdir: its lock file (`<workdir>/train.lock`) names the job that holds it.
 
 Two jobs in one workdir would overwrite each other's checkpoints and interleave their data
 positions, so the second one stops at once with one line naming the holder. A lock left by a job
@@ -42,8 +42,8 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.runtime import files, parallel
+from flaxformer_nmt.workdir import Workdir
 
-LOCK_NAME = "train.lock"
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
 POLL_S = 1.0  # how often a lock from another host is looked at while it is watched
@@ -76,8 +76,8 @@ def _alive(holder: dict[str, Any]) -> bool:
 class WorkdirLock:
   """Context manager: holds `<workdir>/train.lock` (the workdir must exist) while a job trains."""
 
-  def __init__(self, workdir: str) -> None:
-    self.path = os.path.join(workdir, LOCK_NAME)
+  def __init__(self, workdir: Workdir) -> None:
+    self.path = workdir.lock_path
     self._me = {
       "host": socket.gethostname(),
       "pid": os.getpid(),

@@ -1,45 +1,35 @@
-"""The training loop: orchestration only (the maths is in steps.py, devices in parallel.py).
+"""The training loop: the set-up once, then orchestration only (the maths is in steps.py, the
+moving parts in trainer.py, devices in runtime/parallel.py).
 
-A run is fully determined by its config, seed and global device count: the batches come from a
-seeded, resumable pipeline with one stream per device, dropout keys derive from (seed, step,
-device), and each checkpoint stores the state and every stream's position, so rerunning the
-command after a preemption continues the same run, and 2 processes of 4 devices run exactly what
-1 process of 8 runs.
-
-Multi-process runs: every process executes this same loop, step for step, and every collective
-(the pmapped steps, decoding, checkpoint saves, the gathering of data positions, decisions taken
-by process 0's clock) is entered by all of them at the same step. Host reads of device values go
-through `parallel.local_replica`, which needs no other process. Only process 0 writes files and
-logs.
+`train_and_evaluate` takes the workdir's lock, builds the command's one `Components` (from the
+vocabulary a resumed run or a fine-tuning source already has, or from the one the data trains),
+checks that the checkpoints fit it, reads the data, and runs the `Trainer` to the last step; then
+it scores the test set. `finished_result` lets a rerun of a finished command return its saved
+figures without decoding again.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import checkpointer as checkpoint
-from flaxformer_nmt.checkpoints import reader as checkpoint_reader
-from flaxformer_nmt.components import Run, check_resume_fits, prepare_workdir
-from flaxformer_nmt.data import prefetch
-from flaxformer_nmt.decoding import evaluation as evaluate_lib
-from flaxformer_nmt.runtime import files, parallel
-from flaxformer_nmt.runtime import records as reporting
-from flaxformer_nmt.training import best, init_from, optim, steps
-from flaxformer_nmt.training import lock as workdir_lock
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.decoding import evaluation
+from flaxformer_nmt.runtime import parallel, records
+from flaxformer_nmt.training import init_from
+from flaxformer_nmt.training.lock import WorkdirLock
 from flaxformer_nmt.training.preemption import PreemptionGuard
+from flaxformer_nmt.training.state import TrainSetup, check_resume_fits
+from flaxformer_nmt.training.trainer import Trainer
+from flaxformer_nmt.workdir import Workdir
 
 
-def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+def finished_result(config: ml_collections.ConfigDict, workdir: Workdir) -> dict[str, Any] | None:
   """The saved final figures of a workdir that this very config trained to the end, or None.
 
   Rerunning a finished training command (a notebook cell after a runtime reset, a repeated job)
@@ -51,334 +41,132 @@ def finished_result(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   """
   found = None
   if parallel.is_main_process():
-    try:
-      with open(reporting.result_path(workdir, "train")) as f:
-        saved = json.load(f)
-      with open(os.path.join(workdir, "config.json")) as f:
-        same_config = f.read() == config.to_json_best_effort(indent=2)
-    except (OSError, ValueError):
-      saved, same_config = {}, False
+    saved = workdir.read_result("train") or {}
+    same_config = workdir.saved_config_text() == config.to_json_best_effort(indent=2)
     complete = (
-      isinstance(saved, dict)
-      and saved.get("mode") == "train"
+      saved.get("mode") == "train"
       and (saved.get("step") == config.num_train_steps or saved.get("stopped_early"))
       and "test_set" in saved
       and not saved.get("preempted")
     )
     if complete and same_config:
-      saved_steps = checkpoint_reader.CheckpointDir(checkpoint.checkpoint_dir(workdir)).steps()
+      saved_steps = workdir.training_steps()
       found = saved if saved_steps and saved_steps[-1] == saved["step"] else None
   if not parallel.broadcast_from_main(found is not None):
     return None
-  if found is None:  # another process: the same file, on the workdir every process shares
-    with open(reporting.result_path(workdir, "train")) as f:
-      found = json.load(f)
-  return found
+  return found if found is not None else workdir.read_result("train")  # the same shared file
 
 
-def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
-  # psum'd on device, so every replica holds the global value: read one this process holds.
-  return [jax.tree.map(float, parallel.local_replica(m)) for m in device_metrics]
+def _components_before_data(
+  config: ml_collections.ConfigDict, workdir: Workdir
+) -> tuple[Components | None, init_from.Source | None]:
+  """The command's Components when the vocabulary exists before any data is read (a resumed
+  run's; a fine-tuning source's), checked against the checkpoints it will read; else None (the
+  data trains the vocabulary). Also the fine-tuning source, when there is one to start from."""
+  if workdir.training_steps():
+    if config.get("init_from"):
+      init_from.log_ignored(config.init_from, workdir)
+    components = Components.load(config, workdir)
+    check_resume_fits(config, workdir, components)
+    return components, None
+  if not config.get("init_from"):
+    return None, None
+  source = init_from.check(config, workdir)
+  components = Components(config, Tokenizer(source.vocabulary))
+  init_from.check_fits(source, components)
+  init_from.adopt_vocabulary(config, workdir, source)  # before the data looks for one
+  return components, source
 
 
-def _global_data_state(train_iter: data_lib.DeviceStreams) -> dict[str, Any]:
-  """Every stream's input position, for the checkpoint (a collective in multi-process runs).
-
-  Each process holds its own devices' streams; orbax writes the checkpoint's JSON from process 0,
-  which must therefore see all of them. Every process calls this at the same step.
-  """
-  local = np.array(
-    [[p["epoch"], p["index"], p["size"]] for p in train_iter.get_state()], np.int32
-  )  # [local streams, 3]
-  everyone = parallel.all_gather_host(local).reshape(-1, 3)  # [streams, 3], process-major
-  fields = ("epoch", "index", "size")
-  return {"streams": [dict(zip(fields, map(int, row), strict=True)) for row in everyone]}
+def _final_dev_figures(trainer: Trainer) -> dict[str, float]:
+  """The dev figures of the last step: this process's evaluation, or, when the last step was
+  evaluated before a restart (a run killed while it scored the test set), its saved record."""
+  if trainer.last_dev:
+    return trainer.last_dev
+  path = trainer.workdir.metrics_path("dev")
+  return records.last_record_of_step(path, trainer.step) or {}
 
 
-def _restore_data_state(train_iter: data_lib.DeviceStreams, saved: dict[str, Any]) -> None:
-  positions, exact = data_lib.resume_positions(
-    saved, train_iter.first_stream, train_iter.stream_sizes, jax.device_count()
-  )
-  if not exact:
-    logging.warning(
-      "The checkpoint's input positions do not match this run's %d data streams (one per "
-      "device; was it trained on another number of devices?). The input continues at epoch %d "
-      "without skipping data, but the batches differ from an uninterrupted run's.",
-      jax.device_count(),
-      positions[0]["epoch"],
-    )
-  train_iter.set_state(positions)
-
-
-class Trainer:
-  """One training run's moving parts: the replicated state, metrics in flight, clock, writers.
-
-  `train_and_evaluate` drives it; each method is one thing the loop does at a step.
-  """
-
-  def __init__(
-    self,
-    run: Run,
-    lock: workdir_lock.WorkdirLock | None = None,
-    source: init_from.Source | None = None,
-  ) -> None:
-    """`source`: start from its parameters (config.init_from) when there is nothing to resume."""
-    self.run = run
-    self.lock = lock  # checked before each checkpoint: never write one for a workdir lost
-    self.config = config = run.config
-    data = run.data
-    logging.info(
-      "Devices: %d (%d processes x %d local, %s); %d rows of %d tokens per device per update, "
-      "in %d micro-batch(es).",
-      data.num_devices,
-      data.process_count,
-      jax.local_device_count(),
-      jax.devices()[0].platform,
-      data.global_rows // data.num_devices,
-      data.max_len,
-      config.optim.accumulate_steps,
-    )
-    self.checkpoints = checkpoint.Checkpointer(
-      checkpoint.checkpoint_dir(run.workdir),
-      keep=config.keep_checkpoints,
-      every_steps=config.checkpoint_every_steps,
-      every_secs=config.checkpoint_every_secs,
-    )
-    restored = self.checkpoints.restore(run.abstract_state())
-    trained_seconds = 0.0
-    if restored is None:
-      state = run.initial_state()
-      if source is not None:  # fine-tuning: step 0, fresh Adam moments and data position
-        params = jax.device_get(init_from.load_params(source, run.abstract_params(), run.workdir))
-        # Fresh Adam moments, and a parameter average (EMA) that starts at the source's.
-        state = state.replace(params=params, opt_state=run.tx.init(params))
-    else:
-      state, data_state, step = restored
-      _restore_data_state(run.data.train, data_state)
-      trained_seconds = float(data_state.get("train_seconds", 0.0))
-      logging.info("Resumed from step %d in %s.", step, self.checkpoints.directory)
-    self.start_step = self.step = int(state.step)
-    self.p_train_step = parallel.pmap_train_step(
-      steps.train_step,
-      model=run.model,
-      tx=run.tx,
-      schedule=run.schedule,
-      label_smoothing=config.label_smoothing,
-      accumulate_steps=config.optim.accumulate_steps,
-      skip_nonfinite=config.skip_nonfinite,
-    )
-    self.p_eval_step = parallel.pmap_eval_step(
-      steps.eval_step, model=run.model, label_smoothing=config.label_smoothing
-    )
-    self.p_state = parallel.replicate(state)
-    self.multi_process = jax.process_count() > 1
-    self.writer = reporting.MetricWriter(run.workdir)
-    self.progress = reporting.Progress(self.start_step, config.num_train_steps)
-    self.clock = reporting.TrainClock(trained_seconds)  # process 0's decides for everyone
-    self.pending: list[dict[str, Any]] = []  # device metrics not yet fetched (async dispatch)
-    self._last_log_seconds = self.clock.seconds()
-    self._last_input_wait = self._input_wait()
-    self.last_dev: dict[str, float] = {}
-    self.keeper = None  # config.best_metric's tracker and <workdir>/best/
-    if config.best_metric:
-      self.keeper = best.Keeper(
-        config.best_metric, config.early_stopping_patience, run.workdir, self.start_step
-      )
-
-  def __enter__(self) -> Trainer:
-    return self
-
-  def __exit__(self, *exc_info: object) -> None:
-    self.writer.close()
-    self.checkpoints.close()
-    if isinstance(self.run.data.train, prefetch.Prefetcher):
-      self.run.data.train.close()
-
-  def train_step(self) -> int:
-    """Dispatches the next step and returns its number (one step at most stays in flight)."""
-    batch = next(self.run.data.train)
-    self.p_state, metrics = self.p_train_step(self.p_state, parallel.shard(batch))
-    self.pending.append(metrics)
-    if len(self.pending) > 1:
-      # The next batch is packed while this step computes, but the host never races ahead of
-      # the device, so time budgets, rates and ETAs are real.
-      jax.block_until_ready(self.pending[-2])
-    self.step += 1
-    return self.step
-
-  def flush(self) -> list[dict[str, float]]:
-    """Fetches pending metrics; stops the run on a non-finite loss before anything is saved."""
-    history = _host_metrics(self.pending)
-    self.pending.clear()
-    for i, m in enumerate(history):
-      bad_step = self.step - len(history) + i + 1
-      if m["nonfinite"] and not self.config.skip_nonfinite:
-        raise errors.NonFiniteLossError(
-          f"Non-finite loss or gradient at step {bad_step}; not saved. The last good checkpoint "
-          f"is step {self.checkpoints.latest_step()} in {self.checkpoints.directory}. Lower "
-          "config.optim.lr_scale, or set config.skip_nonfinite=True to skip such steps."
-        )
-      if m["nonfinite"]:
-        logging.warning("Skipped step %d: non-finite loss or gradient.", bad_step)
-    return history
-
-  def log(self, total: int) -> None:
-    """Train figures since the last log: console, TensorBoard, train_metrics.jsonl."""
-    history = self.flush()
-    now = self.clock.seconds()
-    summary = reporting.summarize_train(history, now - self._last_log_seconds)
-    wait = self._input_wait()
-    if wait is not None:
-      # The share of training time the loop waited for a packed batch (0 = input kept ahead).
-      elapsed = max(now - self._last_log_seconds, 1e-9)
-      summary["input_wait_fraction"] = min((wait - self._last_input_wait) / elapsed, 1.0)
-      self._last_input_wait = wait
-    budget = self.config.max_train_minutes * 60.0
-    eta = self.progress.eta(self.step, budget - now if budget else None)
-    reporting.log_train(self.step, total, summary, eta)
-    self.writer.scalars(self.step, summary, split="train")
-    self._last_log_seconds = now
-
-  def _input_wait(self) -> float | None:
-    """Seconds the loop has waited for prefetched batches (None when packing is in the loop)."""
-    return getattr(self.run.data.train, "wait_seconds", None)
-
-  def save(self, *, force: bool, check_clock: bool) -> None:
-    def make() -> tuple[Any, dict[str, Any]]:
-      if self.lock is not None:
-        self.lock.check_held()
-      self.flush()  # a non-finite loss stops the run before anything poisoned is saved
-      data_state = dict(_global_data_state(self.run.data.train), train_seconds=self.clock.seconds())
-      return parallel.local_replica(self.p_state), data_state
-
-    self.checkpoints.save(self.step, make, force=force, check_clock=check_clock)
-
-  def _dev_figures(self, params: Any) -> dict[str, float]:
-    """Dev loss and dev BLEU of replicated `params`."""
-    c = self.config
-    dev = evaluate_lib.dev_loss(self.run.data.eval_batches("dev"), self.p_eval_step, params)
-    dev_pairs = self.run.data.pairs("dev")[: c.eval.dev_bleu_sentences]
-    translate_fn = self.run.translator(params, replicated=True)
-    dev.update(evaluate_lib.dev_bleu(dev_pairs, translate_fn, c.eval.dev_bleu_beam_size))
-    return dev
-
-  def evaluate(self) -> dict[str, float]:
-    """Dev figures now (of the raw parameters, and of their average as ema_* when EMA is on):
-    logged, written to TensorBoard and dev_metrics.jsonl, and offered to the best tracker."""
-    self.flush()
-    start = time.monotonic()
-    dev = {"train_minutes": self.clock.seconds() / 60.0}
-    dev.update(self._dev_figures(self.p_state.params))
-    ema = optim.ema_of(self.p_state.opt_state)
-    if ema is not None:
-      dev.update({best.EMA_PREFIX + k: v for k, v in self._dev_figures(ema).items()})
-    logging.info(
-      "step %d  %s  (%.1fs)",
-      self.step,
-      "  ".join(f"{k} {v:.4g}" for k, v in dev.items()),
-      time.monotonic() - start,
-    )
-    if self.keeper is not None:  # best/ first: a logged best always has its parameters saved
-      self.keeper.offer(self.step, dev, self.p_state, self.lock)
-    self.writer.scalars(self.step, dev, split="dev")
-    self.clock.exclude(time.monotonic() - start)  # evaluations are not training time
-    self.last_dev = dev
-    return dev
-
-  def evaluate_if_missed(self) -> None:
-    """Evaluates the restored step if it is an evaluation step that its run never evaluated.
-
-    A run stopped between saving such a step and evaluating it would otherwise leave a hole in
-    the learning curve.
-    """
-    step, c = self.start_step, self.config
-    if not step or (step % c.eval_every_steps and step < c.num_train_steps):
-      return
-    logged = {
-      r.get("step") for r in reporting.read_jsonl(reporting.metrics_path(self.run.workdir, "dev"))
-    }
-    if parallel.broadcast_from_main(step not in logged):
-      logging.info("Evaluating step %d, which the interrupted run did not.", step)
-      self.evaluate()
-
-  def exhausted(self) -> bool:
-    """Whether config.early_stopping_patience evaluations in a row brought no improvement."""
-    return self.keeper is not None and self.keeper.exhausted(self.step)
-
-  def budget_reached(self) -> bool:
-    """Whether config.max_train_minutes is used up; one clock (process 0's) decides for all.
-
-    Several processes would disagree at some step, and the one that stopped first would leave the
-    others waiting in the next collective forever. So multi-process runs decide only at log steps,
-    where the host waits for the device anyway, and broadcast process 0's answer.
-    """
-    budget = self.config.max_train_minutes * 60.0
-    if not budget:
-      return False
-    reached = self.clock.seconds() >= budget
-    if not self.multi_process:
-      return reached
-    if self.step % self.config.log_every_steps:
-      return False
-    return bool(parallel.broadcast_from_main(reached))
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Workdir) -> dict[str, Any]:
   """Trains (resuming from the workdir's latest checkpoint) and returns the final figures.
 
   `config` is validated (`modes.train`, the entry of the command and of the API, does it once).
   """
-  prepare_workdir(workdir)
-  with workdir_lock.WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
-    check_resume_fits(config, workdir, checkpoint.checkpoint_dir(workdir))
-    source = None
-    if config.get("init_from") and not init_from.resumes(workdir, config.init_from):
-      source = init_from.check(config, workdir)
-      init_from.adopt_vocabulary(config, workdir, source)  # before the vocabulary is loaded
-    run = Run(config, workdir, data="train")
-    with Trainer(run, lock, source) as trainer, PreemptionGuard() as guard:
+  workdir.create()
+  with WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
+    components, source = _components_before_data(config, workdir)
+    data = data_lib.make_data(
+      config,
+      workdir,
+      num_devices=jax.device_count(),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      need_train=True,
+      accumulate_steps=config.optim.accumulate_steps,
+      tokenizer=components.tokenizer if components is not None else None,
+    )
+    if components is None:
+      components = Components(config, data.tokenizer)
+    setup = TrainSetup(components)
+    with Trainer(setup, data, workdir, lock, source) as trainer, PreemptionGuard() as guard:
       # Written once the checkpoint is known to fit this config: a refused resume changes nothing.
       if parallel.is_main_process():
-        files.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
-      trainer.evaluate_if_missed()
-      last = trainer.step >= config.num_train_steps
-      if last:
-        logging.info(
-          "Already trained to step %d (num_train_steps=%d).", trainer.step, config.num_train_steps
-        )
-      stopped_early = trainer.exhausted()
-      last = last or stopped_early
-      total = config.num_train_steps
-      while not last:
-        step = trainer.train_step()
-        stop = guard.should_stop(step)  # every step: multi-host runs agree on it collectively
-        last = step == total
-        if not last and trainer.budget_reached():
-          logging.info(
-            "Reached config.max_train_minutes=%g at step %d.", config.max_train_minutes, step
-          )
-          last, total = True, step  # finish as at the last step: log, save, evaluate, score
-        log_step = last or step % config.log_every_steps == 0
-        if log_step:
-          trainer.log(total)
-        # A clock-based save is decided collectively, so only where every process asks: each
-        # step in a single process, at log steps in several (see Trainer.budget_reached).
-        trainer.save(force=last or stop, check_clock=log_step or not trainer.multi_process)
-        if stop:
-          # No evaluation on the way out: the grace period before a hard kill is for saving.
-          trainer.checkpoints.wait_until_finished()
-          logging.warning("%s", guard.message(step))
-          return {"mode": "train", "step": step, "preempted": True}
-        if last or step % config.eval_every_steps == 0:
-          trainer.evaluate()
-          if not last and trainer.exhausted():
-            stopped_early = last = True
-            trainer.save(force=True, check_clock=False)
+        workdir.write_config(config)
+      return _train(config, workdir, trainer, guard)
 
-      result: dict[str, Any] = {"mode": "train", "step": trainer.step, **trainer.last_dev}
-      if trainer.keeper is not None:
-        result.update(trainer.keeper.tracker.summary(), stopped_early=stopped_early)
-      # The training figures are on disk before the (long) test decoding starts.
-      reporting.write_result(workdir, dict(result, test="pending"), echo=False)
-      result.update(run.test_scores(trainer.p_state.params, f"step{trainer.step}", replicated=True))
+
+def _train(
+  config: ml_collections.ConfigDict, workdir: Workdir, trainer: Trainer, guard: PreemptionGuard
+) -> dict[str, Any]:
+  """The loop itself, from the restored step to the last, then the test set's scores."""
+  trainer.evaluate_if_missed()
+  last = trainer.step >= config.num_train_steps
+  if last:
+    logging.info(
+      "Already trained to step %d (num_train_steps=%d).", trainer.step, config.num_train_steps
+    )
+  stopped_early = trainer.exhausted()
+  last = last or stopped_early
+  total = config.num_train_steps
+  while not last:
+    step = trainer.train_step()
+    stop = guard.should_stop(step)  # every step: multi-host runs agree on it collectively
+    last = step == total
+    if not last and trainer.budget_reached():
+      logging.info(
+        "Reached config.max_train_minutes=%g at step %d.", config.max_train_minutes, step
+      )
+      last, total = True, step  # finish as at the last step: log, save, evaluate, score
+    log_step = last or step % config.log_every_steps == 0
+    if log_step:
+      trainer.log(total)
+    # A clock-based save is decided collectively, so only where every process asks: each
+    # step in a single process, at log steps in several (see Trainer.budget_reached).
+    trainer.save(force=last or stop, check_clock=log_step or not trainer.multi_process)
+    if stop:
+      # No evaluation on the way out: the grace period before a hard kill is for saving.
+      trainer.checkpoints.wait_until_finished()
+      logging.warning("%s", guard.message(step))
+      return {"mode": "train", "step": step, "preempted": True}
+    if last or step % config.eval_every_steps == 0:
+      trainer.evaluate()
+      if not last and trainer.exhausted():
+        stopped_early = last = True
+        trainer.save(force=True, check_clock=False)
+
+  result: dict[str, Any] = {"mode": "train", "step": trainer.step, **_final_dev_figures(trainer)}
+  if trainer.keeper is not None:
+    result.update(trainer.keeper.tracker.summary(), stopped_early=stopped_early)
+  # The training figures are on disk before the (long) test decoding starts.
+  workdir.write_result(dict(result, test="pending"), echo=False)
+  result.update(
+    evaluation.score_test_set(
+      trainer.components,
+      trainer.p_state.params,
+      trainer.data,
+      workdir.eval_dir,
+      f"step{trainer.step}",
+      replicated=True,
+    )
+  )
   return result

@@ -1,9 +1,9 @@
 """Per-device pure training and evaluation steps.
 
 These functions see one device's shard of the batch and talk to the other devices only through
-collectives on `parallel.AXIS`; `parallel.py` turns them into pmapped programs. Metrics are returned
-as psum'd (sum, count) pairs so the host divides once and the result does not depend on how the
-global batch was split.
+collectives on `parallel.AXIS`; `runtime/parallel.py` turns them into pmapped programs. Metrics are
+returned as psum'd (sum, count) pairs so the host divides once and the result does not depend on how
+the global batch was split.
 """
 
 from __future__ import annotations

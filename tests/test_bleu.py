@@ -8,7 +8,7 @@ import pytest
 import sacrebleu
 from sacremoses import MosesTokenizer
 
-from flaxformer_nmt.decoding import evaluation as evaluate
+from flaxformer_nmt.decoding import bleu
 
 # German hypotheses and references with compounds, punctuation, quotes and umlauts.
 HYPS = [
@@ -26,42 +26,40 @@ REFS = [
 
 
 def test_sacrebleu_score_is_cased_13a_sacrebleu():
-  score, signature = evaluate.sacrebleu_score(HYPS, REFS)
+  score, signature = bleu.sacrebleu_score(HYPS, REFS)
   expected = sacrebleu.corpus_bleu(HYPS, [REFS])  # defaults: 13a, cased
   assert score == pytest.approx(expected.score, abs=1e-9)
   assert 0 < score < 100
   assert "tok:13a" in signature and "case:mixed" in signature and "nrefs:1" in signature
   # Cased: lowercasing a hypothesis must cost points.
-  lowered, _ = evaluate.sacrebleu_score([h.lower() for h in HYPS], REFS)
+  lowered, _ = bleu.sacrebleu_score([h.lower() for h in HYPS], REFS)
   assert lowered < score
 
 
 def test_chrf_is_sacrebleus_corpus_chrf():
-  score, signature = evaluate.chrf_score(HYPS, REFS)
+  score, signature = bleu.chrf_score(HYPS, REFS)
   assert score == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score, abs=1e-9)
-  assert 0 < score < 100 and score != pytest.approx(evaluate.sacrebleu_score(HYPS, REFS)[0])
+  assert 0 < score < 100 and score != pytest.approx(bleu.sacrebleu_score(HYPS, REFS)[0])
   assert "nc:6" in signature and "nw:0" in signature and "version:" in signature
-  assert evaluate.chrf_score(REFS, REFS)[0] == pytest.approx(100.0)
+  assert bleu.chrf_score(REFS, REFS)[0] == pytest.approx(100.0)
 
 
 def test_compound_split_matches_t2t_perl_by_hand():
   # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' on Moses output, written out by hand. Matches do
   # not overlap ("a-b-c" splits once); a hyphen next to a space is left alone.
   assert (
-    evaluate.tokenize_for_paper_bleu("Die E-Mail-Adresse ist gültig.", "de")
+    bleu.tokenize_for_paper_bleu("Die E-Mail-Adresse ist gültig.", "de")
     == "Die E ##AT##-##AT## Mail ##AT##-##AT## Adresse ist gültig ."
   )
-  assert evaluate.tokenize_for_paper_bleu("a-b-c x -y z- w", "de") == (
-    "a ##AT##-##AT## b-c x -y z- w"
-  )
-  assert evaluate.tokenize_for_paper_bleu("über-all 3-4", "de") == (
+  assert bleu.tokenize_for_paper_bleu("a-b-c x -y z- w", "de") == ("a ##AT##-##AT## b-c x -y z- w")
+  assert bleu.tokenize_for_paper_bleu("über-all 3-4", "de") == (
     "über ##AT##-##AT## all 3 ##AT##-##AT## 4"
   )
   # Moses escaping (tokenizer.perl's default) and language-aware rules.
-  assert evaluate.tokenize_for_paper_bleu('"Wein-Proben" & Käse', "de") == (
+  assert bleu.tokenize_for_paper_bleu('"Wein-Proben" & Käse', "de") == (
     "&quot; Wein ##AT##-##AT## Proben &quot; &amp; Käse"
   )
-  assert evaluate.tokenize_for_paper_bleu("It's well-known.", "en") == (
+  assert bleu.tokenize_for_paper_bleu("It's well-known.", "en") == (
     "It &apos;s well ##AT##-##AT## known ."
   )
 
@@ -71,7 +69,7 @@ def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
 
   def paper_tok(s: str) -> str:
     tok = moses.tokenize(s, return_str=True, escape=True)
-    return evaluate._COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tok)
+    return bleu._COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", tok)
 
   expected = sacrebleu.corpus_bleu(
     [paper_tok(h) for h in HYPS],
@@ -80,7 +78,7 @@ def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
     smooth_method="none",
     force=True,
   ).score
-  assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") == pytest.approx(expected, abs=1e-9)
+  assert bleu.tokenized_bleu(HYPS, REFS, lang="de") == pytest.approx(expected, abs=1e-9)
   # The split is applied to both sides: "Test-Fall" vs "Prüf-Fall" share "##AT##-##AT##" and
   # "Fall" only once split, so the paper's flavour scores higher than without the split.
   unsplit = sacrebleu.corpus_bleu(
@@ -90,16 +88,16 @@ def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
     smooth_method="none",
     force=True,
   ).score
-  assert evaluate.tokenized_bleu(HYPS, REFS, lang="de") > unsplit
+  assert bleu.tokenized_bleu(HYPS, REFS, lang="de") > unsplit
 
 
 def test_compound_split_only_for_german_targets_unless_asked():
   """t2t's ##AT## split belongs to its EN-DE script: "auto" splits for German targets only, so
   EN-FR's tokenized BLEU is Moses + multi-bleu as the paper's 41.8."""
-  assert evaluate.splits_compounds("auto", "de") and not evaluate.splits_compounds("auto", "fr")
-  assert evaluate.splits_compounds("on", "fr") and not evaluate.splits_compounds("off", "de")
+  assert bleu.splits_compounds("auto", "de") and not bleu.splits_compounds("auto", "fr")
+  assert bleu.splits_compounds("on", "fr") and not bleu.splits_compounds("off", "de")
   with pytest.raises(ValueError, match="compound_split 'yes'"):
-    evaluate.splits_compounds("yes", "de")
+    bleu.splits_compounds("yes", "de")
   hyps = ["C'est un porte-monnaie bien rempli.", "Le week-end est là."]
   refs = ["C'est un porte-clés bien rempli.", "Le week-end arrive."]
   moses = MosesTokenizer(lang="fr")
@@ -110,27 +108,27 @@ def test_compound_split_only_for_german_targets_unless_asked():
     smooth_method="none",
     force=True,
   ).score
-  assert evaluate.tokenized_bleu(hyps, refs, "fr", compound_split=False) == pytest.approx(plain)
-  assert evaluate.tokenized_bleu(hyps, refs, "fr", compound_split=True) != pytest.approx(plain)
-  scores = evaluate.score_and_write(hyps, refs, "", "test", tgt_lang="fr", write=False)
+  assert bleu.tokenized_bleu(hyps, refs, "fr", compound_split=False) == pytest.approx(plain)
+  assert bleu.tokenized_bleu(hyps, refs, "fr", compound_split=True) != pytest.approx(plain)
+  scores = bleu.score_and_write(hyps, refs, "", "test", tgt_lang="fr", write=False)
   assert scores["tokenized_bleu_method"] == "moses-fr"
   assert scores["tokenized_bleu"] == pytest.approx(plain)
 
 
 def test_identical_and_disjoint_corpora():
-  assert evaluate.tokenized_bleu(REFS, REFS) == pytest.approx(100.0)
-  assert evaluate.sacrebleu_score(REFS, REFS)[0] == pytest.approx(100.0)
-  assert evaluate.tokenized_bleu(["x y z w"] * 4, REFS) == 0.0  # no smoothing, as multi-bleu
+  assert bleu.tokenized_bleu(REFS, REFS) == pytest.approx(100.0)
+  assert bleu.sacrebleu_score(REFS, REFS)[0] == pytest.approx(100.0)
+  assert bleu.tokenized_bleu(["x y z w"] * 4, REFS) == 0.0  # no smoothing, as multi-bleu
 
 
 def test_mismatched_lengths_fail_loudly():
   with pytest.raises(ValueError, match="one hypothesis per reference"):
-    evaluate.sacrebleu_score(HYPS, REFS[:2])
+    bleu.sacrebleu_score(HYPS, REFS[:2])
 
 
 def test_score_and_write(tmp_path):
   hyps = HYPS[:-1] + ["Zwei\nZeilen"]  # a stray line break must not add a line
-  scores = evaluate.score_and_write(hyps, REFS, str(tmp_path / "out"), "test", tgt_lang="de")
+  scores = bleu.score_and_write(hyps, REFS, str(tmp_path / "out"), "test", tgt_lang="de")
   assert set(scores) == {
     "sacrebleu",
     "sacrebleu_signature",

@@ -1,0 +1,21 @@
+"""The values a config field or a flag may take, in one place: `checks.validate` enforces them, and
+the code that acts on a value imports its tuple from here (so the searches, the model and the
+evaluation import no validation code, and no two lists can drift apart)."""
+
+DTYPES = ("auto", "float32", "bfloat16")
+SOURCES = ("demo", "tfds", "files")
+VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
+POSITIONALS = ("sinusoidal", "learned")
+DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # model/layers.dropout_keep_mask
+ATTENTIONS = ("ours", "jax")  # model/attention.dot_product_attention, or jax.nn's
+BEAM_STYLES = ("shrinking", "t2t")  # decoding/beam_search.py's module docstring
+DECODE_METHODS = ("beam", "greedy", "sample")  # decoding/decode.SearchConfig
+COMPOUND_SPLITS = ("auto", "on", "off")  # decoding/evaluation.splits_compounds
+SCHEDULES = ("paper", "constant")  # training/optim.SCHEDULES
+BEST_METRICS = ("", "dev_bleu", "dev_loss")  # training/best.Tracker
+# --checkpoint: auto (the newest average unless training went on after it, else latest), latest,
+# averaged (the average written last), best (config.best_metric's best evaluation), ema (the
+# parameter average kept in the latest training checkpoint). workdir.Workdir.resolve reads them.
+CHECKPOINTS = ("auto", "latest", "averaged", "best", "ema")
+# JAX's default PRNG keys hold 32 bits: a seed outside [0, 2**32) would silently alias another.
+SEED_LIMIT = 1 << 32

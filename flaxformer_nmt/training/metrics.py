@@ -1,0 +1,97 @@
+"""What the training loop reports while it runs: per-log-step figures, TensorBoard and
+`<split>_metrics.jsonl` scalars, console lines, and the clock a run's time budget reads."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+from absl import logging
+
+from flaxformer_nmt.runtime import records
+from flaxformer_nmt.workdir import Workdir
+
+
+def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
+  """The train figures of a log step from the per-step metrics since the last one."""
+  tokens = sum(m["tokens"] for m in history)
+  return {
+    "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
+    "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
+    "learning_rate": history[-1]["learning_rate"],
+    "grad_norm": history[-1]["grad_norm"],
+    "param_norm": history[-1]["param_norm"],
+    "target_tokens_per_s": tokens / max(seconds, 1e-9),
+    "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),
+    "skipped_steps": sum(m["nonfinite"] for m in history),
+  }
+
+
+class MetricWriter:
+  """Scalars to TensorBoard (tensorboardX: no TensorFlow needed) and to `<split>_metrics.jsonl`.
+
+  A no-op off process 0.
+  """
+
+  def __init__(self, workdir: Workdir) -> None:
+    self._workdir = workdir
+    self._writer = None
+    if jax.process_index() == 0:
+      from tensorboardX import SummaryWriter  # imported lazily: heavy, and process 0 only
+
+      self._writer = SummaryWriter(logdir=workdir.tensorboard_dir)
+
+  def scalars(self, step: int, values: dict[str, float], split: str) -> None:
+    """`values` of `step` under `split` ("train" or "dev")."""
+    if self._writer is None:
+      return
+    for name, value in values.items():
+      self._writer.add_scalar(f"{split}/{name}", float(value), step)
+    self._writer.flush()
+    records.append_jsonl(self._workdir.metrics_path(split), {"step": step, **values})
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc_info: object) -> None:
+    self.close()
+
+
+class TrainClock:
+  """Seconds spent training (evaluations excluded), continued across resumes.
+
+  The checkpoint stores `seconds()`, so a resumed run's learning curve (dev figures against
+  minutes of training) and its `max_train_minutes` budget continue where the last run stopped.
+  """
+
+  def __init__(self, seconds_before: float = 0.0) -> None:
+    self._before = float(seconds_before)
+    self._start = time.monotonic()
+    self._excluded = 0.0
+
+  def seconds(self) -> float:
+    return self._before + time.monotonic() - self._start - self._excluded
+
+  def exclude(self, seconds: float) -> None:
+    """Takes time spent on something else (an evaluation) out of the training time."""
+    self._excluded += seconds
+
+
+def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
+  wait = metrics.get("input_wait_fraction")
+  logging.info(
+    "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s%s  ETA %s",
+    step,
+    total,
+    metrics["loss"],
+    metrics["nll"],
+    metrics["learning_rate"],
+    metrics["grad_norm"],
+    metrics["target_tokens_per_s"],
+    "" if wait is None else f"  input wait {wait:.0%}",
+    eta,
+  )

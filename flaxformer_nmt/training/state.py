@@ -1,0 +1,67 @@
+"""A training run's optimizer and its state at step 0, and the checks before a run resumes.
+
+`TrainSetup` is made once per training command from the command's `Components`: the optimizer
+(Adam, the schedule, the EMA), the real initial state of a fresh run, and the state's shapes that
+a resume restores into (`abstract_state`, allocating nothing: the real initial state of big is
+~2.5 GB of host memory thrown away).
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.model.transformer import init_params
+from flaxformer_nmt.training import optim
+from flaxformer_nmt.training.steps import TrainState, create_train_state
+from flaxformer_nmt.workdir import Workdir
+
+
+class TrainSetup:
+  """The optimizer, schedule and initial state of one run (config.seed, config.optim)."""
+
+  def __init__(self, components: Components) -> None:
+    self.components = components
+    self.config = components.config
+    self.tx, self.schedule = optim.make_optimizer(self.config.optim, components.model_cfg.d_model)
+
+  def _make_initial_state(self) -> TrainState:
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(self.config.seed))
+    params = jax.jit(init_params, static_argnums=0)(self.components.model_cfg, init_rng)
+    return create_train_state(params, self.tx, dropout_rng)
+
+  def initial_state(self) -> TrainState:
+    """The state at step 0: freshly initialised parameters, Adam's zeros (host arrays)."""
+    return jax.device_get(self._make_initial_state())
+
+  def abstract_state(self) -> TrainState:
+    """The train state's structure, shapes and dtypes: the template a resume restores into,
+    built on the Components' abstract parameters (the model is not traced again)."""
+    key = jax.random.PRNGKey(0)  # the shape and dtype of the dropout key split from the seed's
+    return jax.eval_shape(
+      lambda params: create_train_state(params, self.tx, key), self.components.abstract_params
+    )
+
+
+def check_resume_fits(
+  config: ml_collections.ConfigDict, workdir: Workdir, components: Components
+) -> None:
+  """CheckpointMismatchError, before any data is read, if the workdir's newest training
+  checkpoint holds another model (e.g. trained as base, resumed with the big config), or if the
+  run would switch its parameter average on or off: a run keeps one (config.optim.ema_decay > 0)
+  or not, as its checkpoints were saved (its config.json says which; the decay may change)."""
+  params_lib.check_fits(workdir.checkpoints, components.abstract_params)
+  saved = workdir.saved_config().get("optim", {})
+  if "ema_decay" not in saved or not workdir.training_steps():
+    return
+  was, now = float(saved["ema_decay"]), float(config.optim.ema_decay)
+  if bool(was) != bool(now):
+    turn = "on" if now else "off"
+    raise errors.CheckpointMismatchError(
+      f"config.optim.ema_decay={now:g}, but the checkpoints in {workdir.checkpoints} were saved "
+      f"with ema_decay={was:g}: a run under way cannot turn its parameter average {turn} (start "
+      f"another workdir, with config.init_from={workdir.path} to keep the parameters)."
+    )
