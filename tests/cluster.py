@@ -75,8 +75,10 @@ def launch(
   devices: int,
   log_prefix: pathlib.Path,
   cache_dir: pathlib.Path | None = None,
+  script: str = "main.py",
 ) -> Job:
-  """Starts `python main.py *args` as `processes` processes of `devices` CPU devices each."""
+  """Starts `python <script> *args` (main.py, from the repository root) as `processes` processes
+  of `devices` CPU devices each."""
   port = free_port()
   procs, logs = [], []
   for p in range(processes):
@@ -103,7 +105,7 @@ def launch(
     with open(log, "ab") as out:
       procs.append(
         subprocess.Popen(
-          [sys.executable, "main.py", *args],
+          [sys.executable, script, *args],
           cwd=REPO,
           env=env,
           stdout=out,

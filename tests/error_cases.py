@@ -1,5 +1,6 @@
-"""The table of user mistakes that tests/test_errors.py runs: how each is set up, and the culprit
-its one line must name; `run_mode` runs a case's arguments as `cli.main` would, in this process."""
+"""The table of user mistakes that tests/unit/test_errors.py runs (and tests/e2e/test_errors.py, two
+of them, through main.py): how each is set up, and the culprit its one line must name; `run_mode`
+runs a case's arguments as `cli.main` would, in this process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 from flaxformer_nmt import api, modes
 from flaxformer_nmt.runtime import parallel
+
+import helpers
 
 LINES = ["A man rides a bike .", "Two dogs play .", "A child smiles ."]
 GERMAN = ["Ein Mann fährt Rad .", "Zwei Hunde spielen .", "Ein Kind lächelt ."]
@@ -135,6 +138,24 @@ def _translating(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]
   return setup
 
 
+def _kept_none(what: str, *args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """A translate command on a copy of the trained workdir made to look like a run that kept no
+  parameter average (its config.json says ema_decay 0) or no best/ folder."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    args_out = _translating(*args)(base, trained)
+    workdir = base / "workdir"
+    if what == "ema":
+      saved = json.loads((workdir / "config.json").read_text())
+      saved["optim"]["ema_decay"] = 0.0
+      (workdir / "config.json").write_text(json.dumps(saved))
+    else:
+      shutil.rmtree(workdir / "best")
+    return args_out
+
+  return setup
+
+
 def _member_with_other_vocabulary(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
   other = base / "other"
   shutil.copytree(trained, other)
@@ -147,7 +168,7 @@ def _member_with_other_heads(base: pathlib.Path, trained: pathlib.Path) -> list[
   other = base / "other"
   shutil.copytree(trained, other)
   saved = json.loads((other / "config.json").read_text())
-  saved["model"]["num_heads"] = 2
+  saved["model"]["num_heads"] = 4
   (other / "config.json").write_text(json.dumps(saved))
   return _translating(f"--ensemble={other}")(base, trained)
 
@@ -196,12 +217,12 @@ CASES = [
   Case(
     "impossible config value",
     _in_trained("--config=configs/demo.py", "--config.model.num_heads=3"),
-    "config.model.d_model=128 is not divisible by config.model.num_heads=3",
+    "config.model.d_model=16 is not divisible by config.model.num_heads=3",
   ),
   Case(
     "shape-mismatched checkpoint",
     _in_trained("--config=configs/demo.py", "--config.model.d_ff=256"),
-    "params/decoder_0/ffn/wi/bias has shape (512,) in the checkpoint but (256,) in the model",
+    "params/decoder_0/ffn/wi/bias has shape (32,) in the checkpoint but (256,) in the model",
   ),
   Case(
     "eval of another model size",
@@ -239,8 +260,8 @@ CASES = [
   ),
   Case(
     "fine-tuning with another architecture",
-    _fine_tuning("{trained}", "--config.model.num_heads=2"),
-    "trained with model.num_heads=4 where this config has 2",
+    _fine_tuning("{trained}", "--config.model.num_heads=4"),
+    "trained with model.num_heads=2 where this config has 4",
     trained=False,
   ),
   Case(
@@ -271,7 +292,7 @@ CASES = [
   Case(
     "ensemble member with another head count",
     _member_with_other_heads,
-    "it was trained with model.num_heads=2 where this config has 4",
+    "it was trained with model.num_heads=4 where this config has 2",
   ),
   Case(
     "ema_decay outside [0, 1)",
@@ -279,9 +300,9 @@ CASES = [
     "config.optim.ema_decay must be in [0, 1), got 1.0",
   ),
   Case(
-    "EMA turned on in a run under way",
-    _in_trained("--config=configs/demo.py", "--config.optim.ema_decay=0.999"),
-    "config.optim.ema_decay=0.999, but the checkpoints in",
+    "EMA turned off in a run under way",
+    _in_trained("--config=configs/demo.py", "--config.optim.ema_decay=0.0"),
+    "config.optim.ema_decay=0, but the checkpoints in",
   ),
   Case(
     "unknown best metric",
@@ -299,17 +320,19 @@ CASES = [
   ),
   Case(
     "patience without a best metric",
-    _in_trained("--config=configs/demo.py", "--config.early_stopping_patience=3"),
+    _in_trained(
+      "--config=configs/demo.py", "--config.best_metric=", "--config.early_stopping_patience=3"
+    ),
     "config.early_stopping_patience=3 needs config.best_metric",
   ),
   Case(
     "ema of a run that kept none",
-    _translating("--checkpoint=ema"),
+    _kept_none("ema", "--checkpoint=ema"),
     "was not trained with config.optim.ema_decay > 0",
   ),
   Case(
     "best of a run that kept none",
-    _translating("--checkpoint=best"),
+    _kept_none("best", "--checkpoint=best"),
     "--checkpoint=best: no best checkpoint in",
   ),
   Case(
@@ -324,8 +347,8 @@ CASES = [
   ),
   Case(
     "more checkpoints to average than saved",
-    _in_trained("--config=configs/demo.py", "--mode=average", "--num_checkpoints=3"),
-    "--num_checkpoints=3, but",
+    _in_trained("--config=configs/demo.py", "--mode=average", "--num_checkpoints=4"),
+    "--num_checkpoints=4, but",
   ),
   Case(
     "missing config file",
@@ -397,6 +420,18 @@ FLAG_CASES = {
   "unknown flag",
   "config value of the wrong type",
 }
+
+
+def arguments(case: Case, base: pathlib.Path) -> list[str]:
+  """The case's main.py arguments, set up in `base` on a copy of the committed small trained
+  workdir (helpers.SAVED_RUN), with that run's config overrides right after
+  `--config=configs/demo.py` (the case's own overrides come after them, and win). A flag mistake
+  stops before any config is read, so it gets none."""
+  args = case.setup(base, helpers.SAVED_RUN)
+  if case.name in FLAG_CASES or "--config=configs/demo.py" not in args:
+    return args
+  at = args.index("--config=configs/demo.py") + 1
+  return [*args[:at], *helpers.saved_run_flags(), *args[at:]]
 
 
 def _value(text: str) -> object:

@@ -21,6 +21,7 @@ import numpy as np
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import loading as config_files
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.workdir import Workdir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -29,6 +30,29 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 MULTI30K = pathlib.Path(
   os.environ.get("FLAXFORMER_NMT_MULTI30K", REPO.parent / "shared" / "data" / "multi30k")
 )
+
+
+# A small trained workdir committed with the tests (tests/fixtures/make_workdir.py wrote it, at
+# commit 97ad9e1): the unit tier's trained run (tests/unit/conftest.py), and the workdir whose
+# compatibility tests/unit/test_compat.py checks.
+SAVED_RUN = REPO / "tests" / "fixtures" / "workdir_97ad9e1"
+
+
+def saved_run_overrides() -> dict[str, Any]:
+  """The config overrides SAVED_RUN was trained with (make_workdir.OVERRIDES), for
+  `api.load_config("demo", ...)`."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  path = SAVED_RUN.parent / "make_workdir.py"
+  spec = importlib.util.spec_from_file_location("make_workdir", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return dict(module.OVERRIDES)
+
+
+def saved_run_flags() -> list[str]:
+  """The same overrides as `--config.<field>=<value>` flags (after --config=configs/demo.py)."""
+  return [f"--config.{k}={v}" for k, v in saved_run_overrides().items()]
 
 
 # A WMT14 (or any) config file made small from the command line: model size, vocabulary and
@@ -72,6 +96,36 @@ def demo_config(**overrides: Any) -> ml_collections.ConfigDict:
       node = node[group]
     node[field] = value
   return c
+
+
+def best_ema_config() -> ml_collections.ConfigDict:
+  """The tiny demo with config.best_metric (dev_bleu) and an EMA of 0.9, evaluated and saved every
+  20 steps (tests/e2e/conftest.py's `trained_best_ema`)."""
+  return demo_config(
+    model__dtype="float32",
+    eval_every_steps=20,
+    checkpoint_every_steps=20,
+    best_metric="dev_bleu",
+    optim__ema_decay=0.9,
+  )
+
+
+def fine_tune_config(source: Any, **overrides: Any) -> ml_collections.ConfigDict:
+  """10 steps fine-tuned from the workdir `source` (another demo data seed, the constant schedule
+  at 0.1 of the peak): tests/e2e/conftest.py's `fine_tuned_demo`."""
+  fields = dict(model__dtype="float32", init_from=str(source), data__demo_seed=7)
+  fields.update(num_train_steps=10, checkpoint_every_steps=10, eval_every_steps=10)
+  config = demo_config(**{**fields, **overrides})
+  config.optim.schedule, config.optim.lr_scale = "constant", 0.1
+  return config
+
+
+def narrow(config: ml_collections.ConfigDict, layers: int = 1) -> ml_collections.ConfigDict:
+  """`config` with the tiny model made narrower (d_model 32, d_ff 64, 4 heads) and `layers` deep:
+  for unit tests of mechanisms (sharding, accumulation, search, masks), which a narrow model shows
+  as well as a wide one, at a fraction of the compile and run time."""
+  config.model.update(num_layers=layers, d_model=32, d_ff=64, num_heads=4)
+  return config
 
 
 def assert_trees_equal(a: Any, b: Any) -> None:
@@ -122,6 +176,23 @@ def run_main(
   )
 
 
+def shared_once(tmp_path_factory: Any, name: str, build: Any) -> tuple[Any, pathlib.Path]:
+  """(`build(folder)`'s JSON-able result, folder): built once per test session in
+  `<session>/<name>` and shared by every xdist worker (the first to ask builds it; the others
+  wait on a file lock). Read-only afterwards: a test that changes the folder copies it first."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's folder, shared by its workers
+  folder, done = root / name, root / f"{name}.json"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      done.write_text(json.dumps(build(folder)))
+  return json.loads(done.read_text()), folder
+
+
 def load_params(config: ml_collections.ConfigDict, workdir: Any, which: str = "auto") -> Any:
   """(params, description) of `--checkpoint=which` in `workdir`, as the inference modes load
   them (the workdir's Components, the location it resolves)."""
@@ -140,3 +211,33 @@ def fresh_trainer(config: ml_collections.ConfigDict, workdir: Any) -> Any:
   run.create()
   data = data_lib.make_data(config, run, jax.device_count(), 0, 1)
   return Trainer(TrainSetup(Components(config, data.tokenizer)), data, run)
+
+
+class CharTokenizer:
+  """One id per character, assigned on first sight (ids from 3: 0 PAD, 1 EOS, 2 UNK)."""
+
+  def __init__(self, vocab_size: int | None = None) -> None:
+    self.vocab_size = vocab_size
+    self.ids: dict[str, int] = {}
+    self.chars: dict[int, str] = {}
+
+  def encode(self, text: str) -> list[int]:
+    out = []
+    for ch in text:
+      if ch not in self.ids:
+        i = 3 + len(self.ids)
+        if self.vocab_size is not None:
+          i = 3 + (len(self.ids) % (self.vocab_size - 3))
+        self.ids[ch] = i
+        self.chars.setdefault(i, ch)
+      out.append(self.ids[ch])
+    return out
+
+  def decode(self, ids) -> str:
+    out = []
+    for i in ids:
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        out.append(self.chars.get(int(i), "?"))
+    return "".join(out)

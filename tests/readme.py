@@ -1,4 +1,4 @@
-"""The commands of the README and of docs/*.md, as `tests/test_readme.py` runs them.
+"""The commands of the README and of docs/*.md, as `tests/e2e/test_readme.py` runs them.
 
 The README is read first, then the docs pages in name order. A command is a line of a ```bash
 block (backslash continuations joined; a `for ... done` loop, a quoted multi-line argument and a
@@ -20,7 +20,23 @@ README = helpers.REPO / "README.md"
 PAGES = (README, *sorted((helpers.REPO / "docs").glob("*.md")))
 
 # The chains, in the order a user meets them.
-CHAINS = ("ci", "install", "demo", "wmt14", "files", "benchmarks", "api", "local", "srun", "gcloud")
+CHAINS = (
+  "ci",
+  "install",
+  "demo",
+  "decoding",
+  "fine-tuning",
+  "wmt14",
+  "files",
+  "benchmarks",
+  "api",
+  "local",
+  "srun",
+  "gcloud",
+)
+# Pages whose demo commands make chains of their own (each starts from the quick start's trained
+# runs/demo), so that they run beside the README's.
+OWN_DEMO_CHAINS = {"decoding.md": "decoding", "fine-tuning.md": "fine-tuning"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +44,7 @@ class Command:
   text: str  # as the README writes it (continuations joined for bash)
   kind: str  # "bash" or "python"
   section: str  # the `## ` heading it is under
+  page: str = "README.md"  # the file it is written in
 
   @property
   def chain(self) -> str:
@@ -42,6 +59,11 @@ def _config(text: str) -> str:
 
 def chain_of(command: Command) -> str:
   """Which chain runs `command`; "" when none does (test_readme fails on that)."""
+  chain = _chain_of(command)
+  return OWN_DEMO_CHAINS.get(command.page, chain) if chain == "demo" else chain
+
+
+def _chain_of(command: Command) -> str:
   t = command.text
   config = _config(t)
   if command.kind == "python":
@@ -113,11 +135,11 @@ def _page_commands(page: pathlib.Path) -> list[Command]:
     if heading:
       section = heading.strip()
     elif kind == "bash":
-      out += [Command(c, "bash", section) for c in _bash_commands(body)]
+      out += [Command(c, "bash", section, page.name) for c in _bash_commands(body)]
     elif kind == "python":
-      out.append(Command(body, "python", section))
+      out.append(Command(body, "python", section, page.name))
     elif inline:
-      out.append(Command(inline, "bash", section))
+      out.append(Command(inline, "bash", section, page.name))
   return out
 
 

@@ -1,4 +1,4 @@
-"""The scratch folder `tests/test_readme.py` runs the README's commands in: laid out like a
+"""The scratch folder `tests/e2e/test_readme.py` runs the README's commands in: laid out like a
 clone, with the stand-ins that test's docstring lists (main.py, the `flaxformer-nmt` command and
 benchmark scripts with small overrides appended, `srun` and `gcloud` starting 2 local processes,
 sacreBLEU's wmt14 from a local cache, Multi30k served from 127.0.0.1).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the parallel, training, multi-process, translation, decoding, sampling and best/EMA tests,
-# and the Colab notebook (headless, in a real kernel), under Python 3.13 (pyenv's, or python3.13 on
-# the PATH) in a fresh virtual environment, with one of two package stacks:
+# Runs the unit tier and a short list of end-to-end tests (multi-process training, kill -9 resume,
+# the EMA, the Colab notebook headless in a real kernel; listed below) under Python 3.13 (pyenv's,
+# or python3.13 on the PATH) in a fresh virtual environment, with one of two package stacks:
 #   tools/compat.sh colab  [PYTEST_ARGS...]  Colab's (jax 0.7.2, flax 0.11.2, orbax-checkpoint
 #                                            0.12.4; tools/constraints-colab.txt): the oldest we support
 #   tools/compat.sh newest [PYTEST_ARGS...]  whatever pip resolves today on Python 3.13 (what most
@@ -40,7 +40,15 @@ print(f"compat[{sys.argv[1]}]: Python {sys.version.split()[0]}, jax {jax.__versi
       f"jaxlib {jaxlib.__version__}, flax {flax.__version__}, optax {optax.__version__}, "
       f"orbax-checkpoint {orbax.checkpoint.__version__}, numpy {numpy.__version__}")
 PY
-python -m pytest -q tests/test_parallel.py tests/test_train.py tests/test_multiprocess.py \
-  tests/test_resume.py tests/test_translate.py tests/test_decode.py tests/test_decode_transformer.py \
-  tests/test_checkpoint_multiprocess.py tests/test_notebook.py tests/test_search_research.py \
-  tests/test_best_ema.py "$@"
+# The unit tier (alone, so it compiles at -O0 as a contributor runs it: tests/conftest.py), then
+# the end-to-end tests whose code depends most on the JAX, orbax and optax of the stack: several
+# processes joined by jax.distributed (gloo collectives, orbax from two processes), exact resume
+# after kill -9 (orbax's asynchronous saves), the EMA in optax's state, and the Colab notebook in a
+# real kernel.
+python -m pytest -q -n 2 tests/unit "$@"
+python -m pytest -q -n 2 \
+  tests/e2e/test_multiprocess.py::test_two_processes_train_like_one_through_sigterm_and_kill \
+  tests/e2e/test_checkpoint_multiprocess.py \
+  tests/e2e/test_resume.py::test_kill9_at_random_steps_then_resume_is_bitwise_identical \
+  tests/e2e/test_best_ema.py::test_the_ema_is_the_hand_computed_average_of_the_trained_parameters \
+  tests/e2e/test_notebook.py "$@"

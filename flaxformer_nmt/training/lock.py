@@ -36,13 +36,15 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.runtime import files, parallel
-from flaxformer_nmt.workdir import Workdir
+
+if TYPE_CHECKING:  # only its lock_path is read; importing it (and orbax) would slow every start
+  from flaxformer_nmt.workdir import Workdir
 
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0

@@ -1,0 +1,397 @@
+"""Every command of the README and of docs/*.md runs, as written, in order, in a scratch folder.
+
+`tests/readme.py` splits the pages into commands and each into a chain (commands sharing a
+folder: the quick start trains `runs/demo`, which the next sections average, evaluate, export ...).
+Each chain is one test; its `--mode=prepare` commands run first (the data the others read, as a
+user prepares it before running the results table's commands). What changes from a user's
+machine, and nothing else:
+
+- size: `main.py`, the `flaxformer-nmt` command and the benchmark scripts in the scratch folder
+  are stand-ins that run the real ones with small overrides appended (model size, vocabulary,
+  steps), and WMT14's TFDS configs read a mock WMT14 (`tests/mock_wmt14_main.py`);
+  `benchmarks/memory.py`'s TPU target is compiled for the host (no libtpu here);
+- Multi30k is downloaded from a server on 127.0.0.1 serving the real files beside the checkout
+  (`--config.data.url` appended), and absolute workdirs (`/shared/runs/big`) are placed inside the
+  scratch folder;
+- `srun` and `gcloud` are stand-ins that start 2 processes x 4 CPU devices on this machine (SLURM's
+  variables; for TPU metadata, JAX's coordinator variables); `sacrebleu -t wmt14` reads a small
+  newstest2014 from a local cache instead of downloading;
+- `pip install` lines run with `--dry-run` (resolving every extra, installing nothing); the test
+  command of the quick start is `.ci/run`'s, which runs it verbatim.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+import http_server
+import readme
+import readme_sandbox
+
+
+def readme_run(test):
+  """A test that runs README commands: left out of a plain `pytest` run (pyproject's addopts);
+  `.ci/run` runs them with `-m readme`, as the README's "Developing" says."""
+  return pytest.mark.readme(test)
+
+
+REPO = helpers.REPO
+
+
+_DEMO = [
+  "--config.num_train_steps=30",
+  "--config.checkpoint_every_steps=10",
+  "--config.eval_every_steps=30",
+  "--config.log_every_steps=10",
+  "--config.data.demo_train_size=2000",
+  "--config.data.demo_dev_size=20",
+  "--config.data.demo_test_size=20",
+  "--config.eval.dev_bleu_sentences=10",
+  "--config.decode.max_len_offset=8",  # an untrained model stops at the length limit
+]
+
+
+_SMALL_MODEL = helpers.SMALL_MODEL_FLAGS + ["--config.decode.max_len_offset=8"]
+
+
+_RECIPE = ["--config.num_train_steps=50", "--config.checkpoint_every_steps=10"]
+
+
+_SHORT = ["--config.num_train_steps=20", "--config.checkpoint_every_steps=4"]
+
+
+_BENCHMARKS = {
+  # --target=host: the docs' TPU estimates need libtpu, which the tests' machines lack.
+  "train_step": ["--size=tiny", "--vocab_size=300", "--max_len=32", "--tokens_per_step=512"]
+  + ["--steps=1", "--peak_n=256", "--target=host"],
+  "decode": ["--size=tiny", "--vocab_size=300", "--batch_size=4", "--src_len=8"]
+  + ["--max_len_offset=4", "--repeats=1", "--target=host"],
+  "memory": ["--sizes=tiny", "--dtypes=float32", "--tokens_per_device=512", "--max_len=64"]
+  + ["--vocab_size=300", "--target=host"],
+  "estimate_variants": ["--size=tiny", "--vocab_size=300", "--max_len=32", "--tokens_per_step=512"]
+  + ["--steps=1", "--peak_n=256", "--target=host"],
+  "recipe_cost": ["--notpu_estimate"],
+  "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
+  + ["--vocab_size=300"],
+}
+
+
+def _last_json(proc: subprocess.CompletedProcess) -> dict:
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@readme_run
+def test_install_commands_resolve_and_ci_runs_the_test_command(tmp_path):
+  """`.ci/run` takes the quick start's test command verbatim; every `pip install` line resolves
+  (with --dry-run: what it would install, nothing installed)."""
+  ci = (REPO / ".ci" / "run").read_text()
+  extract = re.search(r"<<'PY'\n(.*?)\nPY\n", ci, re.S).group(1)
+  ci_cmd = subprocess.run(
+    [sys.executable, "-c", extract], cwd=REPO, capture_output=True, text=True, check=True
+  ).stdout.strip()
+  for command in readme.in_chain("ci"):
+    assert command.text == ci_cmd or command.text in ci, f".ci/run does not run {command.text}"
+  assert ci_cmd in [c.text for c in readme.in_chain("ci")]
+  installs = {
+    part.split("#")[0].strip()
+    for c in readme.commands()
+    if c.kind == "bash"
+    for part in c.text.split("&&")
+    if part.strip().startswith("pip install")
+  }
+  extras = {'pip install -e ".[prepare]"', 'pip install -e ".[export]"', "pip install -e ."}
+  extras |= {'pip install -e ".[cuda12]"', 'pip install -e ".[tpu]"', "pip install ."}
+  assert extras <= installs
+  for i, install in enumerate(sorted(installs)):
+    report = tmp_path / f"report{i}.json"
+    argv = shlex.split(install)[2:]
+    proc = subprocess.run(
+      [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", f"--report={report}", *argv],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert proc.returncode == 0, f"{install}:\n{proc.stderr[-3000:]}"
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert "flaxformer_nmt" in names or "flaxformer-nmt" in names, (install, names)
+    if "prepare" in install:
+      assert "tensorflow" in names or _installed("tensorflow"), names
+
+
+def _installed(name: str) -> bool:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  return importlib.util.find_spec(name) is not None
+
+
+def _run_chain(
+  chain: str,
+  tmp_path: pathlib.Path,
+  overrides: dict[str, list[str]],
+  first: list[readme.Command] = (),
+  **env: str,
+):
+  """Runs the chain's commands in README order (after `first`); yields (command, process,
+  sandbox) to check."""
+  box = readme_sandbox.Sandbox(tmp_path, overrides)
+  box.env.update(env)
+  chain_commands = [*first, *readme.in_chain(chain)]
+  chain_commands.sort(key=lambda c: "--mode=prepare" not in c.text)  # stable: otherwise in order
+  for command in chain_commands:
+    if command.text.startswith("pip install -e . && "):  # installed already: .ci/run, above
+      command = readme.Command(command.text[len("pip install -e . && ") :], "bash", "")
+    if command.text.startswith("pip install"):
+      continue  # the install chain's
+    yield command, box.run(command), box
+
+
+def _research_decoding(text: str, proc: subprocess.CompletedProcess, box) -> bool:
+  """Checks one command of docs/decoding.md (n-best, sampling, ensembles, alignments, the
+  back-translation recipe); False for any other command."""
+  lines = lambda name: (box.repo / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
+  if "--ensemble=" in text:
+    result = _last_json(proc)
+    assert result["checkpoint"].startswith("ensemble of 2 models")
+    assert "nc:6" in result["chrf_signature"]
+    _rescored(box, text, result, "beam4")
+  elif "--output=nbest.tsv" in text or "--output=samples.tsv" in text:
+    k = int(re.search(r"--nbest=(\d+)", text).group(1))
+    rows = [r.split("\t") for r in lines(re.search(r"--output=(\S+)", text).group(1))]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(i, j) for i in range(2) for j in range(k)]
+  elif "--output=aligned.txt" in text:
+    assert [" ||| " in row for row in lines("aligned.txt")] == [True, True]
+  elif "--output=data/demo_text/mono.en" in text:
+    assert len(lines("data/demo_text/mono.en")) == len(lines("data/demo_text/mono.de")) == 2000
+  elif "flaxformer_nmt.data.demo_text" in text and "--variant=large" in text:
+    written = _last_json(proc)["lines"]  # docs/fine-tuning.md's shifted domain
+    assert (written["train.en"], written["test.de"], "mono.de" in written) == (2000, 200, False)
+  elif "flaxformer_nmt.data.demo_text" in text:
+    assert _last_json(proc)["lines"]["mono.de"] == 2000
+  elif text.startswith("mkdir -p data/demo_bt"):
+    assert len(lines("data/demo_bt/train.de")) == len(lines("data/demo_bt/train.en")) == 22_000
+  else:
+    return False
+  return True
+
+
+def _rescored(box: readme_sandbox.Sandbox, text: str, result: dict, name: str) -> None:
+  """An eval's test sacreBLEU and chrF are sacrebleu's own figures for the hypotheses it wrote
+  (`<workdir>/eval/*_<name>.hyp.txt`, the newest) against the test set's references, exactly."""
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt import api  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.data import sources  # pylint: disable=g-import-not-at-top
+
+  from error_cases import _value  # pylint: disable=g-import-not-at-top
+
+  words = shlex.split(text) + _DEMO
+  overrides = dict(w[len("--config.") :].split("=", 1) for w in words if w.startswith("--config."))
+  config = api.load_config("demo", {k: _value(v) for k, v in overrides.items()})
+  workdir = box.repo / re.search(r"--workdir=(\S+)", text).group(1)
+  hyp_file = max(workdir.glob(f"eval/*_{name}.hyp.txt"), key=lambda p: p.stat().st_mtime)
+  hyps = hyp_file.read_text(encoding="utf-8").splitlines()
+  with contextlib.chdir(box.repo):  # a files source's data.dir is relative to it
+    refs = [t for _, t in sources.make_source(config.data).iter_pairs("test")]
+  assert result[f"test_sacrebleu_{name}"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+  assert result[f"test_chrf_{name}"] == sacrebleu.corpus_chrf(hyps, [refs]).score
+
+
+def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
+  """The checks of one command of the demo's chains (the README's, docs/decoding.md's and
+  docs/fine-tuning.md's)."""
+  work = box.repo / "runs" / "demo"
+  if _research_decoding(command.text, proc, box):
+    return  # docs/decoding.md's commands, checked there
+  if "--checkpoint=best" in command.text:  # docs/fine-tuning.md: the fine-tuned run's best
+    result = _last_json(proc)
+    assert result["checkpoint"].startswith("best params (")
+    _rescored(box, command.text, result, "beam4")
+  elif "--mode=eval" in command.text:
+    result = _last_json(proc)
+    if "--config.data.source=files" not in command.text:
+      assert result["checkpoint"].startswith("averaged params of 3 checkpoints")
+    _rescored(box, command.text, result, "beam4")
+  elif "--mode=translate" in command.text and "--output=out.txt" not in command.text:
+    assert proc.stdout.count("\n") == 1  # one line in, one out (30 steps: maybe empty)
+  elif "--output=out.txt" in command.text:
+    assert len((box.repo / "out.txt").read_text().splitlines()) == 2
+  elif "--mode=attention" in command.text:
+    assert (work / "attention" / "cross_attention.png").stat().st_size > 0
+  elif "--mode=export" in command.text:
+    out = re.search(r"--output=(\S+)", command.text).group(1)
+    assert (box.repo / out / "model.bin").is_file()
+  elif command.kind == "python":
+    printed = ast.literal_eval(proc.stdout.strip().splitlines()[-1])  # a list of strings
+    assert len(printed) == 2 and all(isinstance(t, str) and t for t in printed)
+  elif "--mode" not in command.text and ("main.py" in command.text or "nmt --" in command.text):
+    result = _last_json(proc)
+    assert result["step"] == 30 and "test_sacrebleu_beam4" in result
+    if "--config.best_metric=dev_bleu" in command.text:  # docs/fine-tuning.md's run
+      assert result["best_step"] == 30 and "ema_dev_bleu" in result
+      assert result["best_parameters"] in ("params", "ema")
+    if "--workdir=runs/demo " in command.text + " ":
+      # The quick start's command on the results table's finished runs/demo: the same figures,
+      # read back from the workdir, with nothing trained or decoded again.
+      trained.append(result)
+      assert result == trained[0]
+      assert ("already trained to step 30" in proc.stderr) == (len(trained) > 1)
+
+
+def _quick_start_training() -> readme.Command:
+  """The quick start's training of runs/demo, which the docs' demo chains start from."""
+  (command,) = [c for c in readme.in_chain("demo") if c.text.startswith("pip install -e . && ")]
+  return readme.Command(command.text[len("pip install -e . && ") :], "bash", "")
+
+
+@readme_run
+def test_demo_chain(tmp_path):
+  """Quick start, using a trained model, translating and exporting, the demo's results."""
+  seen, trained = [], []
+  for command, proc, box in _run_chain("demo", tmp_path, {"demo": _DEMO}):
+    seen.append(command.text)
+    _check_demo_command(command, proc, box, trained)
+  assert any("demo_bf16" in s for s in seen) and len(seen) >= 10
+  assert "flaxformer-nmt --config=demo --workdir=runs/demo" in seen  # the quick start's
+  assert len(trained) == 2
+
+
+@readme_run
+@pytest.mark.parametrize("chain", ["decoding", "fine-tuning"])
+def test_docs_demo_chain(chain, tmp_path):
+  """docs/decoding.md (n-best, sampling, ensembles, alignments, back-translation) and
+  docs/fine-tuning.md (a shifted domain), each from the quick start's trained runs/demo."""
+  seen, trained = [], []
+  start = _quick_start_training()
+  for command, proc, box in _run_chain(chain, tmp_path, {"demo": _DEMO}, first=[start]):
+    seen.append(command.text)
+    _check_demo_command(command, proc, box, trained)
+  assert seen[0] == start.text and len(seen) >= {"decoding": 10, "fine-tuning": 5}[chain]
+
+
+@readme_run
+def test_wmt14_chain(tmp_path):
+  """Table 2's recipe on the mock WMT14 (prepare, train, average, eval), the override example and
+  the filtered newstest2014 through sacreBLEU's echo and the `:files` variant."""
+  overrides = {"wmt14": _SMALL_MODEL + _RECIPE}
+  pairs = readme_sandbox.fake_sacrebleu_wmt14(tmp_path / "sacrebleu", lines=30)
+  evals = 0
+  for command, proc, box in _run_chain("wmt14", tmp_path, overrides):
+    text = command.text
+    if "--mode=prepare" in text:
+      prepared = _last_json(proc)
+      assert (prepared["dev_set"], prepared["test_set"]) == ("newstest2013", "newstest2014")
+      assert (prepared["dev_sentences"], prepared["test_sentences"]) == (32, 48)
+    elif "--echo src" in text:
+      written = (box.repo / "wmt14_text" / "newstest2014-filtered.en").read_text().splitlines()
+      assert written == [p[0] for p in pairs]
+    elif "--mode=eval" in text and ":files" not in text:
+      result = _last_json(proc)
+      assert result["test_set"] == "newstest2014" and result["test_sentences"] == 48
+      assert result["checkpoint"].startswith("averaged params of 5 checkpoints")
+      assert result["beam_style"] == "t2t"
+      assert result["tokenized_bleu_method"] == "moses-de+##AT##"
+      assert 5.0 < result["test_sacrebleu_beam4"] < 90.0  # 50 steps: the frames, not the numbers
+      assert "newstest2014 (test), beam4: sacreBLEU" in proc.stderr
+      evals += 1
+    elif "--mode=eval" in text:
+      result = _last_json(proc)
+      assert result["test_set"] == "newstest2014-filtered" and result["test_sentences"] == 30
+      evals += 1
+    elif "main.py" in text and "--mode" not in text:
+      assert _last_json(proc)["step"] == 50
+  assert evals == 2
+
+
+@readme_run
+def test_files_chain(tmp_path):
+  """Multi30k's download (from 127.0.0.1) and training, your own files (Multi30k's), the Multi30k
+  script and its results rows, the input pipeline benchmark on the same files."""
+  server = http_server.Server(helpers.MULTI30K)
+  small = _SMALL_MODEL + _SHORT
+  overrides = {
+    "files": small,
+    "wmt14": small,
+    "multi30k": [*small, f"--config.data.url={server.url}"],
+  }
+  overrides.update(_BENCHMARKS)
+  ran_script = prepared = False
+  try:
+    for command, proc, box in _run_chain("files", tmp_path, overrides):
+      if "--mode=prepare" in command.text:
+        result = _last_json(proc)
+        assert (result["downloaded"], result["dev_sentences"]) == (6, 1014)
+        assert len(list((box.repo / "data" / "multi30k").iterdir())) == 6
+        prepared = True
+      elif "multi30k.sh" in command.text:
+        work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
+        last = _last_json(proc)
+        assert last == json.loads((work / "multi30k_result.json").read_text())
+        assert last["steps"] == 20 and len(last["averaged_steps"]) == 5
+        assert (work / "learning_curve.png").stat().st_size > 0
+        ran_script = True
+      elif "--mode=eval" in command.text:
+        assert ran_script
+        assert _last_json(proc)["test_sentences"] == 1000
+      else:
+        _last_json(proc)  # training results, the benchmark's JSON
+  finally:
+    server.close()
+  assert ran_script and prepared and len(server.requests) == 6
+
+
+@readme_run
+def test_benchmark_commands(tmp_path):
+  overrides = dict(_BENCHMARKS)
+  for command, proc, _ in _run_chain("benchmarks", tmp_path, overrides):
+    result = _last_json(proc)
+    assert result, command.text
+
+
+@readme_run
+def test_python_api_block(tmp_path):
+  """The README's API example, with `api.load_config` given the demo's small overrides."""
+  small = {
+    flag.split("=")[0][len("--config.") :]: ast.literal_eval(flag.split("=")[1]) for flag in _DEMO
+  }
+  box = readme_sandbox.Sandbox(tmp_path, {})
+  (command,) = readme.in_chain("api")
+  prelude = (
+    "from flaxformer_nmt import api as _api\n"
+    "_load = _api.load_config\n"
+    "_api.load_config = lambda name, overrides=None: "
+    f"_load(name, {{**(overrides or {{}}), **{small!r}}})\n"
+  )
+  proc = box.run(readme.Command(prelude + command.text, "python", command.section))
+  assert "test_sacrebleu_beam4" in proc.stdout and "cross_attention.png" in proc.stdout
+  assert (box.repo / "ct2_model_api" / "model.bin").is_file()
+
+
+@readme_run
+@pytest.mark.parametrize("chain", ["local", "srun", "gcloud"])
+def test_multi_host_launch(chain, tmp_path):
+  """The README's launches of 2 processes x 4 devices, to the end of a short training run."""
+  steps = ["--config.num_train_steps=4", "--config.checkpoint_every_steps=4"]
+  small = ["--config.data.demo_dev_size=8", "--config.data.demo_test_size=8"]
+  overrides = {"demo": _DEMO[2:] + small + steps, "wmt14": _SMALL_MODEL + steps}
+  ((command, proc, box),) = list(
+    _run_chain(chain, tmp_path, overrides, MOCK_WMT14_SIZES="1000,8,8")
+  )
+  workdir = re.search(r'--workdir=([^\s"]+)', command.text).group(1)
+  workdir = box.root / "abs" / workdir[1:] if workdir.startswith("/") else box.repo / workdir
+  result = json.loads((workdir / "train_result.json").read_text())
+  assert result["step"] == 4, result
+  # Process 0 logs for the job: 8 devices in all, from 2 processes.
+  assert "Devices: 8 (2 processes x 4 local, cpu)" in proc.stderr, proc.stderr[-3000:]
+  if chain == "srun":
+    assert "Detected SlurmCluster with 2 processes" in proc.stderr

@@ -1,0 +1,45 @@
+"""A workdir written before the package was split into stages (commit 97ad9e1) still evaluates,
+translates, averages and resumes: the files in a workdir are a contract with its user.
+
+tests/fixtures/workdir_97ad9e1 (helpers.SAVED_RUN) was made by tests/fixtures/make_workdir.py run
+on that commit (its docstring has the command): training checkpoints with an EMA, best/<step>, and
+an average in the old layout, averaged/<step>/.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import pytest
+
+from flaxformer_nmt import api
+from flaxformer_nmt.workdir import Workdir
+
+import helpers
+
+
+@pytest.fixture
+def old_workdir(tmp_path) -> pathlib.Path:
+  work = tmp_path / "old"
+  shutil.copytree(helpers.SAVED_RUN, work)
+  return work
+
+
+def test_an_old_workdir_reads_every_checkpoint_choice(old_workdir):
+  config = api.load_config("demo", helpers.saved_run_overrides())
+  run = Workdir(str(old_workdir))
+  assert run.resolve("averaged").directory == str(old_workdir / "averaged")  # averaged/12
+  assert run.resolve("auto").kind == "averaged"  # made at step 12, the newest checkpoint
+  for which in ("latest", "averaged", "best", "ema", "auto"):
+    (hyps,) = api.translate_nbest(config, str(old_workdir), ["three hundred"], 1, which)
+    assert isinstance(hyps[0].text, str), which
+  scores = api.evaluate(config, str(old_workdir))
+  assert scores["checkpoint"].startswith("averaged params of 2 checkpoints (steps [8, 12])")
+  assert scores["test_sentences"] == 8
+
+  # A new average goes beside the old one, under its own name, and is the one read from then on.
+  made = api.average(config, str(old_workdir), num_checkpoints=3)
+  assert made["path"] == str(old_workdir / "averaged" / "params_3_steps_4_to_12" / "12")
+  assert run.resolve("averaged").directory == str(pathlib.Path(made["path"]).parent)
+  assert (old_workdir / "averaged" / "12").is_dir()

@@ -1,0 +1,54 @@
+"""Every mistake a user can make is one line (`error: ...`), exit status 2, and touches nothing.
+
+The table of mistakes runs in this process, through what `main.py` runs: flag mistakes through
+`cli.parse_flags` (which prints the line and exits 2), the rest through the mode functions, which
+must raise a `UserError` whose message is one line naming the culprit (`cli.main` prints exactly
+that and exits 2). Where the workdir already holds a trained run, every file in it must be
+byte-for-byte and timestamp-for-timestamp as it was. tests/e2e/test_errors.py runs two cases as
+`python main.py` subprocesses, checking the wrapper itself end to end.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+from flaxformer_nmt import cli, errors
+
+import helpers
+from error_cases import CASES, FLAG_CASES, arguments, run_mode
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_one_line_exit_2_and_nothing_touched(case, tmp_path, monkeypatch, capsys):
+  """Each case on a copy of the committed small trained workdir (tests/unit/conftest.py)."""
+  monkeypatch.chdir(helpers.REPO)  # the paths in the arguments are a clone's (configs/demo.py)
+  args = arguments(case, tmp_path)
+  for name, value in (a[4:].split("=", 1) for a in args if a.startswith("ENV:")):
+    monkeypatch.setenv(name, value)
+  args = [a for a in args if not a.startswith("ENV:")]
+  workdir = pathlib.Path(args[0].split("=", 1)[1]) if case.trained else None
+  before = helpers.snapshot(workdir) if workdir else {}
+  if case.name in FLAG_CASES:
+    argv, saved = ["main.py", *args], sys.argv[:]
+    sys.argv[:] = argv  # ml_collections finds `--config.x=y` overrides in sys.argv itself
+    try:
+      with pytest.raises(SystemExit) as exit_info:
+        cli.parse_flags(argv)
+    finally:
+      sys.argv[:] = saved
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    line = lines[0]
+  else:
+    with pytest.raises(errors.UserError) as error_info:
+      run_mode(args)
+    line = f"error: {' '.join(str(error_info.value).split())}"  # exactly what cli.main prints
+  assert case.culprit in line, line
+  print(f"{case.name}: {line}")
+  if workdir is not None:
+    assert before and helpers.snapshot(workdir) == before
+    assert (workdir / "checkpoints").is_dir()

@@ -1,0 +1,55 @@
+"""Fine-tuning from another run's parameters (config.init_from) and the constant schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from flaxformer_nmt import api, errors
+from flaxformer_nmt.components import Components
+from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.training import init_from, optim
+from flaxformer_nmt.workdir import Workdir
+
+import helpers
+
+
+def _fine_tune_config(source, **overrides):
+  """The committed run's config, fine-tuning from `source` (overrides: dotted names)."""
+  config = api.load_config("demo", {**helpers.saved_run_overrides(), **overrides})
+  config.init_from = str(source)
+  return config
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(init_from="{tmp}/nothere"), "config.init_from={tmp}/nothere: not a trained workdir"),
+    (dict(**{"model.num_layers": 3}), "trained with model.num_layers=1 where this config has 3"),
+    (dict(**{"model.num_heads": 4}), "trained with model.num_heads=2 where this config has 4"),
+    (dict(**{"data.vocab_path": "{tmp}/other.model"}), "differs from this run's"),
+  ],
+  ids=["missing", "another size", "another head count", "another vocabulary"],
+)
+def test_bad_sources_are_one_line_before_any_work(tmp_path, change, message):
+  (tmp_path / "other.model").write_bytes(b"another vocabulary")
+  change = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in change.items()}
+  source = change.pop("init_from", str(helpers.SAVED_RUN))
+  config = _fine_tune_config(source, **change)
+  with pytest.raises(errors.UserError) as info:
+    source = init_from.check(config, Workdir(str(tmp_path / "fine")))
+    init_from.check_fits(source, Components(config, Tokenizer(source.vocabulary)))
+  line = str(info.value)
+  assert message.format(tmp=tmp_path) in line and "\n" not in line
+  assert "config.init_from=" in line
+  assert not (tmp_path / "fine").exists()
+
+
+def test_the_constant_schedule_warms_up_as_the_papers_then_holds():
+  paper = optim.paper_schedule(512, 4000, 0.5)
+  constant = optim.constant_schedule(512, 4000, 0.5)
+  for step in (0, 100, 3999):
+    assert float(constant(step)) == pytest.approx(float(paper(step)), rel=1e-6)
+  peak = 0.5 * 512**-0.5 * 4000**-0.5
+  assert float(constant(3999)) == pytest.approx(peak, rel=1e-6)
+  assert float(constant(100_000)) == pytest.approx(peak, rel=1e-6)
+  assert float(paper(100_000)) < peak / 4

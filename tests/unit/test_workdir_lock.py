@@ -1,0 +1,172 @@
+"""One training job per workdir; a lock left by a dead job is taken over, a live one's never."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.training import lock as workdir_lock
+from flaxformer_nmt.workdir import Workdir
+
+LOCK_NAME = os.path.basename(Workdir("").lock_path)  # train.lock
+
+
+def _write_lock(workdir, **holder) -> str:
+  path = os.path.join(workdir, LOCK_NAME)
+  with open(path, "w") as f:
+    json.dump(holder, f)
+  return path
+
+
+def _write_dead_holders_lock(workdir) -> str:
+  """The lock a job on this host left when it was killed (its pid is gone)."""
+  return _write_lock(
+    workdir,
+    host=workdir_lock.socket.gethostname(),
+    pid=_dead_pid(),
+    process_start="1",
+    started="then",
+  )
+
+
+def _dead_pid() -> int:
+  """A pid no process has on this host now (counted down from the kernel's largest)."""
+  with open("/proc/sys/kernel/pid_max") as f:
+    pid = int(f.read()) - 1
+  while os.path.exists(f"/proc/{pid}"):
+    pid -= 1
+  return pid
+
+
+def test_held_while_training_and_released_after(tmp_path):
+  path = tmp_path / LOCK_NAME
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    holder = json.loads(path.read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] and holder["started"]
+    with pytest.raises(errors.WorkdirLockedError) as info:
+      with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+        pass
+    message = str(info.value)
+    assert "\n" not in message and f"pid {os.getpid()}" in message
+    assert holder["host"] in message and holder["started"] in message
+    assert path.exists()  # the refused job left the holder's lock alone
+  assert not path.exists()
+
+
+def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
+  holder = os.getppid()  # a live process of this host other than this one (pytest's parent)
+  _write_lock(
+    tmp_path,
+    host=workdir_lock.socket.gethostname(),
+    pid=holder,
+    process_start=workdir_lock._process_start(holder),
+    started="then",
+  )
+  old = time.time() - 10 * workdir_lock.STALE_AFTER_S
+  os.utime(tmp_path / LOCK_NAME, (old, old))  # an old file, but a live holder
+  with pytest.raises(errors.WorkdirLockedError, match=f"pid {holder}, started then"):
+    with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+      pass
+
+
+def test_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
+  _write_dead_holders_lock(tmp_path)
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+  assert "Took over the lock" in caplog.text
+  assert sorted(os.listdir(tmp_path)) == []  # the stale file was not left behind
+
+
+def test_a_reused_pid_does_not_count_as_the_holder(tmp_path):
+  # This very process, but started at another time: the pid was reused after the holder died.
+  _write_lock(
+    tmp_path,
+    host=workdir_lock.socket.gethostname(),
+    pid=os.getpid(),
+    process_start="12345",
+    started="then",
+  )
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    pass
+
+
+def _beating(path: str, seconds: float, every: float) -> threading.Thread:
+  """A holder on another host, alive: its heartbeat touches `path` every `every` s."""
+
+  def beat() -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+      time.sleep(every)
+      os.utime(path)
+
+  thread = threading.Thread(target=beat, daemon=True)
+  thread.start()
+  return thread
+
+
+def test_another_hosts_live_holder_keeps_its_lock(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 3.0)
+  monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
+  path = _write_lock(tmp_path, host="other-host", pid=1, started="then", token="theirs")
+  beats = _beating(path, seconds=2.0, every=0.3)
+  start = time.monotonic()
+  with pytest.raises(errors.WorkdirLockedError, match="host other-host, pid 1, started then"):
+    with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+      pass
+  assert time.monotonic() - start < 2.0  # refused at the first heartbeat seen, not after a wait
+  beats.join()
+  assert json.loads(open(path).read())["token"] == "theirs"
+
+
+def test_another_hosts_silent_lock_is_taken_over_within_the_window(tmp_path, monkeypatch, caplog):
+  """A new Colab runtime on a Drive workdir: the old runtime's lock is fresh but never touched
+  again, so it is taken over after STALE_AFTER_S of silence, not refused."""
+  monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 1.5)
+  monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
+  path = _write_lock(tmp_path, host="dead-runtime", pid=1, started="then")
+  start = time.monotonic()
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    assert json.loads(open(path).read())["pid"] == os.getpid()
+  assert 1.0 < time.monotonic() - start < 6.0
+  assert "Took over the lock" in caplog.text
+
+
+def test_another_hosts_old_lock_is_taken_over_at_once(tmp_path):
+  path = _write_lock(tmp_path, host="other-host", pid=1, started="then")
+  old = time.time() - workdir_lock.STALE_AFTER_S - 1
+  os.utime(path, (old, old))
+  start = time.monotonic()
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    assert json.loads(open(path).read())["pid"] == os.getpid()
+  assert time.monotonic() - start < workdir_lock.POLL_S * 3
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_before_saving(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
+  path = tmp_path / LOCK_NAME
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))) as lock:
+    lock.check_held()  # still ours
+    path.write_text(json.dumps({"host": "newcomer", "pid": 7, "token": "theirs"}))
+    deadline = time.time() + 10
+    while lock.lost_to is None and time.time() < deadline:
+      time.sleep(0.02)
+    with pytest.raises(errors.WorkdirLockedError, match="host newcomer, pid 7"):
+      lock.check_held()
+  assert json.loads(path.read_text())["token"] == "theirs"  # the newcomer's lock is left alone
+
+
+def test_the_heartbeat_keeps_a_long_job_fresh(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
+  path = tmp_path / LOCK_NAME
+  with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+    old = time.time() - 1000
+    os.utime(path, (old, old))
+    deadline = time.time() + 10
+    while path.stat().st_mtime < time.time() - 100 and time.time() < deadline:
+      time.sleep(0.02)
+    assert path.stat().st_mtime > time.time() - 100
