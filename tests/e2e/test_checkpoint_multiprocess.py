@@ -8,6 +8,13 @@ from __future__ import annotations
 import os
 import pathlib
 
+import pytest
+
+# Several-process jobs take both cores: the tests that start them share one xdist worker, so two
+# such jobs never run at once (waiting in gloo's collectives while another job has the cores
+# slows both several-fold); the other worker runs the rest meanwhile.
+pytestmark = pytest.mark.xdist_group("several_processes")
+
 _WORKER = r"""
 import os, signal, sys, time
 import numpy as np

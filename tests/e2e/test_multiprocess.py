@@ -25,6 +25,11 @@ from flaxformer_nmt import api, modes
 import cluster  # tests/cluster.py (pytest puts tests/ on the path)
 import helpers
 
+# Several-process jobs take both cores: the tests that start them share one xdist worker, so two
+# such jobs never run at once (waiting in gloo's collectives while another job has the cores
+# slows both several-fold); the other worker runs the rest meanwhile.
+pytestmark = pytest.mark.xdist_group("several_processes")
+
 TOTAL = 24
 TIMEOUT_S = 300
 
