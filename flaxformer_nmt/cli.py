@@ -183,10 +183,16 @@ def _mode_only_flag_misused() -> str | None:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake in the flags reported as one line (exit status 2)."""
+  spec = _config_spec(argv)
   try:
     argv = _with_config_path(argv)
+    if spec is not None:
+      # Loaded once here so that a wrong variant (`wmt14_table3:Z`, `demo:x`) is one line; inside
+      # ml_collections' flag parsing it would surface as a traceback.
+      config_files.load(spec)
   except errors.ConfigError as e:
-    _user_error(e)
+    message = str(e)
+    _user_error(message if message.startswith("--config") else f"--config={spec}: {message}")
   try:
     remaining = flags.FLAGS(argv)
     misused = _mode_only_flag_misused()
@@ -204,10 +210,19 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 class _QuietLibraries(pylogging.Filter):
-  """Drops INFO chatter of orbax (about 20 lines per checkpoint) so progress lines stay readable."""
+  """Drops the libraries' chatter so our progress lines, and a one-line error, stand alone:
+  orbax's INFO lines (about 20 per checkpoint) and its warning that a checkpoint folder opened to
+  be read is "read only" (every inference mode opens it so), and JAX's INFO line that no TPU
+  backend is found (every start on a CPU or GPU). `--verbosity=1` or `--alsologtostderr` keeps
+  them all."""
 
   def filter(self, record: pylogging.LogRecord) -> bool:
-    return record.levelno >= pylogging.WARNING or "/orbax/" not in record.pathname
+    path = record.pathname.replace(os.sep, "/")
+    if "/orbax/" in path:
+      return record.levelno >= pylogging.WARNING and "is read only" not in record.getMessage()
+    if path.endswith("/jax/_src/xla_bridge.py") and record.levelno < pylogging.WARNING:
+      return False
+    return True
 
 
 def main(argv: list[str]) -> None:
@@ -217,7 +232,8 @@ def main(argv: list[str]) -> None:
   from flaxformer_nmt import modes
   from flaxformer_nmt.runtime import parallel
 
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  if not (flags.FLAGS["verbosity"].present or flags.FLAGS["alsologtostderr"].present):
+    logging.get_absl_handler().addFilter(_QuietLibraries())
 
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
@@ -246,9 +262,104 @@ def main(argv: list[str]) -> None:
     _user_error(e)
 
 
+MODES = {
+  "prepare": "build the dataset (TFDS) and the shared SentencePiece vocabulary, once",
+  "train": "train, or resume the workdir's run; ends with dev and test BLEU (the default)",
+  "eval": "dev loss and test BLEU (sacreBLEU and tokenized) of --checkpoint",
+  "translate": "translate --input to --output (n-best, sampling, ensembles, alignments)",
+  "average": "average the parameters of the last --num_checkpoints checkpoints",
+  "export": "write a CTranslate2 model to --output",
+  "attention": "draw the attention of every layer and head for --text",
+}
+
+
+def version() -> str:
+  """The installed package's version (a clone without an install: its pyproject's)."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+
+  try:
+    return metadata.version("flaxformer_nmt")
+  except metadata.PackageNotFoundError:
+    return "unknown (not installed; pip install -e .)"
+
+
+# One line per flag for `--help` (the flags' own help, longer, is what `--helpfull` shows).
+FLAG_LINES = {
+  "config": "experiment config: an installed config's name or a config file's path",
+  "workdir": "the run's folder: checkpoints, vocabulary, records, results",
+  "mode": "what to do (above; default train)",
+  "checkpoint": "which parameters: auto, latest, averaged, best or ema (default auto)",
+  "input": "translate: source file, one sentence per line (- = stdin)",
+  "output": "translate: output file (- = stdout); export, attention: the folder to write",
+  "nbest": "translate: hypotheses per line (more than 1: TSV rows with scores)",
+  "alignments": "translate: add word alignments (Pharaoh i-j) from the cross-attention",
+  "ensemble": "eval/translate: other workdirs decoding together with --workdir's",
+  "num_checkpoints": "average: how many checkpoints (default 5)",
+  "text": "attention: the sentence to draw",
+  "format": "export: the target engine (ctranslate2)",
+  "quantization": "export: weight type (float32, int8, float16, ...)",
+  "distributed": "multi-process runs: auto (default), on or off",
+}
+
+
+def usage(program: str) -> str:
+  """`--help`: what the program does, its modes, this project's flags with one line each, and
+  examples. The same text for `flaxformer-nmt` and `python main.py` (each names itself);
+  `--helpfull` lists absl's flags too, with each flag's full help."""
+  rows = [(f"--{name}", text) for name, text in FLAG_LINES.items()]
+  rows += [
+    ("--config.FIELD=VALUE", "override a config field, e.g. --config.num_train_steps=1000"),
+    ("--version", "print the version and exit"),
+    ("--helpfull", "every flag with its full help, absl's included"),
+  ]
+  width = max(len(flag) for flag, _ in rows) + 2
+  return "\n".join(
+    [
+      f"{program}: the Transformer of 'Attention Is All You Need' (Vaswani et al., 2017) in",
+      "JAX/Flax for machine translation: prepare data, train and resume, evaluate with BLEU,",
+      "average checkpoints, translate, export.",
+      "",
+      f"usage: {program} --config=CONFIG --workdir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]",
+      "",
+      "modes:",
+      *(f"  {name:<11}{text}" for name, text in MODES.items()),
+      "",
+      "flags:",
+      *(f"  {flag:<{width}}{text}" for flag, text in rows),
+      "",
+      f"configs: {', '.join(config_files.names())},",
+      "  or a config file's path; a variant after ':' (wmt14_ende_base:files, wmt14_table3:B)",
+      "",
+      "examples:",
+      f"  {program} --config=demo --workdir=runs/demo",
+      f"  {program} --config=demo --workdir=runs/demo --mode=translate --input=in.txt "
+      "--output=out.txt",
+      f"  {program} --config=wmt14_ende_base --workdir=runs/base --mode=average "
+      "--num_checkpoints=5",
+      "",
+      "Rerunning a training command on its workdir resumes it. Guides: README.md and docs/.",
+    ]
+  )
+
+
+_HELP = ("--help", "-help", "-h", "-?", "--helpshort")
+
+
 def run() -> None:
   """The entry point of `flaxformer-nmt` and of `python main.py`."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  program = "flaxformer-nmt" if not sys.argv[0].endswith(".py") else "python main.py"
+  text = None
+  if "--version" in sys.argv[1:]:
+    text = f"flaxformer_nmt {version()}"
+  elif any(arg in _HELP for arg in sys.argv[1:]):
+    text = usage(program)
+  if text is not None:
+    try:
+      print(text)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+      pass
+    sys.exit(0)
   app.run(main, flags_parser=parse_flags)
 
 

@@ -356,6 +356,21 @@ CASES = [
     "--config=configs/nothere.py: no such file",
   ),
   Case(
+    "unknown config variant",
+    _in_trained("--config=wmt14_table3:Z9"),
+    "--config=wmt14_table3:Z9: Unknown Table 3 row 'Z9'",
+  ),
+  Case(
+    "unknown WMT14 data variant",
+    _in_trained("--config=wmt14_ende_base:bogus"),
+    "--config=wmt14_ende_base:bogus: Unknown WMT14 data 'bogus'",
+  ),
+  Case(
+    "a variant of a config that has none",
+    _in_trained("--config=demo:foo"),
+    "--config=demo:foo: demo.py takes no argument after ':'",
+  ),
+  Case(
     "unknown flag",
     _in_trained("--config=configs/demo.py", "--modee=eval"),
     "Unknown command line flag 'modee'",
@@ -417,6 +432,9 @@ FLAG_CASES = {
   "n-best list asked of eval",
   "mistyped config field",
   "missing config file",
+  "unknown config variant",
+  "unknown WMT14 data variant",
+  "a variant of a config that has none",
   "unknown flag",
   "config value of the wrong type",
 }

@@ -64,5 +64,7 @@ def load(spec: str) -> ml_collections.ConfigDict:
   module_spec.loader.exec_module(module)
   get_config = module.get_config
   if argument and not inspect.signature(get_config).parameters:
-    raise errors.ConfigError(f"--config={spec}: {path} takes no argument after ':'.")
+    raise errors.ConfigError(
+      f"--config={spec}: {os.path.basename(path)} takes no argument after ':'."
+    )
   return get_config(argument) if argument else get_config()

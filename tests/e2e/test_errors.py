@@ -33,6 +33,10 @@ def test_main_py_prints_one_line_exits_2_and_touches_nothing(name, tmp_path):
   errors_printed = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
   assert len(errors_printed) == 1 and case.culprit in errors_printed[0], result.stderr[-3000:]
   assert errors_printed[0] == result.stderr.strip().splitlines()[-1]
+  # No library chatter around it: JAX's "no TPU backend" INFO line, orbax's "read only" warning.
+  assert "xla_bridge" not in result.stderr and "read only" not in result.stderr, result.stderr
+  if name == "unknown flag":  # found before any work: the line is all there is
+    assert result.stderr.strip().splitlines() == errors_printed, result.stderr
   assert helpers.snapshot(workdir) == before
 
 

@@ -1,0 +1,51 @@
+"""`--help` and `--version`: one short text for both entry points, naming every mode and flag."""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+
+import pytest
+from absl import flags
+
+from flaxformer_nmt import cli
+
+import helpers
+
+
+def _run(monkeypatch, capsys, program: str, *args: str) -> str:
+  """`cli.run()` as `program ARGS` runs it: its stdout, after checking it exits 0."""
+  monkeypatch.setattr(sys, "argv", [program, *args])
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run()
+  assert exit_info.value.code == 0
+  return capsys.readouterr().out
+
+
+def test_help_is_one_short_text_for_both_entry_points(monkeypatch, capsys):
+  console = _run(monkeypatch, capsys, "/venv/bin/flaxformer-nmt", "--help")
+  clone = _run(monkeypatch, capsys, "main.py", "-h")
+  assert console.replace("flaxformer-nmt", "python main.py") == clone
+  lines = console.splitlines()
+  assert 20 < len(lines) < 80 and max(len(line) for line in lines) <= 100
+  modes = flags.FLAGS["mode"].parser.enum_values
+  for mode in modes:
+    assert re.search(rf"^  {mode} +\S", console, re.M), mode
+  assert sorted(cli.MODES) == sorted(modes)  # a new mode is described, or this fails
+  own = {f.name for f in flags.FLAGS.get_flags_for_module(cli)}
+  assert own == set(cli.FLAG_LINES)  # a new flag gets its line, or this fails
+  for name in own:
+    assert re.search(rf"^  --{name} +\S", console, re.M), name
+  assert "--helpfull" in console and "--version" in console
+  assert console.count(" --config=demo --workdir=runs/demo") >= 2  # the examples
+
+
+def test_version_is_the_package_version_and_the_citations(monkeypatch, capsys):
+  with open(helpers.REPO / "pyproject.toml", "rb") as f:
+    version = tomllib.load(f)["project"]["version"]
+  assert _run(monkeypatch, capsys, "main.py", "--version").strip() == f"flaxformer_nmt {version}"
+  citation = (helpers.REPO / "CITATION.cff").read_text()
+  assert re.search(rf"^version: {re.escape(version)}$", citation, re.M)
+  assert "Attention Is All You Need" in citation and "license: Apache-2.0" in citation
+  assert (helpers.REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
