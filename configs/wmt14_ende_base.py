@@ -10,7 +10,8 @@ r"""The paper's base model on WMT14 English->German (Table 2: 27.3 BLEU on newst
 minutes on its hardware) and the last 5 averaged; t2t's beam search (beam 4, alpha 0.6). Data from
 tensorflow-datasets (`wmt14_translate/de-en`, run EN->DE; `--mode=prepare` builds it once), or
 your own text files with `--config=configs/wmt14_ende_base.py:files --config.data.dir=DIR`
-(train.en/.de, newstest2013.en/.de, newstest2014.en/.de). See "Reproducing Table 2" in README.md.
+(train.en/.de, newstest2013.en/.de, newstest2014.en/.de). See "WMT14 (Table 2)" in README.md and
+docs/wmt14.md.
 """
 
 from flaxformer_nmt.config import builders

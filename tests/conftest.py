@@ -70,3 +70,16 @@ def tiny_config():
   import helpers  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS is set)
 
   return helpers.demo_config()
+
+
+@pytest.fixture
+def old_workdir(tmp_path) -> pathlib.Path:
+  """A copy of the workdir commit 97ad9e1 wrote (tests/fixtures/workdir_97ad9e1): a user's
+  workdir from before the package was split into stages (tests/*/test_compat.py)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  import helpers  # pylint: disable=g-import-not-at-top
+
+  work = tmp_path / "old"
+  shutil.copytree(helpers.SAVED_RUN, work)
+  return work

@@ -241,3 +241,23 @@ class CharTokenizer:
       if i != PAD_ID:
         out.append(self.chars.get(int(i), "?"))
     return "".join(out)
+
+
+def write_lock(workdir: Any, **holder: Any) -> str:
+  """A `train.lock` in `workdir` naming `holder` (host, pid, ...): the path."""
+  path = os.path.join(workdir, os.path.basename(Workdir("").lock_path))
+  with open(path, "w") as f:
+    json.dump(holder, f)
+  return path
+
+
+def write_dead_holders_lock(workdir: Any) -> str:
+  """The lock a job on this host left when it was killed: its pid is no process's now (counted
+  down from the kernel's largest), so no process is started to find one."""
+  import socket  # pylint: disable=g-import-not-at-top
+
+  with open("/proc/sys/kernel/pid_max") as f:
+    pid = int(f.read()) - 1
+  while os.path.exists(f"/proc/{pid}"):
+    pid -= 1
+  return write_lock(workdir, host=socket.gethostname(), pid=pid, process_start="1", started="then")

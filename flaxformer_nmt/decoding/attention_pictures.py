@@ -35,7 +35,7 @@ from flaxformer_nmt.model.transformer import Transformer  # noqa: E402
 
 KINDS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 PANEL_INCHES = 1.6  # side of one layer x head panel
-MARGIN_INCHES = (1.2, 0.9)  # added to the width and height: labels, titles
+MARGIN_INCHES = (1.6, 0.9)  # added to the width and height: labels, titles, the colour scale
 DPI = 100
 
 
@@ -99,7 +99,7 @@ def plot_grid(
   for layer in range(num_layers):
     for head in range(num_heads):
       ax = axes[layer, head]
-      ax.imshow(weights[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+      image = ax.imshow(weights[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
       ax.set_xticks(range(len(col_labels)))
       ax.set_yticks(range(len(row_labels)))
       ax.set_xticklabels(col_labels if layer == num_layers - 1 else [], rotation=90, fontsize=font)
@@ -110,7 +110,11 @@ def plot_grid(
       if head == 0:
         ax.set_ylabel(f"layer {layer}", fontsize=8)
   fig.suptitle(title, fontsize=10)
-  fig.subplots_adjust(left=0.12, right=0.99, bottom=0.12, top=0.9, wspace=0.08, hspace=0.08)
+  fig.subplots_adjust(left=0.12, right=0.9, bottom=0.12, top=0.9, wspace=0.08, hspace=0.08)
+  # One colour scale for every panel (all share vmin 0, vmax 1): what a colour means.
+  scale = fig.add_axes((0.92, 0.12, 0.015, 0.78))  # [left, bottom, width, height] of the figure
+  fig.colorbar(image, cax=scale).ax.tick_params(labelsize=6)
+  scale.set_ylabel("attention probability", fontsize=7)
   fig.savefig(path, dpi=DPI)
   plt.close(fig)
   return num_layers, num_heads

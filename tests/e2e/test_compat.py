@@ -1,30 +1,14 @@
-"""A workdir written before the package was split into stages (commit 97ad9e1) still evaluates,
-translates, averages and resumes: the files in a workdir are a contract with its user.
-
-tests/fixtures/workdir_97ad9e1 (helpers.SAVED_RUN) was made by tests/fixtures/make_workdir.py run
-on that commit (its docstring has the command): training checkpoints with an EMA, best/<step>, and
-an average in the old layout, averaged/<step>/.
-"""
+"""A workdir written by commit 97ad9e1 (tests/fixtures/workdir_97ad9e1) still resumes training;
+tests/unit/test_compat.py checks that it evaluates, translates and averages."""
 
 from __future__ import annotations
 
 import json
-import pathlib
-import shutil
-
-import pytest
 
 from flaxformer_nmt import api
 from flaxformer_nmt.workdir import Workdir
 
 import helpers
-
-
-@pytest.fixture
-def old_workdir(tmp_path) -> pathlib.Path:
-  work = tmp_path / "old"
-  shutil.copytree(helpers.SAVED_RUN, work)
-  return work
 
 
 def test_an_old_workdir_resumes(old_workdir):

@@ -2,40 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
-from flaxformer_nmt.training import lock as workdir_lock
 from flaxformer_nmt.workdir import Workdir
 
+import helpers
+
 LOCK_NAME = os.path.basename(Workdir("").lock_path)  # train.lock
-
-
-def _write_lock(workdir, **holder) -> str:
-  path = os.path.join(workdir, LOCK_NAME)
-  with open(path, "w") as f:
-    json.dump(holder, f)
-  return path
-
-
-def _write_dead_holders_lock(workdir) -> str:
-  """The lock a job on this host left when it was killed (its pid is gone)."""
-  return _write_lock(
-    workdir,
-    host=workdir_lock.socket.gethostname(),
-    pid=_dead_pid(),
-    process_start="1",
-    started="then",
-  )
-
-
-def _dead_pid() -> int:
-  proc = subprocess.Popen([sys.executable, "-c", "pass"])
-  proc.wait()
-  return proc.pid
 
 
 _CONTENDER = r"""
@@ -81,7 +57,7 @@ def test_of_many_simultaneous_contenders_for_a_stale_lock_exactly_one_wins(tmp_p
   """12 processes start together on the lock of a dead job: exactly one takes it over."""
   workdir = tmp_path / "w"
   workdir.mkdir()
-  _write_dead_holders_lock(workdir)
+  helpers.write_dead_holders_lock(workdir)
   script, go, out = tmp_path / "contender.py", tmp_path / "go", tmp_path / "outcomes.txt"
   ready = tmp_path / "ready"
   ready.mkdir()

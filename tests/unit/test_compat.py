@@ -9,21 +9,11 @@ an average in the old layout, averaged/<step>/.
 from __future__ import annotations
 
 import pathlib
-import shutil
-
-import pytest
 
 from flaxformer_nmt import api
 from flaxformer_nmt.workdir import Workdir
 
 import helpers
-
-
-@pytest.fixture
-def old_workdir(tmp_path) -> pathlib.Path:
-  work = tmp_path / "old"
-  shutil.copytree(helpers.SAVED_RUN, work)
-  return work
 
 
 def test_an_old_workdir_reads_every_checkpoint_choice(old_workdir):

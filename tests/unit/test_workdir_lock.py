@@ -13,34 +13,9 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.training import lock as workdir_lock
 from flaxformer_nmt.workdir import Workdir
 
+import helpers
+
 LOCK_NAME = os.path.basename(Workdir("").lock_path)  # train.lock
-
-
-def _write_lock(workdir, **holder) -> str:
-  path = os.path.join(workdir, LOCK_NAME)
-  with open(path, "w") as f:
-    json.dump(holder, f)
-  return path
-
-
-def _write_dead_holders_lock(workdir) -> str:
-  """The lock a job on this host left when it was killed (its pid is gone)."""
-  return _write_lock(
-    workdir,
-    host=workdir_lock.socket.gethostname(),
-    pid=_dead_pid(),
-    process_start="1",
-    started="then",
-  )
-
-
-def _dead_pid() -> int:
-  """A pid no process has on this host now (counted down from the kernel's largest)."""
-  with open("/proc/sys/kernel/pid_max") as f:
-    pid = int(f.read()) - 1
-  while os.path.exists(f"/proc/{pid}"):
-    pid -= 1
-  return pid
 
 
 def test_held_while_training_and_released_after(tmp_path):
@@ -60,7 +35,7 @@ def test_held_while_training_and_released_after(tmp_path):
 
 def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
   holder = os.getppid()  # a live process of this host other than this one (pytest's parent)
-  _write_lock(
+  helpers.write_lock(
     tmp_path,
     host=workdir_lock.socket.gethostname(),
     pid=holder,
@@ -75,7 +50,7 @@ def test_a_live_process_on_this_host_keeps_its_lock(tmp_path):
 
 
 def test_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
-  _write_dead_holders_lock(tmp_path)
+  helpers.write_dead_holders_lock(tmp_path)
   with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
   assert "Took over the lock" in caplog.text
@@ -84,7 +59,7 @@ def test_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
 
 def test_a_reused_pid_does_not_count_as_the_holder(tmp_path):
   # This very process, but started at another time: the pid was reused after the holder died.
-  _write_lock(
+  helpers.write_lock(
     tmp_path,
     host=workdir_lock.socket.gethostname(),
     pid=os.getpid(),
@@ -112,7 +87,7 @@ def _beating(path: str, seconds: float, every: float) -> threading.Thread:
 def test_another_hosts_live_holder_keeps_its_lock(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 3.0)
   monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
-  path = _write_lock(tmp_path, host="other-host", pid=1, started="then", token="theirs")
+  path = helpers.write_lock(tmp_path, host="other-host", pid=1, started="then", token="theirs")
   beats = _beating(path, seconds=2.0, every=0.3)
   start = time.monotonic()
   with pytest.raises(errors.WorkdirLockedError, match="host other-host, pid 1, started then"):
@@ -128,7 +103,7 @@ def test_another_hosts_silent_lock_is_taken_over_within_the_window(tmp_path, mon
   again, so it is taken over after STALE_AFTER_S of silence, not refused."""
   monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 1.5)
   monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
-  path = _write_lock(tmp_path, host="dead-runtime", pid=1, started="then")
+  path = helpers.write_lock(tmp_path, host="dead-runtime", pid=1, started="then")
   start = time.monotonic()
   with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     assert json.loads(open(path).read())["pid"] == os.getpid()
@@ -137,7 +112,7 @@ def test_another_hosts_silent_lock_is_taken_over_within_the_window(tmp_path, mon
 
 
 def test_another_hosts_old_lock_is_taken_over_at_once(tmp_path):
-  path = _write_lock(tmp_path, host="other-host", pid=1, started="then")
+  path = helpers.write_lock(tmp_path, host="other-host", pid=1, started="then")
   old = time.time() - workdir_lock.STALE_AFTER_S - 1
   os.utime(path, (old, old))
   start = time.monotonic()
