@@ -217,11 +217,10 @@ class _QuietLibraries(pylogging.Filter):
   them all."""
 
   def filter(self, record: pylogging.LogRecord) -> bool:
-    path = record.pathname.replace(os.sep, "/")
-    if "/orbax/" in path:
-      return record.levelno >= pylogging.WARNING and "is read only" not in record.getMessage()
-    if path.endswith("/jax/_src/xla_bridge.py") and record.levelno < pylogging.WARNING:
-      return False
+    if "/orbax/" in record.pathname.replace(os.sep, "/"):
+      return record.levelno >= pylogging.WARNING and "is read only" not in str(record.msg)
+    if record.name == "jax._src.xla_bridge" and record.levelno < pylogging.WARNING:
+      return not str(record.msg).startswith("Unable to initialize backend")
     return True
 
 
@@ -232,7 +231,7 @@ def main(argv: list[str]) -> None:
   from flaxformer_nmt import modes
   from flaxformer_nmt.runtime import parallel
 
-  if not (flags.FLAGS["verbosity"].present or flags.FLAGS["alsologtostderr"].present):
+  if flags.FLAGS.verbosity < 1 and not flags.FLAGS.alsologtostderr:
     logging.get_absl_handler().addFilter(_QuietLibraries())
 
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
@@ -274,7 +273,8 @@ MODES = {
 
 
 def version() -> str:
-  """The installed package's version (a clone without an install: its pyproject's)."""
+  """The installed package's version (from its metadata; a clone run without an install has none
+  and says so)."""
   from importlib import metadata  # pylint: disable=g-import-not-at-top
 
   try:
@@ -328,7 +328,7 @@ def usage(program: str) -> str:
       *(f"  {flag:<{width}}{text}" for flag, text in rows),
       "",
       f"configs: {', '.join(config_files.names())},",
-      "  or a config file's path; a variant after ':' (wmt14_ende_base:files, wmt14_table3:B)",
+      "  or a config file's path; a variant after ':' (wmt14_ende_base:files, wmt14_table3:C1)",
       "",
       "examples:",
       f"  {program} --config=demo --workdir=runs/demo",
@@ -342,6 +342,13 @@ def usage(program: str) -> str:
   )
 
 
+def full_help() -> str:
+  """`--helpfull`: every flag with its whole help, this program's first, then absl's."""
+  ours = __name__
+  others = sorted(m for m in flags.FLAGS.flags_by_module_dict() if m != ours)
+  return "\n\n".join(flags.FLAGS.module_help(m).strip("\n") for m in [ours, *others])
+
+
 _HELP = ("--help", "-help", "-h", "-?", "--helpshort")
 
 
@@ -352,6 +359,8 @@ def run() -> None:
   text = None
   if "--version" in sys.argv[1:]:
     text = f"flaxformer_nmt {version()}"
+  elif "--helpfull" in sys.argv[1:]:
+    text = full_help()
   elif any(arg in _HELP for arg in sys.argv[1:]):
     text = usage(program)
   if text is not None:

@@ -444,7 +444,7 @@ def arguments(case: Case, base: pathlib.Path) -> list[str]:
   """The case's main.py arguments, set up in `base` on a copy of the committed small trained
   workdir (helpers.SAVED_RUN), with that run's config overrides right after
   `--config=configs/demo.py` (the case's own overrides come after them, and win). A flag mistake
-  stops before any config is read, so it gets none."""
+  is refused while the flags are parsed, before any work, so it gets none."""
   args = case.setup(base, helpers.SAVED_RUN)
   if case.name in FLAG_CASES or "--config=configs/demo.py" not in args:
     return args

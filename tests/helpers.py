@@ -179,17 +179,28 @@ def run_main(
 def shared_once(tmp_path_factory: Any, name: str, build: Any) -> tuple[Any, pathlib.Path]:
   """(`build(folder)`'s JSON-able result, folder): built once per test session in
   `<session>/<name>` and shared by every xdist worker (the first to ask builds it; the others
-  wait on a file lock). Read-only afterwards: a test that changes the folder copies it first."""
+  wait on a file lock). Read-only afterwards: a test that changes the folder copies it first.
+  A build that failed fails every later request at once, with its error, instead of building
+  again on top of what it left."""
   import fcntl  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
 
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
     root = root.parent  # the session's folder, shared by its workers
-  folder, done = root / name, root / f"{name}.json"
+  folder, done, failed = root / name, root / f"{name}.json", root / f"{name}.failed"
   with open(root / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
+    if failed.exists():
+      raise RuntimeError(f"building {name} failed earlier in this run: {failed.read_text()}")
     if not done.exists():
-      done.write_text(json.dumps(build(folder)))
+      shutil.rmtree(folder, ignore_errors=True)
+      try:
+        result = build(folder)
+      except BaseException as e:
+        failed.write_text(f"{type(e).__name__}: {e}"[:4000])
+        raise
+      done.write_text(json.dumps(result))
   return json.loads(done.read_text()), folder
 
 

@@ -4,7 +4,7 @@ The WMT14 configs, the TFDS source and `--mode=prepare` run end to end as a user
 the data differ: `wmt14_translate/<xx>-en` serves the demo corpus (English number expressions and
 their German), keyed by the builder's own language pair, with TFDS's real split names (train,
 validation = newstest2013, test = newstest2014). TFDS's mock makes `download_and_prepare` a no-op,
-so prepare's TensorFlow check is lifted here; `tests/test_prepare.py` checks that check itself.
+so prepare's TensorFlow check is lifted here; `tests/e2e/test_wmt14.py` checks that check itself.
 """
 
 import os

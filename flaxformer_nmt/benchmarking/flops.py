@@ -1,7 +1,7 @@
 """Analytic FLOP counts of the Transformer, for MFU in the benchmarks and their cost estimates.
 
 In the package, not in benchmarks/, so the benchmarks and tests import it like any module (no
-sys.path edits) and a test holds it against XLA's cost analysis (tests/test_flops.py).
+sys.path edits) and a test holds it against XLA's cost analysis (tests/unit/test_flops.py).
 
 Counts every matrix product (2 FLOPs per multiply-add); element-wise work (softmax, layer norm,
 dropout, the loss) is left out, as MFU conventionally does. For a packed batch of `rows` rows of

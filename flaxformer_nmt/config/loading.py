@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import os
 import pathlib
+import sys
 
 import ml_collections
 
@@ -59,9 +60,16 @@ def resolve(spec: str) -> str:
 def load(spec: str) -> ml_collections.ConfigDict:
   """The ConfigDict of `spec` (see `resolve`), not yet validated or overridden."""
   path, _, argument = resolve(spec).partition(":")
-  module_spec = importlib.util.spec_from_file_location("_flaxformer_nmt_config", path)
+  name = f"_flaxformer_nmt_config_{abs(hash(path))}"
+  module_spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  # Registered while it runs, as a normal import is: a dataclass defined in the file (under
+  # `from __future__ import annotations`) looks its module up there.
+  sys.modules[name] = module
+  try:
+    module_spec.loader.exec_module(module)
+  finally:
+    sys.modules.pop(name, None)
   get_config = module.get_config
   if argument and not inspect.signature(get_config).parameters:
     raise errors.ConfigError(

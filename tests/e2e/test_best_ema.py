@@ -90,7 +90,6 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
   assert best_steps == [every]
   best_result = json.loads((workdir / "best_result.json").read_text())
   assert best_result["best_step"] == every and best_result["best_parameters"] == "params"
-
   # Rerunning returns the saved result; with that result lost (a kill during the test decoding)
   # the resumed run stops at once from its learning curve: no step is trained again.
   train_log = (workdir / "train_metrics.jsonl").read_text()
@@ -99,6 +98,11 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
   again = train.train_and_evaluate(config, Workdir(str(workdir)))
   assert again["stopped_early"] and again["step"] == stop_step and again["best_step"] == every
   assert (workdir / "train_metrics.jsonl").read_text() == train_log
+  # The best is not the last here: --checkpoint=best and average --checkpoint=best take step
+  # `every`, not the newest checkpoint (the shared best + EMA run's best may be its last step).
+  _, description = helpers.load_params(config, workdir, "best")
+  assert description.startswith(f"best params (params of step {every}, dev_bleu"), description
+  assert api.average(config, str(workdir), 1, checkpoint="best")["steps"] == [every]
 
 
 def _saved_state(workdir, step: int) -> dict:

@@ -27,7 +27,9 @@ def test_main_py_prints_one_line_exits_2_and_touches_nothing(name, tmp_path):
   args = arguments(case, tmp_path)
   workdir = pathlib.Path(args[0].split("=", 1)[1])
   before = helpers.snapshot(workdir)
-  result = helpers.run_main(*args)
+  # JAX_PLATFORMS unset, as on a user's machine: JAX then tries its TPU backend too (and logs
+  # that it found none), which the test session's `cpu` would spare it.
+  result = helpers.run_main(*args, env={"JAX_PLATFORMS": ""})
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   errors_printed = [line for line in result.stderr.splitlines() if line.startswith("error: ")]

@@ -29,7 +29,7 @@ def test_recipe_cost_estimate_follows_the_flop_count():
   assert set(recipes) == {"wmt14_ende_base", "wmt14_ende_big", "wmt14_enfr_big"}
   base = recipes["wmt14_ende_base"]
   assert base["steps"] == 100_000 and base["tokens_per_step"] == 25_000
-  # ~128 MFLOP per target token forward at rows of 64 (tests/test_flops.py); rows of 256 add
+  # ~128 MFLOP per target token forward at rows of 64 (tests/unit/test_flops.py); rows of 256 add
   # attention: 3x forward x 25k tokens lands near 10 TFLOP per step.
   assert 9.0 < base["tflop_per_step"] < 11.5
   hours = base["steps"] * base["tflop_per_step"] * 1e12 / (989e12 * 0.5) / 3600

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import tomllib
@@ -41,6 +42,11 @@ def test_help_is_one_short_text_for_both_entry_points(monkeypatch, capsys):
   assert console.count(" --config=demo --workdir=runs/demo") >= 2  # the examples
 
 
+def test_helpfull_shows_our_flags_first_then_absls(monkeypatch, capsys):
+  text = _run(monkeypatch, capsys, "main.py", "--helpfull")
+  assert text.index("--checkpoint: <auto|") < text.index("absl.app:") < text.index("--verbosity")
+
+
 def test_version_is_the_package_version_and_the_citations(monkeypatch, capsys):
   with open(helpers.REPO / "pyproject.toml", "rb") as f:
     version = tomllib.load(f)["project"]["version"]
@@ -49,3 +55,25 @@ def test_version_is_the_package_version_and_the_citations(monkeypatch, capsys):
   assert re.search(rf"^version: {re.escape(version)}$", citation, re.M)
   assert "Attention Is All You Need" in citation and "license: Apache-2.0" in citation
   assert (helpers.REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+def _record(name: str, path: str, level: int, message: str) -> logging.LogRecord:
+  return logging.LogRecord(name, level, path, 1, message, (), None)
+
+
+def test_library_chatter_is_dropped_and_everything_else_kept():
+  quiet = cli._QuietLibraries()  # pylint: disable=protected-access
+  orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  bridge = "/site-packages/jax/_src/xla_bridge.py"
+  dropped = [
+    _record("absl", orbax, logging.WARNING, "Given directory is read only=/w/checkpoints"),
+    _record("absl", orbax, logging.INFO, "Saving checkpoint at step 3"),
+    _record("jax._src.xla_bridge", bridge, logging.INFO, "Unable to initialize backend 'tpu': x"),
+  ]
+  kept = [
+    _record("absl", orbax, logging.ERROR, "could not write step 3"),
+    _record("jax._src.xla_bridge", bridge, logging.WARNING, "An NVIDIA GPU may be present"),
+    _record("absl", "/flaxformer_nmt/training/loop.py", logging.INFO, "step 3/60"),
+  ]
+  assert [quiet.filter(r) for r in dropped] == [False] * 3
+  assert [quiet.filter(r) for r in kept] == [True] * 3

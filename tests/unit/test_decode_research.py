@@ -1,8 +1,9 @@
-"""n-best lists, sampling, ensembles and alignments through the model, the translator and main.py.
+"""n-best lists, sampling, ensembles and alignments through the model and the translator, in
+process (tests/e2e/test_decode_research.py runs them through main.py).
 
 test_search_research.py checks the searches against exact answers on hand-made distributions;
-here the same features run on the Transformer (an untrained tiny one, or the session's trained
-demo) end to end.
+here the same features run on the Transformer (an untrained tiny one, a hand-built one, or the
+committed small trained workdir).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""notebooks/colab.ipynb runs headless, top to bottom, on CPU with tiny demo settings.
-
-The notebook is executed by a real Jupyter kernel (nbclient + ipykernel), as Colab would run it,
-except that outside Colab its install cell only prints the devices and `TINY` cuts the demo.
-"""
+"""notebooks/colab.ipynb read, not run: committed without outputs, naming no repository, and its
+first cell stopping in one line without one. tests/e2e/test_notebook.py runs it in a kernel."""
 
 from __future__ import annotations
 

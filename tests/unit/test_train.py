@@ -1,4 +1,6 @@
-"""A shortened demo run, in process: the loss falls, checkpoints and TensorBoard files appear."""
+"""Training set-up in process, without the training loop: bad config values refused before any
+work, the inference modes reading no corpus, the learning rate logged for skipped updates.
+tests/e2e/test_train.py trains."""
 
 import functools
 import json

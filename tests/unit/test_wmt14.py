@@ -1,11 +1,5 @@
-"""WMT14 beyond the README's EN-DE base recipe (which `tests/e2e/test_readme.py` runs on the mock
-WMT14): EN-FR's BLEU, prepare without TensorFlow, prepare's build request and its refusals.
-
-TFDS's WMT14 cannot be downloaded here, so `tests/mock_wmt14_main.py` runs main.py inside
-`tfds.testing.mock_data` with a small corpus served under the real builder and split names. The
-configs are the real ones, made tiny by command-line overrides of the model size, vocabulary and
-step counts only.
-"""
+"""WMT14's prepare in process on a mock TFDS builder: array_record files and split checks, and its
+refusals. tests/e2e/test_wmt14.py runs main.py on the mock WMT14."""
 
 from __future__ import annotations
 
