@@ -43,9 +43,9 @@ def pictures(trained_demo, tmp_path_factory):
 def test_attention_pngs_are_layer_by_head_grids(pictures):
   result, out = pictures
   layers, heads = 2, 4  # configs/demo.py: the tiny size
-  # 1.6-inch panels plus margins of 1.2 (width) and 0.9 (height) inches, at 100 dpi: 4 panels
-  # wide (1.2 + 6.4 = 7.6 inches) and 2 high (0.9 + 3.2 = 4.1 inches).
-  expected = (410, 760)  # [height, width] pixels
+  # 1.6-inch panels plus margins of 1.6 (width: labels and the colour scale) and 0.9 (height)
+  # inches, at 100 dpi: 4 panels wide (1.6 + 6.4 = 8.0 inches) and 2 high (0.9 + 3.2 = 4.1).
+  expected = (410, 800)  # [height, width] pixels
   for kind in attention.KINDS:
     assert result["grids"][kind] == [layers, heads]
     image = matplotlib.image.imread(out / f"{kind}.png")  # [height, width, RGBA]
