@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -174,6 +175,25 @@ def run_main(
     timeout=timeout,
     env=None if env is None else {**os.environ, **env},
   )
+
+
+def mode_on_a_copy(
+  trained: pathlib.Path, folder: pathlib.Path, mode: str, *args: str
+) -> tuple[dict, pathlib.Path, pathlib.Path]:
+  """`main.py --mode=MODE ARGS --output=<folder>/out` on a copy of the trained demo workdir
+  `trained` (float32), which stays as it was: (its last-line JSON result, the copy, the output)."""
+  work, out = folder / "workdir", folder / "out"
+  shutil.copytree(trained, work)
+  proc = run_main(
+    "--config=configs/demo.py",
+    f"--workdir={work}",
+    "--config.model.dtype=float32",
+    f"--mode={mode}",
+    *args,
+    f"--output={out}",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1]), work, out
 
 
 def shared_once(tmp_path_factory: Any, name: str, build: Any) -> tuple[Any, pathlib.Path]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import matplotlib.image
 import numpy as np
@@ -22,20 +21,8 @@ TEXT = "We need three hundred and forty-two chairs."
 @pytest.fixture(scope="module")
 def pictures(trained_demo, tmp_path_factory):
   """main.py --mode=attention on a copy of the trained demo: (result, output folder)."""
-  _, trained = trained_demo
-  work = tmp_path_factory.mktemp("attention") / "workdir"
-  shutil.copytree(trained, work)
-  out = work.parent / "pictures"
-  proc = helpers.run_main(
-    "--config=configs/demo.py",
-    f"--workdir={work}",
-    "--config.model.dtype=float32",
-    "--mode=attention",
-    f"--text={TEXT}",
-    f"--output={out}",
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  folder = tmp_path_factory.mktemp("attention")
+  result, work, out = helpers.mode_on_a_copy(trained_demo[1], folder, "attention", f"--text={TEXT}")
   assert result == json.loads((work / "attention_result.json").read_text())
   return result, out
 

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 
 import ctranslate2  # the [export] extra; [test] includes it, so CI runs these tests
 import numpy as np
@@ -34,19 +33,8 @@ class _Run:
 @pytest.fixture(scope="module")
 def exported(trained_demo, tmp_path_factory):
   """(run, params, model_dir): the trained demo and its float32 CTranslate2 export via main.py."""
-  _, workdir = trained_demo
-  work = tmp_path_factory.mktemp("export") / "workdir"
-  shutil.copytree(workdir, work)
-  out = work.parent / "ct2"
-  proc = helpers.run_main(
-    "--config=configs/demo.py",
-    f"--workdir={work}",
-    "--config.model.dtype=float32",
-    "--mode=export",
-    f"--output={out}",
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  folder = tmp_path_factory.mktemp("export")
+  result, work, out = helpers.mode_on_a_copy(trained_demo[1], folder, "export")
   assert result["files"] == ["config.json", "model.bin", "shared_vocabulary.json", "spm.model"]
   assert json.loads((work / "export_result.json").read_text())["output"] == str(out)
   config = helpers.demo_config(model__dtype="float32")
