@@ -92,6 +92,7 @@ def estimate_step(
     src_tokens=tokens,
     tgt_tokens=tokens,
     row_len=max_len,
+    d_qk=cfg.num_heads * cfg.d_k,
   )
   step_flops = flops.train_step_flops(**counts)
 

@@ -43,6 +43,7 @@ import step_estimate
 from absl import app, flags
 
 from flaxformer_nmt.benchmarking import flops as flop_count
+from flaxformer_nmt.benchmarking import results
 from flaxformer_nmt.benchmarking import tpu_estimate as te
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model.transformer import (
@@ -207,7 +208,7 @@ def estimate_main() -> None:
     "step": results["step"],
     **RESULT_EXTRAS,
   }
-  print(json.dumps(out))
+  results.report(out)
 
 
 def _apply_overrides(c: Any) -> None:
@@ -276,6 +277,7 @@ def main(argv: list[str]) -> None:
     src_tokens=tokens // n_dev,
     tgt_tokens=tokens // n_dev,
     row_len=FLAGS.max_len,
+    d_qk=cfg.num_heads * cfg.d_k,
   )
 
   rss_reset = _reset_peak_rss()
@@ -317,7 +319,7 @@ def main(argv: list[str]) -> None:
   result["mfu"] = round(achieved / peak, 4)
   nominal = _peak_tflops()
   result["mfu_nominal"] = round(achieved / nominal, 4) if nominal else None
-  print(json.dumps({**result, **RESULT_EXTRAS}))
+  results.report({**result, **RESULT_EXTRAS})
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def export(
 
   if fmt not in ctranslate2.FORMATS:
     raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
-  ctranslate2.check_request(output, quantization)  # before any work
+  ctranslate2.check_request(output, quantization, config.model)  # before any work
   run = _begin(config, workdir)
   loaded = _load(config, run, which)
   params = jax.device_get(loaded.params)

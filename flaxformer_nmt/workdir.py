@@ -52,6 +52,7 @@ ARCHITECTURE = (
   "d_model",
   "d_ff",
   "num_heads",
+  "d_k",
   "pre_ln",
   "positional",
   "share_embeddings",

@@ -220,6 +220,18 @@ CASES = [
     "config.model.d_model=16 is not divisible by config.model.num_heads=3",
   ),
   Case(
+    "narrow keys on the jax attention path",
+    _in_trained("--config=configs/demo.py", "--config.model.d_k=2", "--config.model.attention=jax"),
+    "config.model.attention='jax' needs keys as wide as values, but config.model.d_k=2",
+  ),
+  Case(
+    "export of a model CTranslate2 cannot hold",
+    _in_trained(
+      "--config=configs/demo.py", "--mode=export", "--config.model.d_k=2", "--output={base}/ct2"
+    ),
+    "config.model.d_k=2: CTranslate2's attention splits queries, keys and values",
+  ),
+  Case(
     "shape-mismatched checkpoint",
     _in_trained("--config=configs/demo.py", "--config.model.d_ff=256"),
     "params/decoder_0/ffn/wi/bias has shape (32,) in the checkpoint but (256,) in the model",
@@ -480,5 +492,8 @@ def run_mode(args: list[str]) -> None:
     modes.average(config, workdir, int(flag["num_checkpoints"]), which)
   elif mode == "prepare":
     modes.prepare(config, workdir)
+  elif mode == "export":
+    fmt, quantization = flag.get("format", "ctranslate2"), flag.get("quantization", "float32")
+    modes.export(config, workdir, which, fmt, flag["output"], quantization)
   else:
     raise AssertionError(f"no such mode in the table: {mode}")

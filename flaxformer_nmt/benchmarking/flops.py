@@ -11,6 +11,9 @@ dropout, the loss) is left out, as MFU conventionally does. For a packed batch o
   decoder self-attention   8 D^2 + 4 row_len D
   decoder cross-attention  Q, O: 4 D^2 per target token; K, V: 4 D^2 per source token;
                            scores + values 4 row_len D per target token
+
+(With queries and keys Q wide instead of D, Table 3 row B: each Q or K projection costs 2 D Q
+instead of 2 D^2 and the scores 2 row_len Q instead of 2 row_len D.)
   feed-forward (both)      4 D F
   logits (once)            2 D V per target token
 
@@ -32,13 +35,20 @@ def forward_flops(
   src_tokens: int,
   tgt_tokens: int,
   row_len: int,
+  d_qk: int = 0,
 ) -> float:
-  """Matrix-product FLOPs of one teacher-forced forward pass (loss not included)."""
+  """Matrix-product FLOPs of one teacher-forced forward pass (loss not included).
+
+  `d_qk`: the width of all heads' queries (and keys) together, num_heads * d_k; 0 = d_model.
+  """
   d, f = float(d_model), float(d_ff)
-  attention = 4.0 * row_len * d  # QK^T and AV, per query token
-  encoder = src_tokens * (8 * d * d + attention + 4 * d * f)
-  decoder = tgt_tokens * (8 * d * d + attention) + tgt_tokens * (4 * d * d + attention)
-  decoder += src_tokens * 4 * d * d + tgt_tokens * 4 * d * f
+  q = float(d_qk or d_model)
+  attention = 2.0 * row_len * (q + d)  # QK^T and AV, per query token
+  projections = 4 * d * q + 4 * d * d  # Q, K, V and O, per token
+  encoder = src_tokens * (projections + attention + 4 * d * f)
+  decoder = tgt_tokens * (projections + attention)
+  decoder += tgt_tokens * (2 * d * q + 2 * d * d + attention)  # cross-attention: Q and O
+  decoder += src_tokens * (2 * d * q + 2 * d * d) + tgt_tokens * 4 * d * f  # its K and V
   logits = tgt_tokens * 2 * d * vocab_size
   return num_layers * (encoder + decoder) + logits
 

@@ -83,6 +83,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _fail(
       f"config.model.d_model={m.d_model} is not divisible by config.model.num_heads={m.num_heads}."
     )
+  _at_least(config, "model.d_k", 0)  # 0: d_model / num_heads
   for path in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
     _in_unit(config, f"model.{path}")
   _one_of(config, "model.positional", POSITIONALS)
@@ -92,6 +93,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _fail(
       f"config.model.attention='jax' has no attention dropout, but "
       f"config.model.attention_dropout_rate={m.attention_dropout_rate}: set it to 0 or use 'ours'."
+    )
+  if m.attention == "jax" and m.d_k and m.d_k != m.d_model // m.num_heads:
+    _fail(
+      f"config.model.attention='jax' needs keys as wide as values, but config.model.d_k={m.d_k} "
+      f"where d_model / num_heads = {m.d_model // m.num_heads}: use 'ours'."
     )
   if m.dtype == "float16":
     _fail(

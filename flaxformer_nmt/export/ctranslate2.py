@@ -77,8 +77,15 @@ def check_output_dir(output: str) -> None:
     raise errors.ConfigError(f"--output={output}: its parent directory {parent} does not exist.")
 
 
-def check_request(output: str, quantization: str) -> None:
-  """Every check of an export's arguments that needs no model: one line each, before any work."""
+def check_request(output: str, quantization: str, model: Any = None) -> None:
+  """Every check of an export's arguments and of `config.model` that needs no trained model:
+  one line each, before any work."""
+  if model is not None and model.d_k and model.d_k != model.d_model // model.num_heads:
+    raise errors.ConfigError(
+      f"config.model.d_k={model.d_k}: CTranslate2's attention splits queries, keys and values "
+      f"into equal widths (d_model / num_heads = {model.d_model // model.num_heads}), so this "
+      "model (Table 3 row B) cannot be exported; translate with --mode=translate."
+    )
   if quantization not in QUANTIZATIONS:
     raise errors.ConfigError(
       f"--quantization={quantization}: choose one of {', '.join(QUANTIZATIONS)}."

@@ -146,9 +146,10 @@ class MultiHeadAttention(nn.Module):
   """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
 
   Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O), stored as
-  separate [D, D] parameters. They are concatenated at use, so self-attention runs one [D, 3D]
-  product and cross-attention one [D, 2D] product for keys and values (one wide product instead
-  of three narrow ones), and the checkpoint layout does not change.
+  separate parameters: W^Q and W^K [D, N * d_k], W^V [D, N * d_v], W^O [N * d_v, D], with
+  d_v = D / N and d_k = D / N unless `d_k` says otherwise (Table 3 row B). They are concatenated
+  at use, so self-attention runs one product for Q, K and V and cross-attention one for K and V
+  (one wide product instead of narrow ones), and the checkpoint layout does not change.
 
   Decode mode:
     - self-attention (`cross=False`): keys/values of each new token are written into the cache
@@ -168,6 +169,7 @@ class MultiHeadAttention(nn.Module):
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
   implementation: str = "ours"  # choices.ATTENTIONS: "jax" = jax.nn.dot_product_attention
+  d_k: int = 0  # one head's query/key width; 0 = d_model / num_heads, as d_v always is
 
   @nn.compact
   def __call__(
@@ -185,17 +187,19 @@ class MultiHeadAttention(nn.Module):
     Passing the same array as `inputs_q` and `inputs_kv` (self-attention) fuses Q, K and V.
     """
     d, n = self.d_model, self.num_heads
-    h = d // n
-    # Xavier over (fan_in, fan_out) of each unsplit d_model x d_model matrix, as the paper's W's.
-    w_q, w_k, w_v, w_o = (self.param(name, self.kernel_init, (d, d)) for name in _PROJECTIONS)
+    d_qk = n * (self.d_k or d // n)  # the width of all heads' queries (and keys) together
+    # Xavier over (fan_in, fan_out) of each unsplit matrix, as the paper's W's.
+    shapes = {"query": (d, d_qk), "key": (d, d_qk), "value": (d, d), "out": (d, d)}
+    w_q, w_k, w_v, w_o = (self.param(name, self.kernel_init, shapes[name]) for name in _PROJECTIONS)
     w_o = w_o.astype(self.dtype)
 
     # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
     def project(x: Array, *weights: Array) -> list[Array]:
-      # x: [B, S, D] -> len(weights) arrays [B, S, N, H], from one [D, len * D] product.
-      w = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, len * D]
-      out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), w)  # [B, S, len * D]
-      return [p.reshape(*x.shape[:2], n, h) for p in jnp.split(out, len(weights), axis=-1)]
+      # x: [B, S, D] -> one [B, S, N, H] array per weight (H its width / N), from one product.
+      w = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, sum of the widths]
+      out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), w)  # [B, S, sum of the widths]
+      ends = np.cumsum([weight.shape[1] for weight in weights])[:-1]
+      return [p.reshape(*x.shape[:2], n, -1) for p in jnp.split(out, ends, axis=-1)]
 
     if inputs_kv is inputs_q and not cross:
       query, key, value = project(inputs_q, w_q, w_k, w_v)
@@ -224,7 +228,7 @@ class MultiHeadAttention(nn.Module):
     beams = rows // key.shape[0]  # 1, except for cross-attention in beam decoding
     if beams > 1:
       # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
-      query = query.reshape(key.shape[0], beams * query.shape[1], n, h)
+      query = query.reshape(key.shape[0], beams * query.shape[1], n, query.shape[-1])
     if self.implementation == "jax":
       # config.checks.validate allows it only without attention dropout. cuDNN on GPUs where it
       # supports the shapes and dtype, XLA elsewhere (jax decides).
@@ -249,10 +253,12 @@ class MultiHeadAttention(nn.Module):
     Keys are kept as [B, N, H, L] and values as [B, N, L, H]: the layouts the two per-step products
     (scores = q . K over H, output = weights . V over L) read directly. Kept as [B, L, N, H], XLA
     transposed the whole cache twice per layer and step, a third of beam-search time on CPU.
+    (H is d_k for keys and d_v for values.)
     """
-    b, length, n, h = key.shape
-    self.variable("cache", "cached_key", jnp.zeros, (b, n, h, length), key.dtype)
-    self.variable("cache", "cached_value", jnp.zeros, (b, n, length, h), value.dtype)
+    b, length, n, h_k = key.shape
+    h_v = value.shape[-1]
+    self.variable("cache", "cached_key", jnp.zeros, (b, n, h_k, length), key.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, (b, n, length, h_v), value.dtype)
     self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
 
   def _cached_self_attention(

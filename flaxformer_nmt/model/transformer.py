@@ -42,6 +42,7 @@ class TransformerConfig:
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8
+  d_k: int = 0  # one head's query/key width; 0 = d_model / num_heads (Table 3 row B varies it)
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   relu_dropout_rate: float = 0.0
@@ -82,6 +83,7 @@ def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadA
     cfg.dtype,
     dropout_kind=cfg.dropout_rng,
     implementation=cfg.attention,
+    d_k=cfg.d_k,
     name=name,
   )
 

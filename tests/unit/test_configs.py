@@ -131,6 +131,7 @@ def test_table3_config_rows_change_one_thing_each():
       path
       for path in (
         "model.num_heads",
+        "model.d_k",
         "model.num_layers",
         "model.d_model",
         "model.d_ff",
@@ -144,5 +145,5 @@ def test_table3_config_rows_change_one_thing_each():
     assert c.data.test_split == "validation"  # newstest2013, as the table
   files = load("wmt14_table3", "E,files")
   assert files.data.source == "files" and files.data.test_prefix == "newstest2013"
-  with pytest.raises(errors.ConfigError, match="Unknown Table 3 row 'B1'"):
-    load("wmt14_table3", "B1")
+  with pytest.raises(errors.ConfigError, match="Unknown Table 3 row 'B3'"):
+    load("wmt14_table3", "B3")

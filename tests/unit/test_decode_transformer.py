@@ -79,6 +79,30 @@ def trained_tiny():
 
 def test_cached_decoding_matches_full_forward_pass(trained_tiny):
   model, params, _ = trained_tiny
+  _assert_cached_decoding_matches_full_forward_pass(model, params)
+
+
+def test_narrow_keys_decode_as_they_train():
+  """Table 3 row B's attention (d_k = 3 < d_v = 8): W^Q and W^K are [D, N * d_k], the decode
+  cache keeps keys d_k wide and values d_v wide, and cached decoding gives the full pass's
+  logits."""
+  cfg = TransformerConfig(vocab_size=_VOCAB, num_layers=1, d_model=16, d_ff=32, num_heads=2, d_k=3)
+  model, params = Transformer(cfg), init_params(cfg, jax.random.PRNGKey(3))
+  attention = params["decoder_0"]["self_attention"]
+  assert [attention[w].shape for w in ("query", "key", "value", "out")] == [
+    (16, 6),
+    (16, 6),
+    (16, 16),
+    (16, 16),
+  ]
+  cache = init_decode_cache(model, batch_size=3, max_decode_len=6, src_len=7)
+  layer_cache = cache["decoder_0"]["self_attention"]
+  assert layer_cache["cached_key"].shape == (3, 2, 3, 6)  # [B, N, d_k, L]
+  assert layer_cache["cached_value"].shape == (3, 2, 6, 8)  # [B, N, L, d_v]
+  _assert_cached_decoding_matches_full_forward_pass(model, params)
+
+
+def _assert_cached_decoding_matches_full_forward_pass(model: Transformer, params) -> None:
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, _VOCAB, size=(3, 7)).astype(np.int32)
   inputs[0, 4:] = PAD_ID  # sources of different lengths

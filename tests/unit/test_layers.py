@@ -46,12 +46,17 @@ def _autodiff_attention(q, k, v, mask, rate, rng, kind):
   return jnp.einsum("BNTS,BSNH->BTNH", weights, v)
 
 
-@pytest.mark.parametrize("rate, kind", [(0.0, "threefry16"), (0.3, "threefry16"), (0.3, "rbg")])
-def test_attention_gradient_equals_autodiff(rate, kind):
+@pytest.mark.parametrize(
+  "rate, kind, d_k",
+  [(0.0, "threefry16", 4), (0.3, "threefry16", 4), (0.3, "rbg", 4), (0.3, "threefry16", 2)],
+)
+def test_attention_gradient_equals_autodiff(rate, kind, d_k):
   """The hand-written backward (rowsum(dP P) from dO . O, the dropout mask drawn again) gives
-  autodiff's gradients, with padding, packing (segment) and causal masks and with dropout."""
+  autodiff's gradients, with padding, packing (segment) and causal masks and with dropout; also
+  with queries and keys narrower than values (d_k = 2, d_v = 4: Table 3 row B)."""
   rs = np.random.RandomState(1)
-  q, k, v = (jnp.asarray(rs.randn(2, 6, 3, 4), jnp.float32) for _ in range(3))
+  q, k = (jnp.asarray(rs.randn(2, 6, 3, d_k), jnp.float32) for _ in range(2))
+  v = jnp.asarray(rs.randn(2, 6, 3, 4), jnp.float32)
   tokens = np.array([[5, 6, 7, 8, 0, 0], [5, 6, 7, 8, 9, 4]])
   segments = np.array([[1, 1, 2, 2, 0, 0], [1, 1, 1, 2, 2, 2]])
   mask = (
@@ -102,12 +107,15 @@ def test_sinusoidal_encoding_equals_paper_formula():
       np.testing.assert_allclose(pe[p_idx, 2 * i + 1], math.cos(angle), atol=2e-5)
 
 
-def test_self_attention_cache_after_one_step():
+@pytest.mark.parametrize("d_k", [0, 3])
+def test_self_attention_cache_after_one_step(d_k):
   """The decode cache holds the first token's keys at index 0 and advances its index.
 
-  Keys are cached as [B, N, H, L] (the layout the score product reads), values as [B, N, L, H].
+  Keys are cached as [B, N, H, L] (the layout the score product reads), values as [B, N, L, H];
+  with `d_k` (Table 3 row B) keys are d_k wide and values still d_model / N.
   """
-  mha = attention_layers.MultiHeadAttention(num_heads=2, d_model=8)
+  mha = attention_layers.MultiHeadAttention(num_heads=2, d_model=8, d_k=d_k)
+  h_k = d_k or 4
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
   variables = mha.init(jax.random.PRNGKey(1), x, x, None, decode=True)
   cache = jax.tree.map(jnp.zeros_like, variables["cache"])
@@ -119,10 +127,10 @@ def test_self_attention_cache_after_one_step():
   new = mutated["cache"]
   assert int(new["cache_index"]) == 1
   want_key = np.einsum(
-    "bsd,dhe->bshe", np.asarray(step_input), np.asarray(params["key"]).reshape(8, 2, 4)
+    "bsd,dhe->bshe", np.asarray(step_input), np.asarray(params["key"]).reshape(8, 2, h_k)
   )
   keys = np.asarray(new["cached_key"])  # [B, N, H, L]
-  assert keys.shape == (2, 2, 4, 3)
+  assert keys.shape == (2, 2, h_k, 3)
   np.testing.assert_allclose(keys[..., 0], want_key[:, 0], rtol=1e-5, atol=1e-6)
   assert not keys[..., 1:].any()
   want_value = np.einsum(
