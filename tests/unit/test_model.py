@@ -205,8 +205,11 @@ def test_remat_changes_memory_not_results():
   src, tgt = _ids(14, (4, 16)), _ids(15, (4, 16))
   (l1, g1), (l2, g2) = (_loss_and_grad(cfg)(params, src, tgt) for cfg in (plain, remat))
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
-  # Recomputation may fuse differently: float rounding, not a different gradient.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g2)
+  # Recomputation may fuse differently: float rounding, not a different gradient. The rounding of
+  # a sum is relative to its largest terms, so a small entry of a large gradient can move by a few
+  # ulps of the gradient's scale (1.2e-6 on an entry of 8e-5 where entries reach 2.6).
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
+  jax.tree.map(close, g1, g2)
 
   # Memory: what the backward pass keeps. XLA:CPU then strips remat's optimisation barriers and
   # re-fuses much of the recomputation, so its buffer sizes are not the measure here;
