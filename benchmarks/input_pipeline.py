@@ -19,7 +19,6 @@ JSON object.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import sys
@@ -30,6 +29,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
+from flaxformer_nmt.benchmarking import results
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline
 from flaxformer_nmt.workdir import Workdir
@@ -177,7 +177,7 @@ def main(argv: list[str]) -> None:
       + ", ".join(f"{k.split('_')[0]}: {v['target_tokens_per_s']:,}" for k, v in scaling.items())
       + " target tokens/s"
     )
-  print(json.dumps(result))
+  results.report(result)
 
 
 if __name__ == "__main__":

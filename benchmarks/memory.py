@@ -27,7 +27,6 @@ runtime and fragmentation). Last line: JSON.
 
 from __future__ import annotations
 
-import json
 import time
 
 import jax
@@ -36,7 +35,7 @@ import numpy as np
 import step_estimate
 from absl import app, flags, logging
 
-from flaxformer_nmt.benchmarking import tpu_estimate
+from flaxformer_nmt.benchmarking import results, tpu_estimate
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 from flaxformer_nmt.training import optim, steps
@@ -159,17 +158,15 @@ def main(argv: list[str]) -> None:
         flush=True,
       )
       rows.append(row)
-  print(
-    json.dumps(
-      {
-        "target": FLAGS.target,
-        "device_kind": device.device_kind,
-        "tokens_per_device": FLAGS.tokens_per_device,
-        "max_len": FLAGS.max_len,
-        "vocab_size": FLAGS.vocab_size,
-        "rows": rows,
-      }
-    )
+  results.report(
+    {
+      "target": FLAGS.target,
+      "device_kind": device.device_kind,
+      "tokens_per_device": FLAGS.tokens_per_device,
+      "max_len": FLAGS.max_len,
+      "vocab_size": FLAGS.vocab_size,
+      "rows": rows,
+    }
   )
 
 

@@ -22,11 +22,9 @@ runs without a GPU). Last line: JSON.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
-from flaxformer_nmt.benchmarking import flops
+from flaxformer_nmt.benchmarking import flops, results
 from flaxformer_nmt.config import builders as config_lib
 
 FLAGS = flags.FLAGS
@@ -125,7 +123,7 @@ def main(argv: list[str]) -> None:
     "tpu_estimate": FLAGS.tpu_estimate,
     "recipes": rows,
   }
-  print(json.dumps(result))
+  results.report(result)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ import json, os, runpy, sys
 name = os.path.splitext(os.path.basename(__file__))[0]
 path = os.path.join(os.environ["README_TEST_REPO"], "benchmarks", name + ".py")
 overrides = json.loads(os.environ["README_TEST_OVERRIDES"]).get(name, [])
-sys.argv = [path] + sys.argv[1:] + overrides
+# Records go to the scratch checkout's benchmarks/results, never over the committed ones.
+records = os.path.join(os.environ["README_TEST_HOME"], "flaxformer_nmt", "benchmarks", "results")
+sys.argv = [path] + sys.argv[1:] + overrides + ["--results_dir=" + records]
 sys.path.insert(0, os.path.dirname(path))  # the real script's sibling modules, not their shims
 runpy.run_path(path, run_name="__main__")
 """

@@ -3,7 +3,9 @@ run from a fresh scratch folder by tests/e2e/test_readme.py: no runs/ directory,
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -13,10 +15,17 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_recipe_cost_estimate_follows_the_flop_count():
-  """The README's Table 2 costs: hours = steps x step FLOPs / (chips x peak x MFU)."""
+def test_recipe_cost_estimate_follows_the_flop_count(tmp_path):
+  """The README's Table 2 costs: hours = steps x step FLOPs / (chips x peak x MFU), and the
+  record the script writes (here into tmp_path, not over the committed one)."""
   proc = subprocess.run(
-    [sys.executable, "benchmarks/recipe_cost.py", "--mfu=0.5"],
+    [
+      sys.executable,
+      "benchmarks/recipe_cost.py",
+      "--mfu=0.5",
+      f"--results_dir={tmp_path}",
+      "--record=recipe_cost_test",
+    ],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -36,3 +45,8 @@ def test_recipe_cost_estimate_follows_the_flop_count():
   assert base["hours"]["1x H100 SXM"] == pytest.approx(hours, abs=0.01)
   assert base["hours"]["8x H100 SXM"] == pytest.approx(hours / 8, abs=0.01)
   assert recipes["wmt14_ende_big"]["hours"]["Colab TPU v5e-1"] > 20 * base["hours"]["8x H100 SXM"]
+  record = json.loads((tmp_path / "recipe_cost_test.json").read_text())
+  assert record["result"] == last
+  assert record["command"].startswith("python benchmarks/recipe_cost.py --mfu=0.5")
+  assert record["machine"]["cores"] == os.cpu_count() and record["machine"]["processor"]
+  assert record["versions"]["jax"] == importlib.metadata.version("jax")

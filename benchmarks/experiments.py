@@ -1,0 +1,274 @@
+r"""The training runs behind the BLEU figures of the README and docs/, recorded.
+
+  python benchmarks/experiments.py --experiment=demo                # the quick start: record `demo`
+  python benchmarks/experiments.py --experiment=demo --workdir=runs/demo_bf16 \
+      --set=model.dtype=bfloat16 --record=demo_bf16
+  python benchmarks/experiments.py --experiment=fine_tune_demo      # docs/fine-tuning.md
+  python benchmarks/experiments.py --experiment=multi30k --data_dir=data/multi30k --minutes=60
+  python benchmarks/experiments.py --experiment=multi30k_seeds --data_dir=data/multi30k --minutes=20
+
+Each experiment is the sequence of commands a user would type (`python main.py ...`, run as
+subprocesses from the checkout, so what is measured is the command line itself), and its figures
+are read from what those commands print and write into their workdirs. The result goes into
+`benchmarks/results/<record>.json` (flaxformer_nmt/benchmarking/results.py), then to stdout as the
+last line. Rerunning an experiment resumes its training runs and returns their saved figures,
+then evaluates again; nothing already trained is lost to an interruption.
+
+- `demo`: configs/demo.py trained to its end (600 steps); its dev and test BLEU.
+- `fine_tune_demo`: the demo model (trained first if --source is missing) fine-tuned on a shifted
+  domain of 5-6 digit numbers (docs/fine-tuning.md's recipe), its best and EMA parameters, and a
+  run fine-tuned on a mix of the shifted and the original domain; each scored on both test sets.
+- `multi30k`: configs/multi30k.py within a training budget of --minutes (evaluation not counted),
+  the last --average checkpoints averaged; test_2016_flickr scored for the average (both beam
+  styles) and the last checkpoint; the dev BLEU curve (PNG beside the workdir's records).
+- `multi30k_seeds`: one Multi30k run per --seeds, each --minutes, with an EMA of the parameters and
+  the best dev checkpoint kept; each seed's last, EMA, best and averaged parameters scored, then the
+  seeds' ensembles (--ensemble) of their last checkpoints and of their averages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from absl import app, flags, logging
+
+from flaxformer_nmt.benchmarking import results
+
+_EXPERIMENT = flags.DEFINE_enum(
+  "experiment", None, ["demo", "fine_tune_demo", "multi30k", "multi30k_seeds"], "What to run."
+)
+_WORKDIR = flags.DEFINE_string("workdir", "", "The (first) run's workdir ('' = runs/<experiment>).")
+_SET = flags.DEFINE_multi_string("set", [], "A config override for every command: path=value.")
+_DATA_DIR = flags.DEFINE_string("data_dir", "data/multi30k", "Multi30k's files (multi30k*).")
+_MINUTES = flags.DEFINE_float("minutes", 60.0, "Training budget per run (multi30k*).")
+_AVERAGE = flags.DEFINE_integer("average", 5, "Checkpoints averaged (multi30k*).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "One run per seed (multi30k_seeds).")
+_EMA = flags.DEFINE_float("ema_decay", 0.995, "config.optim.ema_decay (multi30k_seeds).")
+_SOURCE = flags.DEFINE_string("source", "runs/demo", "The demo run to fine-tune (fine_tune_demo).")
+_FT_STEPS = flags.DEFINE_integer("fine_tune_steps", 200, "Fine-tuning steps (fine_tune_demo).")
+
+# The figures kept from an evaluation's result: every test_* score and nothing about the run.
+_SCORE_PREFIX = "test_"
+
+
+def _checkout() -> str:
+  """Where `main.py` is: the current folder if it has one, else this script's checkout."""
+  return os.getcwd() if os.path.isfile("main.py") else os.path.dirname(os.path.dirname(__file__))
+
+
+def main_py(*args: str) -> dict[str, Any]:
+  """`python main.py ARGS` (the user's command); its last line's JSON. Fails loudly, with the end
+  of the command's log, if the command does."""
+  command = [sys.executable, "main.py", *args, *(f"--config.{s}" for s in _SET.value)]
+  logging.info("Running: %s", " ".join(command[1:]))
+  start = time.perf_counter()
+  proc = subprocess.run(command, cwd=_checkout(), capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{' '.join(command[1:])} failed:\n{proc.stderr[-4000:]}")
+  logging.info("... %.0f s.", time.perf_counter() - start)
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def scores(result: dict[str, Any]) -> dict[str, Any]:
+  return {k: v for k, v in result.items() if k.startswith(_SCORE_PREFIX)}
+
+
+def signatures(result: dict[str, Any]) -> dict[str, Any]:
+  return {k: v for k, v in result.items() if k.endswith("_signature")}
+
+
+def _trained(result: dict[str, Any]) -> dict[str, Any]:
+  """What a training run's result says of the run itself."""
+  keep = ("step", "train_minutes", "dev_bleu", "dev_loss", "preempted")
+  return {k: result[k] for k in keep if k in result}
+
+
+def demo() -> dict[str, Any]:
+  workdir = _WORKDIR.value or "runs/demo"
+  trained = main_py("--config=configs/demo.py", f"--workdir={workdir}")
+  return {"workdir": workdir, **_trained(trained), **scores(trained), **signatures(trained)}
+
+
+def fine_tune_demo() -> dict[str, Any]:
+  source, workdir = _SOURCE.value, _WORKDIR.value or "runs/demo_ft"
+  demo_args = ["--config=configs/demo.py"]
+  shifted = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_large"]
+  original = [*demo_args, "--config.data.source=demo"]
+  main_py(*demo_args, f"--workdir={source}")  # trains the quick start's model, or returns it
+  _demo_text("data/demo_large", "--variant=large")
+  _demo_text("data/demo_std")
+  _concatenate("data/demo_mixed", ("data/demo_large", "data/demo_std"), "data/demo_large")
+  tune = [
+    f"--config.init_from={source}",
+    "--config.optim.schedule=constant",
+    "--config.optim.lr_scale=0.1",
+    f"--config.num_train_steps={_FT_STEPS.value}",
+    "--config.eval_every_steps=50",
+    "--config.checkpoint_every_steps=50",
+  ]
+  mixed_dir = f"{workdir}_mixed"
+  mixed = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_mixed"]
+  trained = main_py(
+    *shifted,
+    f"--workdir={workdir}",
+    *tune,
+    "--config.best_metric=dev_bleu",
+    "--config.optim.ema_decay=0.99",
+  )
+  trained_mixed = main_py(*mixed, f"--workdir={mixed_dir}", *tune)
+
+  def score(args: list[str], run: str, which: str) -> dict[str, Any]:
+    return scores(main_py(*args, f"--workdir={run}", "--mode=eval", f"--checkpoint={which}"))
+
+  return {
+    "source": source,
+    "fine_tuned": _trained(trained),
+    "mixed": _trained(trained_mixed),
+    "before": {
+      "shifted": score(shifted, source, "auto"),
+      "original": score(original, source, "auto"),
+    },
+    "best": {
+      "shifted": score(shifted, workdir, "best"),
+      "original": score(original, workdir, "best"),
+    },
+    "ema": {"shifted": score(shifted, workdir, "ema"), "original": score(original, workdir, "ema")},
+    "mixed_last": {
+      "shifted": score(shifted, mixed_dir, "latest"),
+      "original": score(original, mixed_dir, "latest"),
+    },
+  }
+
+
+def _demo_text(folder: str, *args: str) -> None:
+  """`python -m flaxformer_nmt.data.demo_text` (docs/fine-tuning.md's data), unless written."""
+  if os.path.isfile(os.path.join(_checkout(), folder, "test.de")):
+    return
+  command = [sys.executable, "-m", "flaxformer_nmt.data.demo_text", f"--output_dir={folder}"]
+  command += ["--train_size=2000", "--eval_size=200", "--mono_size=0", *args]
+  subprocess.run(command, cwd=_checkout(), check=True, capture_output=True)
+
+
+def _concatenate(folder: str, train_from: tuple[str, ...], eval_from: str) -> None:
+  """A files corpus of the train files of `train_from` one after another, and `eval_from`'s val
+  and test files (docs/fine-tuning.md's mixed fine-tuning set)."""
+  root = _checkout()
+  os.makedirs(os.path.join(root, folder), exist_ok=True)
+  for lang in ("en", "de"):
+    text = "".join(_read(root, source, f"train.{lang}") for source in train_from)
+    _write(root, folder, f"train.{lang}", text)
+    for split in ("val", "test"):
+      _write(root, folder, f"{split}.{lang}", _read(root, eval_from, f"{split}.{lang}"))
+
+
+def _read(root: str, folder: str, name: str) -> str:
+  with open(os.path.join(root, folder, name), encoding="utf-8") as f:
+    return f.read()
+
+
+def _write(root: str, folder: str, name: str, text: str) -> None:
+  with open(os.path.join(root, folder, name), "w", encoding="utf-8") as f:
+    f.write(text)
+
+
+def _multi30k_args(workdir: str, *more: str) -> list[str]:
+  return [
+    "--config=configs/multi30k.py",
+    f"--workdir={workdir}",
+    f"--config.data.dir={_DATA_DIR.value}",
+    *more,
+  ]
+
+
+def _train_for_minutes(args: list[str]) -> dict[str, Any]:
+  budget = [f"--config.max_train_minutes={_MINUTES.value:g}", "--config.num_train_steps=10000000"]
+  return main_py(*args, *budget)
+
+
+def multi30k() -> dict[str, Any]:
+  workdir = _WORKDIR.value or f"runs/multi30k_{_MINUTES.value:g}m"
+  args = _multi30k_args(workdir)
+  trained = _train_for_minutes(args)
+  average = main_py(*args, "--mode=average", f"--num_checkpoints={_AVERAGE.value}")
+  averaged = main_py(*args, "--mode=eval", "--checkpoint=averaged")
+  averaged_t2t = main_py(
+    *args, "--mode=eval", "--checkpoint=averaged", "--config.decode.beam_style=t2t"
+  )
+  last = main_py(*args, "--mode=eval", "--checkpoint=latest")
+  curve = _curve(workdir, f"Multi30k EN-DE, {_MINUTES.value:g} min")
+  return {
+    "workdir": workdir,
+    "budget_minutes": _MINUTES.value,
+    **_trained(trained),
+    "averaged_steps": average["steps"],
+    "averaged": scores(averaged),
+    "averaged_t2t": scores(averaged_t2t),
+    "last": scores(last),
+    **signatures(averaged),
+    "curve": curve,
+  }
+
+
+def _curve(workdir: str, title: str) -> list[Any]:
+  """benchmarks/plot_curve.py's points (dev BLEU against minutes), its PNG in the workdir."""
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot_curve.py")
+  proc = subprocess.run(
+    [sys.executable, script, f"--workdir={workdir}", f"--title={title}"],
+    cwd=_checkout(),
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  return json.loads(proc.stdout.strip().splitlines()[-1])["curve"]
+
+
+def multi30k_seeds() -> dict[str, Any]:
+  base = _WORKDIR.value or f"runs/multi30k_{_MINUTES.value:g}m_seed"
+  workdirs = [f"{base}{seed}" for seed in _SEEDS.value]
+  shared = [f"--config.optim.ema_decay={_EMA.value:g}", "--config.best_metric=dev_bleu"]
+  # One vocabulary for all (an ensemble's members must share it): the first run's.
+  vocabulary = f"--config.data.vocab_path={workdirs[0]}/spm.model"
+  out: dict[str, Any] = {"budget_minutes": _MINUTES.value, "ema_decay": _EMA.value, "seeds": {}}
+  for i, (seed, workdir) in enumerate(zip(_SEEDS.value, workdirs, strict=True)):
+    args = _multi30k_args(workdir, *shared, f"--config.seed={seed}", *([vocabulary] if i else []))
+    trained = _train_for_minutes(args)
+    main_py(*args, "--mode=average", f"--num_checkpoints={_AVERAGE.value}")
+    run = {"workdir": workdir, **_trained(trained)}
+    for which in ("latest", "ema", "best", "averaged"):
+      run[which] = scores(main_py(*args, "--mode=eval", f"--checkpoint={which}"))
+    out["seeds"][seed] = run
+  args = _multi30k_args(workdirs[0], *shared, f"--ensemble={','.join(workdirs[1:])}")
+  for which in ("latest", "averaged"):
+    evaluated = main_py(*args, "--mode=eval", f"--checkpoint={which}")
+    out[f"ensemble_{which}"] = scores(evaluated)
+  return {**out, **signatures(evaluated)}
+
+
+EXPERIMENTS: dict[str, Callable[[], dict[str, Any]]] = {
+  "demo": demo,
+  "fine_tune_demo": fine_tune_demo,
+  "multi30k": multi30k,
+  "multi30k_seeds": multi30k_seeds,
+}
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if not _EXPERIMENT.value:
+    raise app.UsageError(f"--experiment: choose one of {sorted(EXPERIMENTS)}.")
+  if not results.RECORD.value:
+    flags.FLAGS.record = _EXPERIMENT.value
+  start = time.perf_counter()
+  result = {"experiment": _EXPERIMENT.value, **EXPERIMENTS[_EXPERIMENT.value]()}
+  result["experiment_minutes"] = round((time.perf_counter() - start) / 60, 1)
+  results.report(result)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,180 @@
+"""Benchmark records: each benchmark's result, saved with the machine and versions that made it.
+
+Every script in benchmarks/ ends by calling `report(result)`: the result goes into
+`benchmarks/results/<record>.json` (the record named by `--record`, by default the script's name)
+and then to stdout as the last line. The README and docs/ cite a figure as a link to its record,
+`[12.3](benchmarks/results/decode_small_beam4.json#sentences_per_s)`, and
+tests/unit/test_figures.py checks that every such figure is its record's value, so a figure can be
+neither mistyped nor left behind when a record is measured again.
+
+A record also says where it was measured (processor, cores, accelerator), with which packages, by
+which command and at which commit: speed figures, and BLEU on a CPU, move between machines.
+
+Scripts that are not Python (benchmarks/multi30k.sh) wrap their JSON into a record with
+
+  python -m flaxformer_nmt.benchmarking.results --record=NAME --command="..." RESULT.json
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+from absl import app, flags
+
+from flaxformer_nmt.runtime import files
+
+RECORD = flags.DEFINE_string(
+  "record", "", "The record's name: benchmarks/results/<record>.json ('' = the script's name)."
+)
+RESULTS_DIR = flags.DEFINE_string(
+  "results_dir",
+  "",
+  "Where records go ('' = benchmarks/results of this checkout); 'none' = nowhere.",
+)
+
+# The packages whose versions can move a figure.
+PACKAGES = (
+  "jax",
+  "jaxlib",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "numpy",
+  "sentencepiece",
+  "sacrebleu",
+  "ctranslate2",
+  "libtpu",
+)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def processor() -> str:
+  """The CPU's model name (/proc/cpuinfo on Linux), else what the platform module knows."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def accelerator() -> str:
+  """What JAX computes on when it is not the CPU ('none' otherwise, or when JAX is not loaded)."""
+  jax = sys.modules.get("jax")
+  if jax is None:
+    return "none"
+  try:
+    device = jax.devices()[0]
+  except RuntimeError:
+    return "none"
+  if device.platform == "cpu":
+    return "none"
+  return f"{jax.device_count()} x {device.device_kind}"
+
+
+def machine() -> dict[str, Any]:
+  return {
+    "processor": processor(),
+    "cores": os.cpu_count(),
+    "accelerator": accelerator(),
+    "system": f"{platform.system()} {platform.machine()}",
+  }
+
+
+def versions() -> dict[str, str]:
+  """Python's and each installed package's version (absent packages are left out)."""
+  found = {"python": platform.python_version()}
+  for name in PACKAGES:
+    try:
+      found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return found
+
+
+def commit() -> str:
+  """The checkout's commit, with "+ uncommitted changes" when its tracked files differ from it."""
+
+  def git(*args: str) -> str:
+    return subprocess.run(
+      ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
+    ).stdout.strip()
+
+  try:
+    head = git("rev-parse", "--short=12", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+  except (OSError, subprocess.SubprocessError):
+    return "unknown (not a git checkout)"
+  return f"{head} + uncommitted changes" if dirty else head
+
+
+def command_line(argv: list[str]) -> str:
+  """`argv` as a user would type it: `python <script relative to the checkout> <flags>`."""
+  script = os.path.abspath(argv[0])
+  if script.startswith(REPO + os.sep):
+    script = os.path.relpath(script, REPO)
+  return shlex.join(["python", script, *argv[1:]])
+
+
+def record(name: str, result: dict[str, Any], command: str) -> dict[str, Any]:
+  """The record of `result`: what it is, where and how it was measured."""
+  return {
+    "record": name,
+    "command": command,
+    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    "commit": commit(),
+    "machine": machine(),
+    "versions": versions(),
+    "result": result,
+  }
+
+
+def results_dir() -> str:
+  return RESULTS_DIR.value or os.path.join(REPO, "benchmarks", "results")
+
+
+def save(name: str, result: dict[str, Any], command: str) -> str | None:
+  """Writes `result`'s record to <results_dir>/<name>.json (whole, or not at all); its path."""
+  if RESULTS_DIR.value == "none":
+    return None
+  folder = results_dir()
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, f"{name}.json")
+  text = json.dumps(record(name, result, command), indent=1, sort_keys=False) + "\n"
+  files.write_text(path, text)
+  return path
+
+
+def report(result: dict[str, Any]) -> None:
+  """A benchmark's last step: its record saved (--record, --results_dir), then `result` printed
+  as the last line of stdout."""
+  name = RECORD.value or os.path.splitext(os.path.basename(sys.argv[0]))[0]
+  path = save(name, result, command_line(sys.argv))
+  if path:
+    print(f"Record: {path}", flush=True)
+  print(json.dumps(result), flush=True)
+
+
+def main(argv: list[str]) -> None:
+  """Wraps a JSON result file (argv[1]) into the record --record, for scripts in other languages."""
+  if len(argv) != 2 or not RECORD.value:
+    raise app.UsageError("usage: results.py --record=NAME [--command=...] RESULT.json")
+  with open(argv[1], encoding="utf-8") as f:
+    result = json.load(f)
+  path = save(RECORD.value, result, _COMMAND.value or "(not given)")
+  print(json.dumps({"record": path}))
+
+
+if __name__ == "__main__":
+  _COMMAND = flags.DEFINE_string("command", "", "The command that produced the result.")
+  app.run(main)
