@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt.benchmarking import results
+from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.config import choices
 from flaxformer_nmt.decoding import beam_search, decode, token_loop
@@ -256,7 +256,7 @@ def main(argv: list[str]) -> None:
       ensemble=_ENSEMBLE.value,
       decode_steps=steps,
     )
-    results.report(report)
+    record.report(report)
     return
   start = time.perf_counter()
   result = jax.block_until_ready(decode_fixed(model, params, inputs, search))
@@ -309,7 +309,7 @@ def main(argv: list[str]) -> None:
       ct2_tokens_per_s=round(_BATCH.value * steps / ct2_s, 1),
       ratio_to_ct2=round(ct2_s / seconds, 3),  # our sentences/s over CTranslate2's
     )
-  results.report(report)
+  record.report(report)
 
 
 if __name__ == "__main__":

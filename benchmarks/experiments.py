@@ -10,7 +10,7 @@ r"""The training runs behind the BLEU figures of the README and docs/, recorded.
 Each experiment is the sequence of commands a user would type (`python main.py ...`, run as
 subprocesses from the checkout, so what is measured is the command line itself), and its figures
 are read from what those commands print and write into their workdirs. The result goes into
-`benchmarks/results/<record>.json` (flaxformer_nmt/benchmarking/results.py), then to stdout as the
+`benchmarks/results/<record>.json` (flaxformer_nmt/benchmarking/record.py), then to stdout as the
 last line. Rerunning an experiment resumes its training runs and returns their saved figures,
 then evaluates again; nothing already trained is lost to an interruption.
 
@@ -38,7 +38,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from flaxformer_nmt.benchmarking import results
+from flaxformer_nmt.benchmarking import record
 
 _EXPERIMENT = flags.DEFINE_enum(
   "experiment", None, ["demo", "fine_tune_demo", "multi30k", "multi30k_seeds"], "What to run."
@@ -262,12 +262,12 @@ def main(argv: list[str]) -> None:
   del argv
   if not _EXPERIMENT.value:
     raise app.UsageError(f"--experiment: choose one of {sorted(EXPERIMENTS)}.")
-  if not results.RECORD.value:
+  if not record.RECORD.value:
     flags.FLAGS.record = _EXPERIMENT.value
   start = time.perf_counter()
   result = {"experiment": _EXPERIMENT.value, **EXPERIMENTS[_EXPERIMENT.value]()}
   result["experiment_minutes"] = round((time.perf_counter() - start) / 60, 1)
-  results.report(result)
+  record.report(result)
 
 
 if __name__ == "__main__":

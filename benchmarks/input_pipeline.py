@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt.benchmarking import results
+from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline
 from flaxformer_nmt.workdir import Workdir
@@ -177,7 +177,7 @@ def main(argv: list[str]) -> None:
       + ", ".join(f"{k.split('_')[0]}: {v['target_tokens_per_s']:,}" for k, v in scaling.items())
       + " target tokens/s"
     )
-  results.report(result)
+  record.report(result)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import numpy as np
 import step_estimate
 from absl import app, flags, logging
 
-from flaxformer_nmt.benchmarking import results, tpu_estimate
+from flaxformer_nmt.benchmarking import record, tpu_estimate
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 from flaxformer_nmt.training import optim, steps
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> None:
         flush=True,
       )
       rows.append(row)
-  results.report(
+  record.report(
     {
       "target": FLAGS.target,
       "device_kind": device.device_kind,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from flaxformer_nmt.benchmarking import flops, results
+from flaxformer_nmt.benchmarking import flops, record
 from flaxformer_nmt.config import builders as config_lib
 
 FLAGS = flags.FLAGS
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> None:
     "tpu_estimate": FLAGS.tpu_estimate,
     "recipes": rows,
   }
-  results.report(result)
+  record.report(result)
 
 
 if __name__ == "__main__":

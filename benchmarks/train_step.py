@@ -43,7 +43,7 @@ import step_estimate
 from absl import app, flags
 
 from flaxformer_nmt.benchmarking import flops as flop_count
-from flaxformer_nmt.benchmarking import results
+from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.benchmarking import tpu_estimate as te
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model.transformer import (
@@ -208,7 +208,7 @@ def estimate_main() -> None:
     "step": results["step"],
     **RESULT_EXTRAS,
   }
-  results.report(out)
+  record.report(out)
 
 
 def _apply_overrides(c: Any) -> None:
@@ -319,7 +319,7 @@ def main(argv: list[str]) -> None:
   result["mfu"] = round(achieved / peak, 4)
   nominal = _peak_tflops()
   result["mfu_nominal"] = round(achieved / nominal, 4) if nominal else None
-  results.report({**result, **RESULT_EXTRAS})
+  record.report({**result, **RESULT_EXTRAS})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ which command and at which commit: speed figures, and BLEU on a CPU, move betwee
 
 Scripts that are not Python (benchmarks/multi30k.sh) wrap their JSON into a record with
 
-  python -m flaxformer_nmt.benchmarking.results --record=NAME --command="..." RESULT.json
+  python -m flaxformer_nmt.benchmarking.record --record=NAME --command="..." RESULT.json
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def command_line(argv: list[str]) -> str:
   return shlex.join(["python", script, *argv[1:]])
 
 
-def record(name: str, result: dict[str, Any], command: str) -> dict[str, Any]:
+def make_record(name: str, result: dict[str, Any], command: str) -> dict[str, Any]:
   """The record of `result`: what it is, where and how it was measured."""
   return {
     "record": name,
@@ -150,7 +150,7 @@ def save(name: str, result: dict[str, Any], command: str) -> str | None:
   folder = results_dir()
   os.makedirs(folder, exist_ok=True)
   path = os.path.join(folder, f"{name}.json")
-  text = json.dumps(record(name, result, command), indent=1, sort_keys=False) + "\n"
+  text = json.dumps(make_record(name, result, command), indent=1, sort_keys=False) + "\n"
   files.write_text(path, text)
   return path
 
@@ -168,7 +168,7 @@ def report(result: dict[str, Any]) -> None:
 def main(argv: list[str]) -> None:
   """Wraps a JSON result file (argv[1]) into the record --record, for scripts in other languages."""
   if len(argv) != 2 or not RECORD.value:
-    raise app.UsageError("usage: results.py --record=NAME [--command=...] RESULT.json")
+    raise app.UsageError("usage: record.py --record=NAME [--command=...] RESULT.json")
   with open(argv[1], encoding="utf-8") as f:
     result = json.load(f)
   path = save(RECORD.value, result, _COMMAND.value or "(not given)")
