@@ -201,10 +201,8 @@ def estimate_main() -> None:
     "vocab_size": FLAGS.vocab_size,
     **step_estimate.summary(results, rows * max_len),
     "dominant": step_estimate.dominant(results) if FLAGS.pieces else None,
-    "pieces": {
-      k: {"est_ms": v["est_ms"], "share_of_step": v.get("share_of_step")}
-      for k, v in results.items()
-    },
+    # Each piece's estimate, MFU, roofline, traffic and custom calls (docs/performance.md).
+    "pieces": results,
     "step": results["step"],
     **RESULT_EXTRAS,
   }

@@ -42,7 +42,7 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, log
 flags.DEFINE_enum(
   "mode",
   "train",
-  ["prepare", "train", "eval", "translate", "average", "export", "attention"],
+  ["prepare", "train", "eval", "translate", "average", "export", "attention", "serve"],
   "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
 )
 flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
@@ -89,6 +89,24 @@ flags.DEFINE_enum(
   "last; best = config.best_metric's best evaluation (<workdir>/best); ema = the parameter "
   "average of the latest checkpoint (config.optim.ema_decay > 0). average: the K checkpoints up "
   "to the best step (best), or their parameter averages (ema).",
+)
+flags.DEFINE_string(
+  "host",
+  "127.0.0.1",
+  "serve: the address to listen on. 127.0.0.1 (the default) answers this machine only; 0.0.0.0 "
+  "answers anyone who can reach it, with no authentication (docs/serving.md).",
+)
+flags.DEFINE_integer("port", 8080, "serve: the TCP port to listen on.")
+flags.DEFINE_float(
+  "max_wait_ms",
+  5.0,
+  "serve: how long the oldest waiting request may wait for others to fill its device batch.",
+)
+flags.DEFINE_integer(
+  "max_request_bytes", 1 << 20, "serve: the largest request body accepted (larger: 413)."
+)
+flags.DEFINE_integer(
+  "queue_size", 256, "serve: requests that may wait for the device; one more is answered 503."
 )
 flags.DEFINE_enum(
   "distributed",
@@ -168,7 +186,10 @@ def _with_config_path(argv: list[str]) -> list[str]:
 _MODE_ONLY_FLAGS = {
   "nbest": ("translate",),
   "alignments": ("translate",),
-  "ensemble": ("eval", "translate"),
+  "ensemble": ("eval", "translate", "serve"),
+  **{
+    name: ("serve",) for name in ("host", "port", "max_wait_ms", "max_request_bytes", "queue_size")
+  },
 }
 
 
@@ -255,6 +276,12 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "export":
       f = flags.FLAGS
       modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
+    elif flags.FLAGS.mode == "serve":
+      from flaxformer_nmt.serving.options import Options  # no aiohttp or jax needed for these
+
+      f = flags.FLAGS
+      options = Options(f.host, f.port, f.max_wait_ms, f.max_request_bytes, f.queue_size)
+      modes.serve(config, workdir, f.checkpoint, tuple(f.ensemble), options)
   except errors.UserError as e:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
     # Anything else is a bug and keeps its traceback.
@@ -269,6 +296,7 @@ MODES = {
   "average": "average the parameters of the last --num_checkpoints checkpoints",
   "export": "write a CTranslate2 model to --output",
   "attention": "draw the attention of every layer and head for --text",
+  "serve": "keep the model loaded and translate over HTTP, with a page at / (--port)",
 }
 
 
@@ -298,6 +326,11 @@ FLAG_LINES = {
   "text": "attention: the sentence to draw",
   "format": "export: the target engine (ctranslate2)",
   "quantization": "export: weight type (float32, int8, float16, ...)",
+  "host": "serve: the address to listen on (default 127.0.0.1: this machine only)",
+  "port": "serve: the port (default 8080)",
+  "max_wait_ms": "serve: how long a request waits for others to share its batch (default 5)",
+  "max_request_bytes": "serve: the largest request body (default 1 MB; larger: 413)",
+  "queue_size": "serve: requests that may wait; one more gets 503 (default 256)",
   "distributed": "multi-process runs: auto (default), on or off",
 }
 

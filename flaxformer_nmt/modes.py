@@ -71,6 +71,7 @@ class Inference:
   params: Any
   description: str
   tag: str
+  step: int  # of the checkpoint read (--workdir's, with --ensemble)
 
 
 def _load(
@@ -87,7 +88,7 @@ def _load(
       params_lib.check_fits(member_location.directory, components.abstract_params)
     except errors.UserError as e:
       raise type(e)(f"--ensemble member {member.path}: {e}") from e
-  params, description = params_lib.load(location, components.abstract_params)
+  params, description, step = params_lib.load_with_step(location, components.abstract_params)
   tag = description.split()[0]  # e.g. "averaged" or "step1000"
   if resolved:
     loaded = [params_lib.load(loc, components.abstract_params) for _, loc in resolved]
@@ -99,7 +100,7 @@ def _load(
     description = f"ensemble of {len(parts)} models: " + "; ".join(parts)
     tag = ensemble_tag(which, parts)
   logging.info("Using %s.", description)
-  return Inference(components, params, description, tag)
+  return Inference(components, params, description, tag, step)
 
 
 def ensemble_tag(which: str, parts: Sequence[str]) -> str:
@@ -226,6 +227,35 @@ def translate(
     **stats,
   }
   Workdir(workdir).write_result(result, echo=output_path != files.STDIO)
+  return result
+
+
+def serve(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  which: str,
+  members: Sequence[str],
+  options: Any,
+) -> dict[str, Any]:
+  """Loads the model once and serves translations over HTTP until SIGTERM (serving/): the same
+  search as --mode=translate, with concurrent requests decoded together. `options`:
+  serving.service.Options."""
+  try:
+    from flaxformer_nmt.serving import service  # aiohttp: the [serve] extra
+  except ImportError as e:
+    raise errors.ConfigError(
+      f"--mode=serve needs aiohttp ({e}); install it with pip install -e '.[serve]'."
+    ) from None
+  options.check()
+  run = _begin(config, workdir)
+  if jax.process_count() > 1:
+    raise errors.ConfigError(
+      f"--mode=serve runs as one process (this job has {jax.process_count()}); start it on "
+      "one host without JAX_COORDINATOR_ADDRESS, or with --distributed=off."
+    )
+  loaded = _load(config, run, which, members)
+  result = service.run(loaded, options)
+  run.write_result(result)
   return result
 
 

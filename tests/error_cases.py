@@ -9,6 +9,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
+import socket
 from collections.abc import Callable
 
 from flaxformer_nmt import api, modes
@@ -297,6 +298,26 @@ CASES = [
     "--nbest is read by --mode=translate only, not by --mode=eval",
   ),
   Case(
+    "a server flag given to another mode",
+    _in_trained("--config=configs/demo.py", "--mode=eval", "--port=9000"),
+    "--port is read by --mode=serve only, not by --mode=eval",
+  ),
+  Case(
+    "serve on a port another program holds",
+    lambda base, trained: [
+      f"--workdir={_trained(base, trained)}",
+      "--config=configs/demo.py",
+      "--mode=serve",
+      f"--port={_busy_port()}",
+    ],
+    "cannot listen there (Address already in use)",
+  ),
+  Case(
+    "serve on a port that cannot be",
+    _in_trained("--config=configs/demo.py", "--mode=serve", "--port=70000"),
+    "--port=70000: give a port number in [0, 65535]",
+  ),
+  Case(
     "ensemble member with another vocabulary",
     _member_with_other_vocabulary,
     "its vocabulary",
@@ -442,6 +463,7 @@ CASES = [
 # Mistakes in the flags themselves: main.py's flag parsing prints the line and exits.
 FLAG_CASES = {
   "n-best list asked of eval",
+  "a server flag given to another mode",
   "mistyped config field",
   "missing config file",
   "unknown config variant",
@@ -450,6 +472,18 @@ FLAG_CASES = {
   "unknown flag",
   "config value of the wrong type",
 }
+
+
+_HELD: list[socket.socket] = []  # ports held for the "port another program holds" case
+
+
+def _busy_port() -> int:
+  """A port on 127.0.0.1 that a socket of this process listens on (for as long as it runs)."""
+  held = socket.socket()
+  held.bind(("127.0.0.1", 0))
+  held.listen()
+  _HELD.append(held)
+  return held.getsockname()[1]
 
 
 def arguments(case: Case, base: pathlib.Path) -> list[str]:
@@ -492,6 +526,19 @@ def run_mode(args: list[str]) -> None:
     modes.average(config, workdir, int(flag["num_checkpoints"]), which)
   elif mode == "prepare":
     modes.prepare(config, workdir)
+  elif mode == "serve":
+    from flaxformer_nmt.serving import options as serve_options  # noqa: PLC0415
+    from flaxformer_nmt.serving import service  # noqa: PLC0415
+
+    def served(*args: object) -> None:  # a check that let it through would serve forever
+      raise AssertionError("--mode=serve got past its checks and would have served")
+
+    options = serve_options.Options(port=int(flag.get("port", 8080)))
+    original, service.run = service.run, served
+    try:
+      modes.serve(config, workdir, which, members, options)
+    finally:
+      service.run = original
   elif mode == "export":
     fmt, quantization = flag.get("format", "ctranslate2"), flag.get("quantization", "float32")
     modes.export(config, workdir, which, fmt, flag["output"], quantization)

@@ -84,6 +84,12 @@ def describe(location: Location, step: int, info: dict[str, Any] | None, path: s
 
 def load(location: Location, template_params: PyTree) -> tuple[PyTree, str]:
   """(the parameters at `location`, shaped like `template_params`; the line `describe` makes)."""
+  params, description, _ = load_with_step(location, template_params)
+  return params, description
+
+
+def load_with_step(location: Location, template_params: PyTree) -> tuple[PyTree, str, int]:
+  """`load`'s parameters and line, and the step of the folder's checkpoint that was read."""
   steps = reader.CheckpointDir(location.directory)
   found = steps.newest_readable(
     nest(location.path_in_state, reader.state_dict(template_params)),
@@ -96,4 +102,4 @@ def load(location: Location, template_params: PyTree) -> tuple[PyTree, str]:
     state_sd = state_sd[key]
   description = describe(location, step, info, str(steps.path(step)))
   logging.info("Loaded %s.", description)
-  return flax.serialization.from_state_dict(template_params, state_sd), description
+  return flax.serialization.from_state_dict(template_params, state_sd), description, step

@@ -103,10 +103,15 @@ class Translator:
     log_every_secs: float = 10.0,
     nbest: int = 1,
     alignments: bool = False,
+    log_progress: bool = True,
+    rows_per_shard: Sequence[int] | None = None,
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
-    returns `nbest` hypotheses per sentence (with source positions, for `alignments`)."""
+    returns `nbest` hypotheses per sentence (with source positions, for `alignments`).
+    `log_progress=False` (the server) logs neither progress nor truncations. `rows_per_shard`:
+    the sentences per device a batch may have (default: the powers of two up to `batch_size`)."""
     self.nbest = nbest
+    self.log_progress = log_progress
     self.alignments = alignments
     self.tokenizer = tokenizer
     self.decode_fn = decode_fn
@@ -116,6 +121,10 @@ class Translator:
     self.buckets = bucket_lengths(max_src_len)
     self.log_every_secs = log_every_secs
     self.stats = TranslationStats()
+    self.truncated: list[int] = []  # the last call's lines cut to max_src_len (their indices)
+    if rows_per_shard is None:
+      rows_per_shard = [_next_power_of_two(n) for n in range(1, batch_size + 1)]
+    self.rows_per_shard = sorted({min(r, batch_size) for r in rows_per_shard} | {batch_size})
 
   def _encode(self, lines: Sequence[str]) -> list[list[int]]:
     """Source ids ending in EOS (as the training batches have it), cut to `max_src_len`."""
@@ -127,9 +136,26 @@ class Translator:
     """One translation per line (the best of the n), in order; blank lines stay blank."""
     return [hyps[0].text for hyps in self.translate_nbest(lines)]
 
-  def translate_nbest(self, lines: Sequence[str]) -> list[list[Hypothesis]]:
+  def batch_rows(self, num_lines: int) -> int:
+    """The rows of the device batches `num_lines` lines are decoded in: per device the configured
+    batch, or fewer (the smallest of `rows_per_shard` that holds them: a few sizes, to bound the
+    number of compiled shapes) when there are too few lines to fill every device's batch."""
+    needed = -(-num_lines // self.num_shards)
+    return (
+      next(r for r in self.rows_per_shard if r >= min(needed, self.batch_size)) * self.num_shards
+    )
+
+  def batch_shapes(self) -> list[tuple[int, int]]:
+    """Every (rows, padded source length) a call can decode: what a server compiles up front."""
+    return [(r * self.num_shards, length) for r in self.rows_per_shard for length in self.buckets]
+
+  def translate_nbest(
+    self, lines: Sequence[str], line_numbers: Sequence[int] | None = None
+  ) -> list[list[Hypothesis]]:
     """`nbest` hypotheses per line, best first, in input order; a blank line gets `nbest` empty
-    ones (score 0.0, empty alignment)."""
+    ones (score 0.0, empty alignment). `line_numbers` (default 0, 1, ...) are what sampling keys
+    its draws by: a line sampled as line i of one call is sampled so as line i of another."""
+    numbers = range(len(lines)) if line_numbers is None else line_numbers
     start = time.time()
     self.stats = TranslationStats(num_lines=len(lines))
     empty = Hypothesis("", 0.0, "" if self.alignments else None)
@@ -142,7 +168,8 @@ class Translator:
     for i in truncated:
       sources[i] = sources[i][: self.max_src_len - 1] + [EOS_ID]
     self.stats.num_truncated = len(truncated)
-    if truncated:
+    self.truncated = truncated
+    if truncated and self.log_progress:
       named = ", ".join(str(i + 1) for i in truncated[:_NAMED_TRUNCATIONS])
       more = "" if len(truncated) <= _NAMED_TRUNCATIONS else ", ..."
       logging.warning(
@@ -156,10 +183,7 @@ class Translator:
 
     # Longest first: a batch that does not fit in memory fails at once, and the ETA errs long.
     order = sorted(todo, key=lambda i: len(sources[i]), reverse=True)
-    # Sentences per shard: the configured batch, or fewer (a power of two, to bound the number of
-    # compiled shapes) when there are too few lines to fill every device's batch.
-    per_shard = min(self.batch_size, _next_power_of_two(-(-len(order) // self.num_shards)))
-    batch_rows = per_shard * self.num_shards
+    batch_rows = self.batch_rows(len(order))
     done = 0
     last_log = start
     for first in range(0, len(order), batch_rows):
@@ -170,14 +194,14 @@ class Translator:
       line_ids = np.full((batch_rows,), -1, np.int32)  # [batch]
       for row, i in enumerate(batch):
         inputs[row, : len(sources[i])] = sources[i]
-        line_ids[row] = i
+        line_ids[row] = numbers[i]
       decoded = self.decode_fn(inputs, line_ids)
       for row, i in enumerate(batch):
         outputs[i] = self._hypotheses(decoded, row, sources[i])
       self.stats.num_batches += 1
       done += len(batch)
       now = time.time()
-      if now - last_log >= self.log_every_secs or done == len(order):
+      if self.log_progress and (now - last_log >= self.log_every_secs or done == len(order)):
         rate = done / max(now - start, 1e-9)
         logging.info(
           "Translated %d/%d sentences (%.1f sentences/s, ETA %s).",
@@ -254,6 +278,8 @@ def make_translator(
   beam_size: int | None = None,
   nbest: int = 1,
   alignments: bool = False,
+  log_progress: bool = True,
+  rows_per_shard: Sequence[int] | None = None,
 ) -> Translator:
   """A Translator for `model` with the search, length rule and batch size of config.decode
   (`beam_size` overrides the beam and asks for beam search, e.g. greedy dev BLEU during
@@ -274,6 +300,8 @@ def make_translator(
     num_shards=jax.device_count(),
     nbest=nbest,
     alignments=alignments,
+    log_progress=log_progress,
+    rows_per_shard=rows_per_shard,
   )
 
 
@@ -285,6 +313,8 @@ def translator_for(
   beam_size: int | None = None,
   nbest: int = 1,
   alignments: bool = False,
+  log_progress: bool = True,
+  rows_per_shard: Sequence[int] | None = None,
 ) -> Translator:
   """`make_translator` with the command's Components: its tokenizer, model and config."""
   return make_translator(
@@ -297,6 +327,8 @@ def translator_for(
     beam_size=beam_size,
     nbest=nbest,
     alignments=alignments,
+    log_progress=log_progress,
+    rows_per_shard=rows_per_shard,
   )
 
 

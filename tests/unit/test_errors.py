@@ -11,14 +11,37 @@ byte-for-byte and timestamp-for-timestamp as it was. tests/e2e/test_errors.py ru
 from __future__ import annotations
 
 import pathlib
+import re
 import sys
 
 import pytest
+from absl import flags
 
 from flaxformer_nmt import cli, errors
 
 import helpers
 from error_cases import CASES, FLAG_CASES, arguments, run_mode
+
+ERRORS_PAGE = helpers.REPO / "docs" / "errors.md"
+
+
+def documented_lines() -> dict[str, str]:
+  """docs/errors.md's table of mistakes: {the mistake: the line it prints}."""
+  rows = re.findall(r"^\| ([^|`]+?) \| `(error: [^`]+)` \|$", ERRORS_PAGE.read_text("utf-8"), re.M)
+  return dict(rows)
+
+
+DOCUMENTED = documented_lines()
+
+
+def as_documented(line: str, folder: pathlib.Path) -> str:
+  """The line as docs/errors.md writes it: the case's scratch folder as DIR, a free port as PORT."""
+  line = line.replace(str(folder), "DIR")
+  return re.sub(r"--port=\d+(: cannot listen)", r"--port=PORT\1", line)
+
+
+def test_the_errors_page_documents_every_case_and_no_other():
+  assert sorted(DOCUMENTED) == sorted(c.name for c in CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -34,6 +57,7 @@ def test_one_line_exit_2_and_nothing_touched(case, tmp_path, monkeypatch, capsys
   if case.name in FLAG_CASES:
     argv, saved = ["main.py", *args], sys.argv[:]
     sys.argv[:] = argv  # ml_collections finds `--config.x=y` overrides in sys.argv itself
+    flags.FLAGS.unparse_flags()  # a flag the case before gave would still count as present
     try:
       with pytest.raises(SystemExit) as exit_info:
         cli.parse_flags(argv)
@@ -49,6 +73,7 @@ def test_one_line_exit_2_and_nothing_touched(case, tmp_path, monkeypatch, capsys
     line = f"error: {' '.join(str(error_info.value).split())}"  # exactly what cli.main prints
   assert case.culprit in line, line
   print(f"{case.name}: {line}")
+  assert DOCUMENTED.get(case.name) == as_documented(line, tmp_path), "docs/errors.md's row"
   if workdir is not None:
     assert before and helpers.snapshot(workdir) == before
     assert (workdir / "checkpoints").is_dir()

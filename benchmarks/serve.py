@@ -1,0 +1,220 @@
+r"""The translation server under load, against --mode=translate on the same lines.
+
+  python benchmarks/serve.py                          # the quick start's runs/demo, 512 test lines
+  python benchmarks/serve.py --workdir=runs/m30k --config=multi30k --lines_file=data/x.en
+
+1. `--mode=translate`'s own code on a warm model, in this process: the lines as one call
+   (sentences/s), and each of the first `--latency_lines` lines as a call of its own (the latency
+   of one translate call: p50 and p95).
+2. `python main.py --mode=serve` as a process on a free port (its "ready" time is in /health),
+   then `--clients` concurrent clients (1, 4, 16 by default), each sending requests of
+   `--lines_per_request` lines from one shared list until every line is translated, after one
+   warm-up pass: sentences/s, and p50 and p95 of a request's latency. Every answer is compared with
+   translate's output for its lines (`answers_equal_translate`).
+3. SIGTERM to the server, which must exit 0.
+
+Both sides run on the devices JAX sees here (XLA_FLAGS is passed on to the server); the clients
+share the machine with the server, as a page or pipeline on the same host would. Last line JSON,
+recorded in benchmarks/results/<--record>.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+import numpy as np
+from absl import app, flags, logging
+
+from flaxformer_nmt import api, modes
+from flaxformer_nmt.benchmarking import record
+from flaxformer_nmt.data import demo
+from flaxformer_nmt.decoding import translator as translator_lib
+from flaxformer_nmt.workdir import Workdir
+
+_CONFIG = flags.DEFINE_string("config", "demo", "The workdir's config (name or file).")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "A trained workdir.")
+_SET = flags.DEFINE_multi_string("set", [], "Config overrides for both sides: path=value.")
+_LINES_FILE = flags.DEFINE_string(
+  "lines_file", "", "Lines to translate ('' = the demo's test set)."
+)
+_NUM_LINES = flags.DEFINE_integer("num_lines", 512, "How many lines.")
+_CLIENTS = flags.DEFINE_list("clients", ["1", "4", "16"], "Concurrent clients, one run each.")
+_PER_REQUEST = flags.DEFINE_integer("lines_per_request", 1, "Lines in each request.")
+_LATENCY_LINES = flags.DEFINE_integer("latency_lines", 64, "Single-line translate calls timed.")
+_MAX_WAIT_MS = flags.DEFINE_float("max_wait_ms", 5.0, "The server's --max_wait_ms.")
+_READY_TIMEOUT_S = 1800
+
+
+def _lines() -> list[str]:
+  if _LINES_FILE.value:
+    with open(_LINES_FILE.value, encoding="utf-8") as f:
+      lines = [line.rstrip("\n") for line in f]
+  else:
+    lines = [src for src, _ in demo.make_demo_split("test", _NUM_LINES.value, seed=0)]
+  return lines[: _NUM_LINES.value]
+
+
+def _overrides() -> dict[str, Any]:
+  out = {}
+  for item in _SET.value:
+    path, _, value = item.partition("=")
+    try:
+      out[path] = json.loads(value)
+    except json.JSONDecodeError:
+      out[path] = value
+  return out
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+  ms = 1000 * np.asarray(seconds)
+  return {
+    "p50_ms": round(float(np.percentile(ms, 50)), 2),
+    "p95_ms": round(float(np.percentile(ms, 95)), 2),
+  }
+
+
+def translate_side(lines: list[str]) -> tuple[dict[str, Any], list[str]]:
+  """--mode=translate's Translator on a warm model: throughput of all lines in one call, and the
+  latency of one-line calls."""
+  config = api.load_config(_CONFIG.value, _overrides())
+  loaded = modes._load(config, Workdir(_WORKDIR.value), "auto")
+  translator = translator_lib.translator_for(loaded.components, loaded.params, log_progress=False)
+  for line in lines[: _LATENCY_LINES.value]:  # compiles every shape the timed calls use
+    translator.translate([line])
+  outputs = translator.translate(lines)
+  start = time.perf_counter()
+  outputs = translator.translate(lines)
+  seconds = time.perf_counter() - start
+  single = []
+  for line in lines[: _LATENCY_LINES.value]:
+    start = time.perf_counter()
+    translator.translate([line])
+    single.append(time.perf_counter() - start)
+  return {
+    "sentences_per_s": round(len(lines) / seconds, 2),
+    "seconds": round(seconds, 3),
+    "one_line_call": _percentiles(single),
+    "checkpoint": loaded.description,
+  }, outputs
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start_server(port: int, log: Any) -> subprocess.Popen:
+  checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, os.path.join(checkout, "main.py"), "--mode=serve"]
+  command += [f"--config={_CONFIG.value}", f"--workdir={_WORKDIR.value}", f"--port={port}"]
+  command += [f"--max_wait_ms={_MAX_WAIT_MS.value:g}", *(f"--config.{s}" for s in _SET.value)]
+  logging.info("Starting: %s (its log: %s)", " ".join(command[1:]), log.name)
+  return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def _wait_ready(url: str, server: subprocess.Popen) -> dict[str, Any]:
+  deadline = time.monotonic() + _READY_TIMEOUT_S
+  async with aiohttp.ClientSession() as session:
+    while time.monotonic() < deadline:
+      if server.poll() is not None:
+        raise RuntimeError(f"the server exited with status {server.returncode}; see its log")
+      try:
+        async with session.get(f"{url}/health") as response:
+          return await response.json()
+      except aiohttp.ClientConnectionError:
+        await asyncio.sleep(0.5)
+  raise RuntimeError("the server did not become ready")
+
+
+async def load(url: str, lines: list[str], clients: int, expected: list[str]) -> dict[str, Any]:
+  """`clients` clients sending all `lines` in requests of --lines_per_request lines."""
+  size = _PER_REQUEST.value
+  requests = [list(range(i, min(i + size, len(lines)))) for i in range(0, len(lines), size)]
+  latencies: list[float] = []
+  wrong = 0
+
+  async def client(session: aiohttp.ClientSession, queue: asyncio.Queue) -> None:
+    nonlocal wrong
+    while not queue.empty():
+      ids = queue.get_nowait()
+      start = time.perf_counter()
+      async with session.post(f"{url}/translate", json={"text": [lines[i] for i in ids]}) as r:
+        answer = await r.json()
+      latencies.append(time.perf_counter() - start)
+      if r.status != 200 or answer["translations"] != [expected[i] for i in ids]:
+        wrong += 1
+
+  connector = aiohttp.TCPConnector(limit=clients)
+  async with aiohttp.ClientSession(connector=connector) as session:
+    for _ in ("warm-up", "timed"):  # the second pass is the one reported
+      queue: asyncio.Queue = asyncio.Queue()
+      for ids in requests:
+        queue.put_nowait(ids)
+      latencies.clear()
+      start = time.perf_counter()
+      await asyncio.gather(*(client(session, queue) for _ in range(clients)))
+      seconds = time.perf_counter() - start
+  return {
+    "sentences_per_s": round(len(lines) / seconds, 2),
+    "seconds": round(seconds, 3),
+    "requests": len(requests),
+    **_percentiles(latencies),
+    "answers_equal_translate": wrong == 0,
+  }
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  lines = _lines()
+  translate, expected = translate_side(lines)
+  logging.info("translate: %s", translate)
+  port = _free_port()
+  log = tempfile.NamedTemporaryFile("w", prefix="serve-benchmark-", suffix=".log", delete=False)
+  server = start_server(port, log)
+  url = f"http://127.0.0.1:{port}"
+  try:
+    health = asyncio.run(_wait_ready(url, server))
+    by_clients = {}
+    for clients in (int(c) for c in _CLIENTS.value):
+      by_clients[str(clients)] = asyncio.run(load(url, lines, clients, expected))
+      logging.info("%d clients: %s", clients, by_clients[str(clients)])
+  finally:
+    server.send_signal(signal.SIGTERM)
+    try:
+      server_exit = server.wait(120)
+    except subprocess.TimeoutExpired:
+      server.kill()
+      server_exit = "killed after 120 s"
+  most = by_clients[str(max(int(c) for c in _CLIENTS.value))]
+  one = by_clients.get("1")
+  result = {
+    "benchmark": "serve",
+    "lines": len(lines),
+    "lines_per_request": _PER_REQUEST.value,
+    "max_wait_ms": _MAX_WAIT_MS.value,
+    "translate": translate,
+    "server_ready_seconds": health["ready_seconds"],
+    "server_devices": health["devices"],
+    "clients": by_clients,
+    "most_clients_over_translate": round(most["sentences_per_s"] / translate["sentences_per_s"], 3),
+    "one_client_p95_over_translate_call": (
+      round(one["p95_ms"] / translate["one_line_call"]["p95_ms"], 3) if one else None
+    ),
+    "server_exit_status": server_exit,
+  }
+  record.report(result)
+
+
+if __name__ == "__main__":
+  app.run(main)
