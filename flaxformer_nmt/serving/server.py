@@ -158,9 +158,7 @@ def make_app(batcher: batcher_lib.DynamicBatcher, health: Callable[[], dict], li
   return app
 
 
-def serve(
-  app: web.Application, host: str, port: int, on_ready: Callable[[str], None]
-) -> None:
+def serve(app: web.Application, host: str, port: int, on_ready: Callable[[str], None]) -> None:
   """Serves `app` until SIGTERM or SIGINT, then stops accepting connections and lets the
   requests in flight finish (for up to a minute) before returning."""
 
