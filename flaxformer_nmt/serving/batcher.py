@@ -4,7 +4,9 @@ A server thread per request calls `submit(lines, kind)` and waits on the future 
 worker thread owns the devices. The worker takes the oldest waiting request, then waits up to
 `max_wait_s` from that request's arrival for more of the same kind (n-best size, alignments: each
 kind is its own compiled search) until `max_rows` lines are gathered, and decodes them as one
-batch. A request longer than a batch is split into chunks of `max_rows` lines and answered when
+batch. It waits only when requests are arriving together (the last batch held more than one
+request): a lone client's request is decoded at once, and requests that arrive while a batch is
+decoding form the next batch whatever the wait. A request longer than a batch is split into chunks of `max_rows` lines and answered when
 its last chunk is done. Each line keeps its number within its own request (what sampling keys
 its draws by), so a request's lines come back as a `--mode=translate` of the same lines gives
 them, whatever else they were batched with.
@@ -101,6 +103,7 @@ class DynamicBatcher:
     self._waiting = 0  # requests with a chunk not yet taken into a batch
     self._cond = threading.Condition()
     self._closing = False
+    self._last_batch_requests = 0
     self._worker = threading.Thread(target=self._run, name="batcher", daemon=True)
     self._worker.start()
 
@@ -142,7 +145,8 @@ class DynamicBatcher:
           return None
         self._cond.wait()
       kind = self._chunks[0].request.kind
-      deadline = self._chunks[0].arrival + self.max_wait_s
+      together = self._last_batch_requests > 1 or len({id(c.request) for c in self._chunks}) > 1
+      deadline = self._chunks[0].arrival + (self.max_wait_s if together else 0.0)
       while not self._closing:
         ready = sum(len(c.lines) for c in self._chunks if c.request.kind == kind)
         left = deadline - time.monotonic()
@@ -160,6 +164,7 @@ class DynamicBatcher:
       self._chunks = keep
       taken = {id(c.request) for c in batch} - {id(c.request) for c in keep}
       self._waiting -= len(taken)
+      self._last_batch_requests = len({id(c.request) for c in batch})
       return batch
 
   def _run(self) -> None:
