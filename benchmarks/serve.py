@@ -205,6 +205,7 @@ def main(argv: list[str]) -> None:
     "max_wait_ms": _MAX_WAIT_MS.value,
     "translate": translate,
     "server_ready_seconds": health["ready_seconds"],
+    "server_batch_shapes": health["batch_shapes_compiled"],
     "server_devices": health["devices"],
     "clients": by_clients,
     "most_clients_over_translate": round(most["sentences_per_s"] / translate["sentences_per_s"], 3),

@@ -2,7 +2,7 @@ r"""Multi30k English->German (29,000 training pairs), sized for a 2-core CPU.
 
   flaxformer-nmt --config=multi30k --workdir=runs/m30k --mode=prepare   # download, verify, vocab
   flaxformer-nmt --config=multi30k --workdir=runs/m30k
-  benchmarks/multi30k.sh data/multi30k 60      # train 60 min, average, beam-4 BLEU
+  python benchmarks/experiments.py --experiment=multi30k --data_dir=data/multi30k --minutes=60
 
 `--mode=prepare` downloads the raw task-1 files (train, val, test_2016_flickr; add
 `--config.data.extra_test_sets=all` for the 2017 and 2018 test sets) from `data.url`, the official

@@ -9,10 +9,6 @@ neither mistyped nor left behind when a record is measured again.
 
 A record also says where it was measured (processor, cores, accelerator), with which packages, by
 which command and at which commit: speed figures, and BLEU on a CPU, move between machines.
-
-Scripts that are not Python (benchmarks/multi30k.sh) wrap their JSON into a record with
-
-  python -m flaxformer_nmt.benchmarking.record --record=NAME --command="..." RESULT.json
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ import subprocess
 import sys
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 
 from flaxformer_nmt.runtime import files
 
@@ -163,18 +159,3 @@ def report(result: dict[str, Any]) -> None:
   if path:
     print(f"Record: {path}", flush=True)
   print(json.dumps(result), flush=True)
-
-
-def main(argv: list[str]) -> None:
-  """Wraps a JSON result file (argv[1]) into the record --record, for scripts in other languages."""
-  if len(argv) != 2 or not RECORD.value:
-    raise app.UsageError("usage: record.py --record=NAME [--command=...] RESULT.json")
-  with open(argv[1], encoding="utf-8") as f:
-    result = json.load(f)
-  path = save(RECORD.value, result, _COMMAND.value or "(not given)")
-  print(json.dumps({"record": path}))
-
-
-if __name__ == "__main__":
-  _COMMAND = flags.DEFINE_string("command", "", "The command that produced the result.")
-  app.run(main)

@@ -100,7 +100,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c.num_train_steps = 100_000  # the paper's base model: 100k steps; big: 300k
   # Also stop (with a checkpoint) after this many minutes of training, counted over the whole run
   # (a resumed run continues the count saved in the checkpoint); 0 = no limit. Evaluation time does
-  # not count. For fixed-budget runs such as benchmarks/multi30k.sh.
+  # not count. For fixed-budget runs such as benchmarks/experiments.py --experiment=multi30k.
   c.max_train_minutes = 0.0
   c.log_every_steps = 100
   c.eval_every_steps = 1_000

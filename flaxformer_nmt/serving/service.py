@@ -117,6 +117,7 @@ def run(loaded: Any, options: Options) -> dict[str, Any]:
     "devices": jax.local_device_count(),
     "max_nbest": allowed.max_nbest,
     "max_batch_lines": batcher.max_rows,
+    "batch_shapes_compiled": compiled,
     "ready_seconds": round(ready_s, 1),
   }
   app = server.make_app(batcher, lambda: health, allowed)

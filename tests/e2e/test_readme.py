@@ -82,6 +82,9 @@ _BENCHMARKS = {
   "recipe_cost": ["--notpu_estimate"],
   "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
   + ["--vocab_size=300"],
+  # The server against translate on 16 demo lines, 1 and 2 clients, small batches and buckets.
+  "serve": ["--num_lines=16", "--clients=1,2", "--latency_lines=2"]
+  + ["--set=decode.batch_size=4", "--set=data.max_len=24"],
 }
 
 
@@ -335,11 +338,18 @@ def test_files_chain(tmp_path):
         assert (result["downloaded"], result["dev_sentences"]) == (6, 1014)
         assert len(list((box.repo / "data" / "multi30k").iterdir())) == 6
         prepared = True
-      elif "multi30k.sh" in command.text:
+      elif "--experiment=multi30k_seeds" in command.text:
+        last = _last_json(proc)
+        record = json.loads((box.repo / "benchmarks/results/multi30k_seeds.json").read_text())
+        assert record["result"] == last
+        assert [run["step"] for run in last["seeds"].values()] == [20, 20]
+        assert "test_sacrebleu_beam4" in last["ensemble_averaged"]
+      elif "--experiment=multi30k" in command.text:
         work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
         last = _last_json(proc)
-        assert last == json.loads((work / "multi30k_result.json").read_text())
-        assert last["steps"] == 20 and len(last["averaged_steps"]) == 5
+        record = json.loads((box.repo / "benchmarks/results/multi30k.json").read_text())
+        assert record["result"] == last and record["machine"]["cores"]
+        assert last["step"] == 20 and len(last["averaged_steps"]) == 5
         assert (work / "learning_curve.png").stat().st_size > 0
         ran_script = True
       elif "--mode=eval" in command.text:
@@ -354,10 +364,15 @@ def test_files_chain(tmp_path):
 
 @readme_run
 def test_benchmark_commands(tmp_path):
-  overrides = dict(_BENCHMARKS)
+  """The benchmark scripts, the demo experiments made small, and the server benchmark on the
+  demo model they trained."""
+  overrides = {**_BENCHMARKS, "demo": _DEMO}
   for command, proc, _ in _run_chain("benchmarks", tmp_path, overrides):
     result = _last_json(proc)
     assert result, command.text
+    if "benchmarks/serve.py" in command.text:
+      assert all(c["answers_equal_translate"] for c in result["clients"].values()), result
+      assert result["server_exit_status"] == 0
 
 
 @readme_run
