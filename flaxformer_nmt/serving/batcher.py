@@ -5,11 +5,12 @@ worker thread owns the devices. The worker takes the oldest waiting request, the
 `max_wait_s` from that request's arrival for more of the same kind (n-best size, alignments: each
 kind is its own compiled search) until `max_rows` lines are gathered, and decodes them as one
 batch. It waits only when requests are arriving together (the last batch held more than one
-request): a lone client's request is decoded at once, and requests that arrive while a batch is
-decoding form the next batch whatever the wait. A request longer than a batch is split into chunks of `max_rows` lines and answered when
-its last chunk is done. Each line keeps its number within its own request (what sampling keys
-its draws by), so a request's lines come back as a `--mode=translate` of the same lines gives
-them, whatever else they were batched with.
+request, or more than one is queued): a lone client's request is decoded at once, and requests
+that arrive while a batch is decoding form the next batch whatever the wait. A request longer
+than a batch is split into chunks of `max_rows` lines and answered when its last chunk is done.
+Each line keeps its number within its own request (what sampling keys its draws by), so a
+request's lines come back as a `--mode=translate` of the same lines gives them, whatever else
+they were batched with.
 
 `max_queue` bounds the requests waiting for the device: one more is refused at once (`QueueFull`,
 the server's 503) instead of waiting behind a queue it cannot see the end of. `close()` stops
