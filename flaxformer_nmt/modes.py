@@ -241,11 +241,13 @@ def serve(
   search as --mode=translate, with concurrent requests decoded together. `options`:
   serving.service.Options."""
   try:
-    from flaxformer_nmt.serving import service  # aiohttp: the [serve] extra
+    import aiohttp  # noqa: F401  (the [serve] extra)
   except ImportError as e:
     raise errors.ConfigError(
       f"--mode=serve needs aiohttp ({e}); install it with pip install -e '.[serve]'."
     ) from None
+  from flaxformer_nmt.serving import service
+
   options.check()
   run = _begin(config, workdir)
   if jax.process_count() > 1:

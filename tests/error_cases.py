@@ -315,7 +315,7 @@ CASES = [
   Case(
     "serve on a port that cannot be",
     _in_trained("--config=configs/demo.py", "--mode=serve", "--port=70000"),
-    "--port=70000: give a port number in [0, 65535]",
+    "--port=70000: give a port number in [1, 65535]",
   ),
   Case(
     "ensemble member with another vocabulary",

@@ -11,16 +11,15 @@ dropout, the loss) is left out, as MFU conventionally does. For a packed batch o
   decoder self-attention   8 D^2 + 4 row_len D
   decoder cross-attention  Q, O: 4 D^2 per target token; K, V: 4 D^2 per source token;
                            scores + values 4 row_len D per target token
-
-(With queries and keys Q wide instead of D, Table 3 row B: each Q or K projection costs 2 D Q
-instead of 2 D^2 and the scores 2 row_len Q instead of 2 row_len D.)
   feed-forward (both)      4 D F
   logits (once)            2 D V per target token
 
 Attention is counted over the whole row (row_len keys), since that is what runs: packing masks
 other sentences out but does not skip them. Backward costs twice the forward (a gradient for the
 activations and one for the weights), so a training step is 3x forward. The base model at
-row_len 64 and V = 37,000 does ~128 MFLOP forward per target token.
+row_len 64 and V = 37,000 does ~128 MFLOP forward per target token. With queries and keys Q wide
+instead of D (Table 3 row B), each Q or K projection costs 2 D Q instead of 2 D^2, and the scores
+2 row_len Q instead of 2 row_len D.
 """
 
 from __future__ import annotations

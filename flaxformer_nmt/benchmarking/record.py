@@ -65,13 +65,13 @@ def processor() -> str:
 
 
 def accelerator() -> str:
-  """What JAX computes on when it is not the CPU ('none' otherwise, or when JAX is not loaded)."""
-  jax = sys.modules.get("jax")
-  if jax is None:
-    return "none"
+  """What JAX computes on when it is not the CPU ('none' otherwise). Asked here, at the end of a
+  benchmark, also by scripts whose work ran in subprocesses (experiments.py)."""
   try:
+    import jax  # pylint: disable=g-import-not-at-top
+
     device = jax.devices()[0]
-  except RuntimeError:
+  except (ImportError, RuntimeError):
     return "none"
   if device.platform == "cpu":
     return "none"
@@ -99,7 +99,8 @@ def versions() -> dict[str, str]:
 
 
 def commit() -> str:
-  """The checkout's commit, with "+ uncommitted changes" when its tracked files differ from it."""
+  """The checkout's commit, with "+ uncommitted changes" when its tracked files differ from it
+(records aside: measuring several figures in a row rewrites them)."""
 
   def git(*args: str) -> str:
     return subprocess.run(
@@ -108,7 +109,7 @@ def commit() -> str:
 
   try:
     head = git("rev-parse", "--short=12", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
   except (OSError, subprocess.SubprocessError):
     return "unknown (not a git checkout)"
   return f"{head} + uncommitted changes" if dirty else head

@@ -52,6 +52,12 @@ SIZES: dict[str, Size] = {
 }
 
 
+# Fields added to the config after runs were saved with it, with the value that reproduces what
+# those runs did: a saved config.json without one of them equals a config that has it at this
+# value (training/loop.py's finished-run check).
+ADDED_FIELDS: dict[str, object] = {"model.d_k": 0}
+
+
 def model_config(size: str) -> ml_collections.ConfigDict:
   """The `config.model` block for a named size."""
   if size not in SIZES:

@@ -77,15 +77,22 @@ def check_output_dir(output: str) -> None:
     raise errors.ConfigError(f"--output={output}: its parent directory {parent} does not exist.")
 
 
-def check_request(output: str, quantization: str, model: Any = None) -> None:
-  """Every check of an export's arguments and of `config.model` that needs no trained model:
-  one line each, before any work."""
-  if model is not None and model.d_k and model.d_k != model.d_model // model.num_heads:
+def check_model(model: Any) -> None:
+  """A one-line ConfigError for a model CTranslate2 cannot hold (`config.model` or the model's
+  TransformerConfig): queries and keys narrower than values (Table 3 row B)."""
+  if model.d_k and model.d_k != model.d_model // model.num_heads:
     raise errors.ConfigError(
       f"config.model.d_k={model.d_k}: CTranslate2's attention splits queries, keys and values "
       f"into equal widths (d_model / num_heads = {model.d_model // model.num_heads}), so this "
       "model (Table 3 row B) cannot be exported; translate with --mode=translate."
     )
+
+
+def check_request(output: str, quantization: str, model: Any = None) -> None:
+  """Every check of an export's arguments and of `config.model` that needs no trained model:
+  one line each, before any work."""
+  if model is not None:
+    check_model(model)
   if quantization not in QUANTIZATIONS:
     raise errors.ConfigError(
       f"--quantization={quantization}: choose one of {', '.join(QUANTIZATIONS)}."
@@ -140,6 +147,8 @@ def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[
   """A validated CTranslate2 `TransformerSpec` holding `params` (float32)."""
   import_ctranslate2()
   from ctranslate2.specs import common_spec, transformer_spec  # pylint: disable=g-import-not-at-top
+
+  check_model(cfg)
 
   spec = transformer_spec.TransformerSpec.from_config(
     cfg.num_layers,

@@ -1,20 +1,22 @@
 """Dynamic batching: the lines of concurrent requests decoded together, in one device batch.
 
-A server thread per request calls `submit(lines, kind)` and waits on the future it returns; one
-worker thread owns the devices. The worker takes the oldest waiting request, then waits up to
-`max_wait_s` from that request's arrival for more of the same kind (n-best size, alignments: each
-kind is its own compiled search) until `max_rows` lines are gathered, and decodes them as one
-batch. It waits only when requests are arriving together (the last batch held more than one
-request, or more than one is queued): a lone client's request is decoded at once, and requests
-that arrive while a batch is decoding form the next batch whatever the wait. A request longer
-than a batch is split into chunks of `max_rows` lines and answered when its last chunk is done.
-Each line keeps its number within its own request (what sampling keys its draws by), so a
-request's lines come back as a `--mode=translate` of the same lines gives them, whatever else
-they were batched with.
+The server's event loop calls `submit(lines, kind)` for each request and awaits the future it
+returns; one worker thread owns the devices. The worker takes the oldest waiting request, then
+waits up to `max_wait_s` from that request's arrival for more of the same kind (n-best size,
+alignments: each kind is its own compiled search) until `max_rows` lines are gathered, and
+decodes them as one batch. It waits only when requests are arriving together (the last batch
+held more than one request, or more than one is queued): a lone client's request is decoded at
+once, and requests that arrive while a batch is decoding form the next batch whatever the
+wait. A request longer than a batch is split into chunks of `max_rows` lines and answered when
+its last chunk is done. Each line keeps its number within its own request (what sampling keys
+its draws by), so a request's lines are decoded as a `--mode=translate` of the same lines decodes
+them; only the batch around them differs, which can move a score in its last digits.
 
 `max_queue` bounds the requests waiting for the device: one more is refused at once (`QueueFull`,
-the server's 503) instead of waiting behind a queue it cannot see the end of. `close()` stops
-taking requests and returns once every accepted one is answered.
+the server's 503) instead of waiting behind a queue it cannot see the end of. `close(timeout)`
+stops taking requests and returns once every accepted one is answered (or the timeout passes).
+If the worker itself ever fails, every waiting request fails with it and `alive` turns False
+(/health reports it), rather than waiting for a worker that is gone.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class DynamicBatcher:
   def submit(self, lines: Sequence[str], kind: Kind = Kind()) -> concurrent.futures.Future:
     """A future of `lines`' answers (a list of `Line`, in order); QueueFull or Closed at once."""
     future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()  # a client's cancel() can no longer race the answer
     lines = list(lines)
     if not lines:
       future.set_result([])
@@ -119,7 +122,7 @@ class DynamicBatcher:
     request = _Request(lines, kind, future, [None] * len(lines), len(starts))
     with self._cond:
       if self._closing:
-        raise Closed("the server is shutting down")
+        raise Closed("the server is shutting down" if self.alive else "the batcher has failed")
       if self._waiting >= self.max_queue:
         self.stats.refused += 1
         raise QueueFull(f"{self._waiting} requests are waiting (the limit is {self.max_queue})")
@@ -130,6 +133,10 @@ class DynamicBatcher:
       self.stats.requests += 1
       self._cond.notify_all()
     return future
+
+  @property
+  def alive(self) -> bool:
+    return self._worker.is_alive()
 
   def close(self, timeout: float | None = None) -> None:
     """Takes no new request; returns when the accepted ones are answered (or after `timeout`)."""
@@ -149,9 +156,8 @@ class DynamicBatcher:
       together = self._last_batch_requests > 1 or len({id(c.request) for c in self._chunks}) > 1
       deadline = self._chunks[0].arrival + (self.max_wait_s if together else 0.0)
       while not self._closing:
-        ready = sum(len(c.lines) for c in self._chunks if c.request.kind == kind)
         left = deadline - time.monotonic()
-        if ready >= self.max_rows or left <= 0:
+        if left <= 0 or self._ready(kind) >= self.max_rows:
           break
         self._cond.wait(left)
       batch, rows, keep = [], 0, collections.deque()
@@ -168,30 +174,59 @@ class DynamicBatcher:
       self._last_batch_requests = len({id(c.request) for c in batch})
       return batch
 
+  def _ready(self, kind: Kind) -> int:
+    """Lines of `kind` queued, counted up to a full batch."""
+    ready = 0
+    for chunk in self._chunks:
+      if chunk.request.kind == kind:
+        ready += len(chunk.lines)
+        if ready >= self.max_rows:
+          break
+    return ready
+
   def _run(self) -> None:
-    while True:
-      batch = self._next_batch()
-      if batch is None:
-        return
-      lines = [line for chunk in batch for line in chunk.lines]
-      numbers = [chunk.start + j for chunk in batch for j in range(len(chunk.lines))]
-      try:
-        hypotheses, truncated = self._translate(batch[0].request.kind, lines, numbers)
-      except Exception as e:  # the requests of this batch fail; the server keeps serving
-        logging.exception("Decoding a batch of %d lines failed.", len(lines))
-        for chunk in batch:
-          if not chunk.request.future.done():
-            chunk.request.future.set_exception(e)
-        continue
-      self.stats.batches += 1
-      self.stats.lines += len(lines)
+    batch: list[_Chunk] = []
+    try:
+      while True:
+        batch = self._next_batch() or []
+        if not batch:
+          return
+        self._decode(batch)
+    except BaseException as e:  # the worker is gone: fail what waits instead of hanging it
+      logging.exception("The batcher's worker failed; failing every waiting request.")
+      with self._cond:
+        self._closing = True
+        waiting, self._chunks = [*batch, *self._chunks], collections.deque()
+      for chunk in waiting:
+        if not chunk.request.future.done():
+          chunk.request.future.set_exception(e)
+      raise
+
+  def _decode(self, batch: list[_Chunk]) -> None:
+    """Decodes one batch and answers each request whose last chunk it held; a failure fails this
+    batch's requests only, and the worker goes on."""
+    lines = [line for chunk in batch for line in chunk.lines]
+    numbers = [chunk.start + j for chunk in batch for j in range(len(chunk.lines))]
+    try:
+      hypotheses, truncated = self._translate(batch[0].request.kind, lines, numbers)
+      if len(hypotheses) != len(lines):
+        raise RuntimeError(f"{len(hypotheses)} answers for a batch of {len(lines)} lines")
       cut = set(truncated)
-      at = 0
+      done = []
       for chunk in batch:
         request = chunk.request
         for j in range(len(chunk.lines)):
+          at = len(done) + j
           request.answers[chunk.start + j] = Line(hypotheses[at], at in cut)
-          at += 1
+        done += chunk.lines
         request.chunks_left -= 1
         if request.chunks_left == 0 and not request.future.done():
           request.future.set_result(list(request.answers))
+    except Exception as e:  # the requests of this batch fail; the server keeps serving
+      logging.exception("Decoding a batch of %d lines failed.", len(lines))
+      for chunk in batch:
+        if not chunk.request.future.done():
+          chunk.request.future.set_exception(e)
+      return
+    self.stats.batches += 1
+    self.stats.lines += len(lines)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import socket
 
 from flaxformer_nmt import errors
+
+MAX_WAIT_MS = 10_000  # a longer wait for company would only be a way to hang the server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,10 +23,12 @@ class Options:
 
   def check(self) -> None:
     """ConfigError naming the flag, before the model loads."""
-    if not 0 <= self.port < 65536:
-      raise errors.ConfigError(f"--port={self.port}: give a port number in [0, 65535].")
-    if self.max_wait_ms < 0:
-      raise errors.ConfigError(f"--max_wait_ms={self.max_wait_ms:g}: give 0 or more.")
+    if not 0 < self.port < 65536:
+      raise errors.ConfigError(f"--port={self.port}: give a port number in [1, 65535].")
+    if not (math.isfinite(self.max_wait_ms) and 0 <= self.max_wait_ms <= MAX_WAIT_MS):
+      raise errors.ConfigError(
+        f"--max_wait_ms={self.max_wait_ms:g}: give a number of milliseconds in [0, {MAX_WAIT_MS}]."
+      )
     if self.max_request_bytes < 1:
       raise errors.ConfigError(f"--max_request_bytes={self.max_request_bytes}: give 1 or more.")
     if self.queue_size < 1:

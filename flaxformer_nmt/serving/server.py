@@ -10,7 +10,8 @@
 aiohttp parses HTTP; this module only reads JSON. A body over `max_request_bytes` is answered 413,
 bad JSON or a field of the wrong type 400, a full queue 503, each with `{"error": "<one line>"}`,
 and the server goes on serving. SIGTERM (or Ctrl-C) stops accepting connections, lets the
-requests in flight finish (the batcher answers every request it accepted), and returns.
+requests in flight finish (up to SHUTDOWN_TIMEOUT_S; a second signal ends the process at once),
+and returns.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiohttp import web
 from flaxformer_nmt.serving import batcher as batcher_lib
 
 _FIELDS = ("text", "nbest", "alignments")
+SHUTDOWN_TIMEOUT_S = 60  # how long the requests in flight may take to finish after SIGTERM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +146,11 @@ def make_app(batcher: batcher_lib.DynamicBatcher, health: Callable[[], dict], li
 
   async def health_route(request: web.Request) -> web.Response:
     del request
-    return web.json_response({"status": "ok", **health(), "batches": batcher.stats.as_dict()})
+    status = "ok" if batcher.alive else "failed: the decoding worker stopped; restart the server"
+    return web.json_response(
+      {"status": status, **health(), "batches": batcher.stats.as_dict()},
+      status=200 if batcher.alive else 503,
+    )
 
   async def index(request: web.Request) -> web.Response:
     del request
@@ -165,17 +171,28 @@ def serve(app: web.Application, host: str, port: int, on_ready: Callable[[str], 
   async def run() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def stopping() -> None:
+      stop.set()
+      for sig in signals:  # a second signal acts as if none were caught: it ends the process
+        loop.remove_signal_handler(sig)
+
+    for sig in signals:
       # Ours, not aiohttp's: its handler raises out of the event loop, which then cancels the
       # requests in flight instead of finishing them.
-      loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=60.0)
+      loop.add_signal_handler(sig, stopping)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     on_ready(f"http://{host}:{port}")
     await stop.wait()
-    logging.info("Stopping: no new connections; finishing the requests in flight.")
+    logging.info(
+      "Stopping: no new connections; finishing the requests in flight (up to %d s; a second "
+      "SIGTERM or Ctrl-C ends it now).",
+      SHUTDOWN_TIMEOUT_S,
+    )
     start = time.monotonic()
     await runner.cleanup()  # closes the listener, waits for the handlers in flight
     logging.info("Stopped serving (shutdown took %.1f s).", time.monotonic() - start)

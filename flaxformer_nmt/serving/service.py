@@ -10,6 +10,7 @@ the "Ready" line says how long that took; an n-best size is compiled when first 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -34,7 +35,23 @@ PRECOMPILED = (batcher_lib.Kind(1, False), batcher_lib.Kind(1, True))
 # --mode=translate uses every power of two.
 ROWS_PER_SHARD = tuple(4**i for i in range(8))
 # Samples a request may ask for with config.decode.method="sample" (beam search: up to the beam).
-MAX_SAMPLES = 32
+# Each n-best size is a search of its own, compiled when first asked for: few of them.
+MAX_SAMPLES = 8
+
+
+def search_description(decode: Any) -> str:
+  """config.decode's search in a line (/health)."""
+  if decode.method == "beam":
+    return (
+      f"beam {decode.beam_size} ({decode.beam_style}), alpha {decode.alpha}, "
+      f"max length: source + {decode.max_len_offset}"
+    )
+  if decode.method == "sample":
+    return (
+      f"sampling: temperature {decode.temperature}, top_k {decode.top_k}, top_p {decode.top_p}, "
+      f"seed {decode.seed}, max length: source + {decode.max_len_offset}"
+    )
+  return f"greedy, max length: source + {decode.max_len_offset}"
 
 
 def limits(decode: Any, options: Options) -> server.Limits:
@@ -110,12 +127,16 @@ def run(loaded: Any, options: Options) -> dict[str, Any]:
   allowed = limits(decode, options)
   health = {
     "model": f"{loaded.components.config.model.size}: {cfg.num_layers} layers, d_model "
-    f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_heads} heads",
+    f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_heads} heads"
+    + (f", d_k {cfg.d_k}" if cfg.d_k else ""),
+    "vocab_size": loaded.components.tokenizer.vocab_size,
+    "max_source_tokens": loaded.components.max_src_len,
     "checkpoint": loaded.description,
     "step": loaded.step,
-    "search": f"{decode.method}, beam {decode.beam_size}, alpha {decode.alpha}",
+    "search": search_description(decode),
     "devices": jax.local_device_count(),
     "max_nbest": allowed.max_nbest,
+    "compiled_at_start": [dataclasses.asdict(kind) for kind in PRECOMPILED],
     "max_batch_lines": batcher.max_rows,
     "batch_shapes_compiled": compiled,
     "ready_seconds": round(ready_s, 1),
@@ -139,7 +160,7 @@ def run(loaded: Any, options: Options) -> dict[str, Any]:
       f"--host={options.host} --port={options.port}: cannot listen there ({e.strerror or e})."
     ) from None
   finally:
-    batcher.close(timeout=60.0)
+    batcher.close(timeout=server.SHUTDOWN_TIMEOUT_S)
   return {
     "mode": "serve",
     "checkpoint": loaded.description,

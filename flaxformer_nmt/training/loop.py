@@ -10,6 +10,7 @@ figures without decoding again.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -18,6 +19,7 @@ from absl import logging
 
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt.components import Components
+from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.runtime import parallel, records
@@ -42,7 +44,7 @@ def finished_result(config: ml_collections.ConfigDict, workdir: Workdir) -> dict
   found = None
   if parallel.is_main_process():
     saved = workdir.read_result("train") or {}
-    same_config = workdir.saved_config_text() == config.to_json_best_effort(indent=2)
+    same_config = _same_config(workdir.saved_config_text(), config)
     complete = (
       saved.get("mode") == "train"
       and (saved.get("step") == config.num_train_steps or saved.get("stopped_early"))
@@ -55,6 +57,25 @@ def finished_result(config: ml_collections.ConfigDict, workdir: Workdir) -> dict
   if not parallel.broadcast_from_main(found is not None):
     return None
   return found if found is not None else workdir.read_result("train")  # the same shared file
+
+
+def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> bool:
+  """Whether a run's saved config.json is `config`: the same text, or the same but for fields
+  added since it was saved (config.builders.ADDED_FIELDS) that `config` leaves at the value that
+  reproduces the old behaviour."""
+  if saved_text is None:
+    return False
+  if saved_text == config.to_json_best_effort(indent=2):
+    return True
+  saved, current = json.loads(saved_text), json.loads(config.to_json_best_effort())
+  for path, old_value in config_builders.ADDED_FIELDS.items():
+    *groups, name = path.split(".")
+    saved_node, current_node = saved, current
+    for group in groups:
+      saved_node, current_node = saved_node.get(group, {}), current_node.get(group, {})
+    if name not in saved_node and current_node.get(name) == old_value:
+      current_node.pop(name, None)
+  return saved == current
 
 
 def _components_before_data(

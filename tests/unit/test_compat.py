@@ -33,3 +33,19 @@ def test_an_old_workdir_reads_every_checkpoint_choice(old_workdir):
   assert made["path"] == str(old_workdir / "averaged" / "params_3_steps_4_to_12" / "12")
   assert run.resolve("averaged").directory == str(pathlib.Path(made["path"]).parent)
   assert (old_workdir / "averaged" / "12").is_dir()
+
+
+def test_a_finished_run_saved_before_a_config_field_was_added_is_still_finished(old_workdir):
+  """A field added to the config since (config.builders.ADDED_FIELDS, e.g. model.d_k) at its
+  old-behaviour value does not make the saved config.json another config, so rerunning the
+  finished command returns its figures; any real difference still does."""
+  from flaxformer_nmt.training import loop  # pylint: disable=g-import-not-at-top
+
+  saved = Workdir(str(old_workdir)).saved_config_text()
+  assert '"d_k"' not in saved
+  config = api.load_config("demo", helpers.saved_run_overrides())
+  assert loop._same_config(saved, config)
+  config.model.d_k = 4
+  assert not loop._same_config(saved, config)
+  config = api.load_config("demo", {**helpers.saved_run_overrides(), "num_train_steps": 13})
+  assert not loop._same_config(saved, config)

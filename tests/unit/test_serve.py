@@ -52,10 +52,9 @@ def _texts(answers: list[batcher_lib.Line]) -> list[str]:
 
 def test_concurrent_requests_share_one_batch_each_keeping_its_order_and_numbers():
   echo = Echo()
-  echo.gate.clear()  # hold the worker until all three are queued
   b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=5.0, max_queue=8)
-  futures = [b.submit(["a", "b"]), b.submit(["c", "d", "e"]), b.submit(["f", "g", "h"])]
-  echo.gate.set()
+  with b._cond:  # the worker cannot look at the queue until all three are in (a re-entrant lock)
+    futures = [b.submit(["a", "b"]), b.submit(["c", "d", "e"]), b.submit(["f", "g", "h"])]
   answers = [f.result(10) for f in futures]
   b.close()
   assert [_texts(a) for a in answers] == [
@@ -84,11 +83,10 @@ def test_a_lone_request_is_decoded_at_once_and_a_long_one_is_split():
 
 def test_kinds_are_never_batched_together_and_truncation_is_per_line():
   echo = Echo()
-  echo.gate.clear()
   b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=0.01, max_queue=8)
-  one = b.submit(["short", "a line well over twenty characters"])
-  two = b.submit(["c"], Kind(nbest=2))
-  echo.gate.set()
+  with b._cond:
+    one = b.submit(["short", "a line well over twenty characters"])
+    two = b.submit(["c"], Kind(nbest=2))
   first, second = one.result(10), two.result(10)
   b.close()
   assert [a.truncated for a in first] == [False, True]
@@ -125,7 +123,25 @@ def test_a_failed_batch_fails_its_requests_and_the_next_batch_is_served():
   with pytest.raises(RuntimeError, match="fell over"):
     b.submit(["a"]).result(10)
   assert _texts(b.submit(["b"]).result(10)) == ["B#0"]
+  future = b.submit(["c"])
+  assert not future.cancel()  # a client gone cannot break the worker's answer
+  assert _texts(future.result(10)) == ["C#0"]
   b.close()
+
+
+def test_a_worker_that_dies_fails_the_waiting_requests_instead_of_hanging_them():
+  echo = Echo()
+  b = batcher_lib.DynamicBatcher(echo, max_rows=4, max_wait_s=0.0, max_queue=4)
+  b._decode = lambda batch: (_ for _ in ()).throw(SystemExit("the worker is gone"))
+  with b._cond:  # both queued before the worker looks
+    first, second = b.submit(["a"]), b.submit(["b"])
+  for future in (first, second):
+    with pytest.raises(SystemExit):
+      future.result(10)
+  b.close(10)
+  assert not b.alive
+  with pytest.raises(batcher_lib.Closed, match="the batcher has failed"):
+    b.submit(["c"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,10 +298,12 @@ def test_serve_options_and_limits_refuse_in_one_line():
   from flaxformer_nmt.serving.options import Options  # pylint: disable=g-import-not-at-top
 
   for options, message in (
-    (Options(port=70000), "--port=70000: give a port number"),
-    (Options(max_wait_ms=-1), "--max_wait_ms=-1: give 0 or more"),
+    (Options(port=70000), "--port=70000: give a port number in \\[1, 65535\\]"),
+    (Options(port=0), "--port=0: give a port number"),
+    (Options(max_wait_ms=-1), "--max_wait_ms=-1: give a number of milliseconds in"),
+    (Options(max_wait_ms=float("inf")), "--max_wait_ms=inf: give a number of milliseconds in"),
     (Options(queue_size=0), "--queue_size=0: give 1 or more"),
-    (Options(host="203.0.113.7", port=0), "--host=203.0.113.7 --port=0: cannot listen there"),
+    (Options(host="203.0.113.7", port=8080), "--host=203.0.113.7 --port=8080: cannot listen"),
   ):
     with pytest.raises(errors.ConfigError, match=message):
       options.check()
