@@ -100,7 +100,7 @@ def versions() -> dict[str, str]:
 
 def commit() -> str:
   """The checkout's commit, with "+ uncommitted changes" when its tracked files differ from it
-(records aside: measuring several figures in a row rewrites them)."""
+  (records aside: measuring several figures in a row rewrites them)."""
 
   def git(*args: str) -> str:
     return subprocess.run(
