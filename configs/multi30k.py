@@ -9,18 +9,18 @@ r"""Multi30k English->German (29,000 training pairs), sized for a 2-core CPU.
 Multi30k repository, into `data.dir` (./data/multi30k), each checked against its recorded SHA-256.
 Files already in `data.dir` (`--config.data.dir=DIR`) are verified and kept.
 
-Choices, and the experiments behind them (this machine: 2 CPU cores, ~1.4k target tokens/s for
-this model, i.e. about 7 epochs of Multi30k in an hour):
+Choices, and the experiments behind them (the development machine, 2 CPU cores, trains 3,352
+steps of 2,048 tokens in an hour: benchmarks/results/multi30k.json):
 - Size "small": 3+3 layers, d_model 256, d_ff 1024, 4 heads (7.6M parameters with the 8k
   vocabulary), the scale published text-only Transformers use on this corpus. Its step on 4,096
-  tokens takes 2.6 s here (benchmarks/train_step.py --size=small --vocab_size=8000).
+  tokens takes about 2 s there (benchmarks/results/train_step_small_cpu.json).
 - Dropout 0.1, not the 0.3 common on Multi30k: those runs see ~70 epochs; in a one-hour budget
-  (~7 epochs) regularisation mostly slows learning. Measured at 8 minutes of training (same
-  settings otherwise): dev BLEU 13.1 with 0.1 vs 4.2 with 0.3.
+  regularisation mostly slows learning. An early comparison at 8 minutes of training (same
+  settings otherwise, not kept as a record): dev BLEU 13.1 with 0.1 vs 4.2 with 0.3.
 - 2,048 tokens per batch (32 packed rows of 64), warmup 400, the paper's schedule (peak 3.1e-3):
   many small updates learn faster per minute than few large ones on a CPU.
 - 8,000 shared BPE pieces: fits 29k sentence pairs without splitting words into characters.
-- Checkpoints every 100 steps (~2.5 minutes), 10 kept, so the last 5 can be averaged.
+- Checkpoints every 100 steps (under 2 minutes there), 10 kept, so the last 5 can be averaged.
 """
 
 from flaxformer_nmt.config import builders
