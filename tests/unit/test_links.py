@@ -37,6 +37,7 @@ def _anchors(page: pathlib.Path) -> set[str]:
 
 def _links(page: pathlib.Path) -> list[str]:
   text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+  text = re.sub(r"`[^`\n]*`", "", text)  # an inline code span shows a link's form, not a link
   return [a or b for a, b in _LINK.findall(text)]
 
 
