@@ -27,7 +27,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flaxformer_nmt import errors
+from flaxformer_nmt import errors, help_text
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.config.choices import CHECKPOINTS
 
@@ -288,93 +288,6 @@ def main(argv: list[str]) -> None:
     _user_error(e)
 
 
-MODES = {
-  "prepare": "build the dataset (TFDS) and the shared SentencePiece vocabulary, once",
-  "train": "train, or resume the workdir's run; ends with dev and test BLEU (the default)",
-  "eval": "dev loss and test BLEU (sacreBLEU and tokenized) of --checkpoint",
-  "translate": "translate --input to --output (n-best, sampling, ensembles, alignments)",
-  "average": "average the parameters of the last --num_checkpoints checkpoints",
-  "export": "write a CTranslate2 model to --output",
-  "attention": "draw the attention of every layer and head for --text",
-  "serve": "keep the model loaded and translate over HTTP, with a page at / (--port)",
-}
-
-
-def version() -> str:
-  """The installed package's version (from its metadata; a clone run without an install has none
-  and says so)."""
-  from importlib import metadata  # pylint: disable=g-import-not-at-top
-
-  try:
-    return metadata.version("flaxformer_nmt")
-  except metadata.PackageNotFoundError:
-    return "unknown (not installed; pip install -e .)"
-
-
-# One line per flag for `--help` (the flags' own help, longer, is what `--helpfull` shows).
-FLAG_LINES = {
-  "config": "experiment config: an installed config's name or a config file's path",
-  "workdir": "the run's folder: checkpoints, vocabulary, records, results",
-  "mode": "what to do (above; default train)",
-  "checkpoint": "which parameters: auto, latest, averaged, best or ema (default auto)",
-  "input": "translate: source file, one sentence per line (- = stdin)",
-  "output": "translate: output file (- = stdout); export, attention: the folder to write",
-  "nbest": "translate: hypotheses per line (more than 1: TSV rows with scores)",
-  "alignments": "translate: add word alignments (Pharaoh i-j) from the cross-attention",
-  "ensemble": "eval/translate: other workdirs decoding together with --workdir's",
-  "num_checkpoints": "average: how many checkpoints (default 5)",
-  "text": "attention: the sentence to draw",
-  "format": "export: the target engine (ctranslate2)",
-  "quantization": "export: weight type (float32, int8, float16, ...)",
-  "host": "serve: the address to listen on (default 127.0.0.1: this machine only)",
-  "port": "serve: the port (default 8080)",
-  "max_wait_ms": "serve: how long a request waits for others to share its batch (default 5)",
-  "max_request_bytes": "serve: the largest request body (default 1 MB; larger: 413)",
-  "queue_size": "serve: requests that may wait; one more gets 503 (default 256)",
-  "distributed": "multi-process runs: auto (default), on or off",
-}
-
-
-def usage(program: str) -> str:
-  """`--help`: what the program does, its modes, this project's flags with one line each, and
-  examples. The same text for `flaxformer-nmt` and `python main.py` (each names itself);
-  `--helpfull` lists absl's flags too, with each flag's full help."""
-  rows = [(f"--{name}", text) for name, text in FLAG_LINES.items()]
-  rows += [
-    ("--config.FIELD=VALUE", "override a config field, e.g. --config.num_train_steps=1000"),
-    ("--version", "print the version and exit"),
-    ("--helpfull", "every flag with its full help, absl's included"),
-  ]
-  width = max(len(flag) for flag, _ in rows) + 2
-  return "\n".join(
-    [
-      f"{program}: the Transformer of 'Attention Is All You Need' (Vaswani et al., 2017) in",
-      "JAX/Flax for machine translation: prepare data, train and resume, evaluate with BLEU,",
-      "average checkpoints, translate, export.",
-      "",
-      f"usage: {program} --config=CONFIG --workdir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]",
-      "",
-      "modes:",
-      *(f"  {name:<11}{text}" for name, text in MODES.items()),
-      "",
-      "flags:",
-      *(f"  {flag:<{width}}{text}" for flag, text in rows),
-      "",
-      f"configs: {', '.join(config_files.names())},",
-      "  or a config file's path; a variant after ':' (wmt14_ende_base:files, wmt14_table3:C1)",
-      "",
-      "examples:",
-      f"  {program} --config=demo --workdir=runs/demo",
-      f"  {program} --config=demo --workdir=runs/demo --mode=translate --input=in.txt "
-      "--output=out.txt",
-      f"  {program} --config=wmt14_ende_base --workdir=runs/base --mode=average "
-      "--num_checkpoints=5",
-      "",
-      "Rerunning a training command on its workdir resumes it. Guides: README.md and docs/.",
-    ]
-  )
-
-
 def full_help() -> str:
   """`--helpfull`: every flag with its whole help, this program's first, then absl's."""
   ours = __name__
@@ -391,11 +304,11 @@ def run() -> None:
   program = "flaxformer-nmt" if not sys.argv[0].endswith(".py") else "python main.py"
   text = None
   if "--version" in sys.argv[1:]:
-    text = f"flaxformer_nmt {version()}"
+    text = f"flaxformer_nmt {help_text.version()}"
   elif "--helpfull" in sys.argv[1:]:
     text = full_help()
   elif any(arg in _HELP for arg in sys.argv[1:]):
-    text = usage(program)
+    text = help_text.usage(program)
   if text is not None:
     try:
       print(text)

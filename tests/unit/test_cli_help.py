@@ -10,7 +10,7 @@ import tomllib
 import pytest
 from absl import flags
 
-from flaxformer_nmt import cli
+from flaxformer_nmt import cli, help_text
 
 import helpers
 
@@ -33,9 +33,9 @@ def test_help_is_one_short_text_for_both_entry_points(monkeypatch, capsys):
   modes = flags.FLAGS["mode"].parser.enum_values
   for mode in modes:
     assert re.search(rf"^  {mode} +\S", console, re.M), mode
-  assert sorted(cli.MODES) == sorted(modes)  # a new mode is described, or this fails
+  assert sorted(help_text.MODES) == sorted(modes)  # a new mode is described, or this fails
   own = {f.name for f in flags.FLAGS.get_flags_for_module(cli)}
-  assert own == set(cli.FLAG_LINES)  # a new flag gets its line, or this fails
+  assert own == set(help_text.FLAG_LINES)  # a new flag gets its line, or this fails
   for name in own:
     assert re.search(rf"^  --{name} +\S", console, re.M), name
   assert "--helpfull" in console and "--version" in console
