@@ -26,6 +26,7 @@ CHAINS = (
   "demo",
   "decoding",
   "fine-tuning",
+  "serving",
   "wmt14",
   "files",
   "benchmarks",
@@ -36,7 +37,11 @@ CHAINS = (
 )
 # Pages whose demo commands make chains of their own (each starts from the quick start's trained
 # runs/demo), so that they run beside the README's.
-OWN_DEMO_CHAINS = {"decoding.md": "decoding", "fine-tuning.md": "fine-tuning"}
+OWN_DEMO_CHAINS = {
+  "decoding.md": "decoding",
+  "fine-tuning.md": "fine-tuning",
+  "serving.md": "serving",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +90,8 @@ def _chain_of(command: Command) -> str:
   if "demo" in config or t.startswith(("printf ", "python -m flaxformer_nmt.data.demo_text")):
     return "demo"
   if t.startswith("mkdir -p data/demo_bt"):  # the back-translation recipe's concatenation
+    return "demo"
+  if t.startswith("curl ") and "127.0.0.1:8080" in t:  # a request to the demo's server
     return "demo"
   if "wmt14" in config or t.startswith(("sacrebleu ", "mkdir -p wmt14_text")):
     return "wmt14"
@@ -145,3 +152,23 @@ def _page_commands(page: pathlib.Path) -> list[Command]:
 
 def in_chain(chain: str) -> list[Command]:
   return [c for c in commands() if c.chain == chain]
+
+
+# The overrides that make the demo config small in the README tests (appended to its commands).
+DEMO = [
+  "--config.num_train_steps=30",
+  "--config.checkpoint_every_steps=10",
+  "--config.eval_every_steps=30",
+  "--config.log_every_steps=10",
+  "--config.data.demo_train_size=2000",
+  "--config.data.demo_dev_size=20",
+  "--config.data.demo_test_size=20",
+  "--config.eval.dev_bleu_sentences=10",
+  "--config.decode.max_len_offset=8",  # an untrained model stops at the length limit
+]
+
+
+def quick_start_training() -> Command:
+  """The quick start's training of runs/demo, which the docs' demo chains start from."""
+  (command,) = [c for c in in_chain("demo") if c.text.startswith("pip install -e . && ")]
+  return Command(command.text[len("pip install -e . && ") :], "bash", "")

@@ -47,19 +47,6 @@ def readme_run(test):
 REPO = helpers.REPO
 
 
-_DEMO = [
-  "--config.num_train_steps=30",
-  "--config.checkpoint_every_steps=10",
-  "--config.eval_every_steps=30",
-  "--config.log_every_steps=10",
-  "--config.data.demo_train_size=2000",
-  "--config.data.demo_dev_size=20",
-  "--config.data.demo_test_size=20",
-  "--config.eval.dev_bleu_sentences=10",
-  "--config.decode.max_len_offset=8",  # an untrained model stops at the length limit
-]
-
-
 _SMALL_MODEL = helpers.SMALL_MODEL_FLAGS + ["--config.decode.max_len_offset=8"]
 
 
@@ -200,7 +187,7 @@ def _rescored(box: readme_sandbox.Sandbox, text: str, result: dict, name: str) -
 
   from error_cases import _value  # pylint: disable=g-import-not-at-top
 
-  words = shlex.split(text) + _DEMO
+  words = shlex.split(text) + readme.DEMO
   overrides = dict(w[len("--config.") :].split("=", 1) for w in words if w.startswith("--config."))
   config = api.load_config("demo", {k: _value(v) for k, v in overrides.items()})
   workdir = box.repo / re.search(r"--workdir=(\S+)", text).group(1)
@@ -253,17 +240,11 @@ def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
       assert ("already trained to step 30" in proc.stderr) == (len(trained) > 1)
 
 
-def _quick_start_training() -> readme.Command:
-  """The quick start's training of runs/demo, which the docs' demo chains start from."""
-  (command,) = [c for c in readme.in_chain("demo") if c.text.startswith("pip install -e . && ")]
-  return readme.Command(command.text[len("pip install -e . && ") :], "bash", "")
-
-
 @readme_run
 def test_demo_chain(tmp_path):
   """Quick start, using a trained model, translating and exporting, the demo's results."""
   seen, trained = [], []
-  for command, proc, box in _run_chain("demo", tmp_path, {"demo": _DEMO}):
+  for command, proc, box in _run_chain("demo", tmp_path, {"demo": readme.DEMO}):
     seen.append(command.text)
     _check_demo_command(command, proc, box, trained)
   assert any("demo_bf16" in s for s in seen) and len(seen) >= 10
@@ -277,8 +258,8 @@ def test_docs_demo_chain(chain, tmp_path):
   """docs/decoding.md (n-best, sampling, ensembles, alignments, back-translation) and
   docs/fine-tuning.md (a shifted domain), each from the quick start's trained runs/demo."""
   seen, trained = [], []
-  start = _quick_start_training()
-  for command, proc, box in _run_chain(chain, tmp_path, {"demo": _DEMO}, first=[start]):
+  start = readme.quick_start_training()
+  for command, proc, box in _run_chain(chain, tmp_path, {"demo": readme.DEMO}, first=[start]):
     seen.append(command.text)
     _check_demo_command(command, proc, box, trained)
   assert seen[0] == start.text and len(seen) >= {"decoding": 10, "fine-tuning": 5}[chain]
@@ -366,7 +347,7 @@ def test_files_chain(tmp_path):
 def test_benchmark_commands(tmp_path):
   """The benchmark scripts, the demo experiments made small, and the server benchmark on the
   demo model they trained."""
-  overrides = {**_BENCHMARKS, "demo": _DEMO}
+  overrides = {**_BENCHMARKS, "demo": readme.DEMO}
   for command, proc, _ in _run_chain("benchmarks", tmp_path, overrides):
     result = _last_json(proc)
     assert result, command.text
@@ -379,7 +360,8 @@ def test_benchmark_commands(tmp_path):
 def test_python_api_block(tmp_path):
   """The README's API example, with `api.load_config` given the demo's small overrides."""
   small = {
-    flag.split("=")[0][len("--config.") :]: ast.literal_eval(flag.split("=")[1]) for flag in _DEMO
+    flag.split("=")[0][len("--config.") :]: ast.literal_eval(flag.split("=")[1])
+    for flag in readme.DEMO
   }
   box = readme_sandbox.Sandbox(tmp_path, {})
   (command,) = readme.in_chain("api")
@@ -401,7 +383,7 @@ def test_multi_host_launch(chain, tmp_path):
   """The README's launches of 2 processes x 4 devices, to the end of a short training run."""
   steps = ["--config.num_train_steps=4", "--config.checkpoint_every_steps=4"]
   small = ["--config.data.demo_dev_size=8", "--config.data.demo_test_size=8"]
-  overrides = {"demo": _DEMO[2:] + small + steps, "wmt14": _SMALL_MODEL + steps}
+  overrides = {"demo": readme.DEMO[2:] + small + steps, "wmt14": _SMALL_MODEL + steps}
   ((command, proc, box),) = list(
     _run_chain(chain, tmp_path, overrides, MOCK_WMT14_SIZES="1000,8,8")
   )
