@@ -9,7 +9,7 @@ r"""Multi30k English->German (29,000 training pairs), sized for a 2-core CPU.
 Multi30k repository, into `data.dir` (./data/multi30k), each checked against its recorded SHA-256.
 Files already in `data.dir` (`--config.data.dir=DIR`) are verified and kept.
 
-Choices, and the experiments behind them (the development machine, 2 CPU cores, trains 3,352
+Choices, and the experiments behind them (the development machine, 2 CPU cores, trained 6,562
 steps of 2,048 tokens in an hour: benchmarks/results/multi30k.json):
 - Size "small": 3+3 layers, d_model 256, d_ff 1024, 4 heads (7.6M parameters with the 8k
   vocabulary), the scale published text-only Transformers use on this corpus. Its step on 4,096
@@ -20,7 +20,7 @@ steps of 2,048 tokens in an hour: benchmarks/results/multi30k.json):
 - 2,048 tokens per batch (32 packed rows of 64), warmup 400, the paper's schedule (peak 3.1e-3):
   many small updates learn faster per minute than few large ones on a CPU.
 - 8,000 shared BPE pieces: fits 29k sentence pairs without splitting words into characters.
-- Checkpoints every 100 steps (under 2 minutes there), 10 kept, so the last 5 can be averaged.
+- Checkpoints every 100 steps (about a minute there), 10 kept, so the last 5 can be averaged.
 """
 
 from flaxformer_nmt.config import builders

@@ -55,7 +55,7 @@ def as_written(value: float, figure: str, percent: bool) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Cited:
-  """One citation on a page: what it says, and what its record says (None: no such field)."""
+  """One citation on a page: what it says, and what its record says (None: no such record or field)."""
 
   page: pathlib.Path
   text: str  # the whole link, as written
@@ -69,13 +69,14 @@ class Cited:
 
 
 def cited(page: pathlib.Path) -> list[Cited]:
-  """Every citation on `page` with its record's value (FileNotFoundError: a missing record)."""
+  """Every citation on `page` with its record's value (None: no such record, or no such field)."""
   out = []
   for match in CITATION.finditer(page.read_text(encoding="utf-8")):
-    record = json.loads((page.parent / match["path"]).read_text(encoding="utf-8"))
+    path = page.parent / match["path"]
     try:
+      record = json.loads(path.read_text(encoding="utf-8"))
       says = as_written(field(record, match["field"]), match["figure"], bool(match["percent"]))
-    except (KeyError, IndexError, ValueError, TypeError):
+    except (OSError, KeyError, IndexError, ValueError, TypeError):
       says = None
     out.append(Cited(page, match[0], match.start(), match["figure"], says))
   return out
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> None:
     differ = refresh(page) if _WRITE.value else [c for c in cited(page) if not c.agrees]
     for c in differ:
       where = os.path.relpath(page, REPO)
-      now = c.record_says if c.record_says is not None else "no such field in the record"
+      now = c.record_says if c.record_says is not None else "no such record, or no such field"
       print(f"{where}: {c.text} -> {now}")
 
 

@@ -26,7 +26,8 @@ RESULTS = helpers.REPO / "benchmarks" / "results"
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_cited_figure_is_its_records_value(page):
   wrong = [
-    f"{c.text}: " + (f"the record says {c.record_says}" if c.record_says else "no such field")
+    f"{c.text}: "
+    + (f"the record says {c.record_says}" if c.record_says else "no such record or field")
     for c in citations.cited(page)
     if not c.agrees
   ]
