@@ -55,7 +55,7 @@ def as_written(value: float, figure: str, percent: bool) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Cited:
-  """One citation on a page: what it says, and what its record says (None: no such record or field)."""
+  """One citation on a page: what it says, and what its record says (None: no record or field)."""
 
   page: pathlib.Path
   text: str  # the whole link, as written

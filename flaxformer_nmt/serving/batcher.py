@@ -3,14 +3,16 @@
 The server's event loop calls `submit(lines, kind)` for each request and awaits the future it
 returns; one worker thread owns the devices. The worker takes the oldest waiting request, then
 waits up to `max_wait_s` from that request's arrival for more of the same kind (n-best size,
-alignments: each kind is its own compiled search) until `max_rows` lines are gathered, and
-decodes them as one batch. It waits only when requests are arriving together (the last batch
-held more than one request, or more than one is queued): a lone client's request is decoded at
-once, and requests that arrive while a batch is decoding form the next batch whatever the
-wait. A request longer than a batch is split into chunks of `max_rows` lines and answered when
-its last chunk is done. Each line keeps its number within its own request (what sampling keys
-its draws by), so a request's lines are decoded as a `--mode=translate` of the same lines decodes
-them; only the batch around them differs, which can move a score in its last digits.
+alignments: each kind is its own compiled search) until `max_rows` lines are gathered, and decodes
+them as one batch. It waits only when requests are arriving together (the last batch held more than
+one request, or more than one is queued), and only until as many requests wait as the last batch
+answered (clients answered together come back together): a lone client's request is decoded at
+once, four clients are served four at a time without waiting for a fifth, and requests that arrive
+while a batch is decoding form the next batch whatever the wait. A request longer than a batch is
+split into chunks of `max_rows` lines and answered when its last chunk is done. Each line keeps its
+number within its own request (what sampling keys its draws by), so a request's lines are decoded
+as a `--mode=translate` of the same lines decodes them; only the batch around them differs, which
+can move a score in its last digits.
 
 `max_queue` bounds the requests waiting for the device: one more is refused at once (`QueueFull`,
 the server's 503) instead of waiting behind a queue it cannot see the end of. `close(timeout)`
@@ -157,7 +159,11 @@ class DynamicBatcher:
       deadline = self._chunks[0].arrival + (self.max_wait_s if together else 0.0)
       while not self._closing:
         left = deadline - time.monotonic()
-        if left <= 0 or self._ready(kind) >= self.max_rows:
+        rows, requests = self._ready(kind)
+        # Clients answered together come back together: once as many requests wait as the last
+        # batch answered, the company expected is here, and waiting longer only adds latency.
+        expected = self._last_batch_requests > 1 and requests >= self._last_batch_requests
+        if left <= 0 or rows >= self.max_rows or expected:
           break
         self._cond.wait(left)
       batch, rows, keep = [], 0, collections.deque()
@@ -174,15 +180,16 @@ class DynamicBatcher:
       self._last_batch_requests = len({id(c.request) for c in batch})
       return batch
 
-  def _ready(self, kind: Kind) -> int:
-    """Lines of `kind` queued, counted up to a full batch."""
-    ready = 0
+  def _ready(self, kind: Kind) -> tuple[int, int]:
+    """Lines of `kind` queued (counted up to a full batch) and the requests they belong to."""
+    ready, requests = 0, set()
     for chunk in self._chunks:
       if chunk.request.kind == kind:
         ready += len(chunk.lines)
+        requests.add(id(chunk.request))
         if ready >= self.max_rows:
           break
-    return ready
+    return ready, len(requests)
 
   def _run(self) -> None:
     batch: list[_Chunk] = []

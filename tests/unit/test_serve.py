@@ -81,6 +81,25 @@ def test_a_lone_request_is_decoded_at_once_and_a_long_one_is_split():
   assert b.submit([]).result(1) == []
 
 
+def test_clients_answered_together_are_batched_again_without_waiting_for_more():
+  """Once as many requests wait as the last batch answered, the batch goes: max_wait_s is only
+  paid when that company is not (yet) there."""
+  echo = Echo()
+  b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=1.0, max_queue=8)
+  with b._cond:  # two clients together, with room for more: the full wait, no more company
+    first = [b.submit(["a"]), b.submit(["b"])]
+  start = time.monotonic()
+  [f.result(10) for f in first]
+  assert time.monotonic() - start >= 0.9
+  with b._cond:  # the two come back together: their company is here, no wait
+    again = [b.submit(["c"]), b.submit(["d"])]
+  start = time.monotonic()
+  assert [_texts(f.result(10)) for f in again] == [["C#0"], ["D#0"]]
+  assert time.monotonic() - start < 0.5
+  b.close()
+  assert [len(batch[1]) for batch in echo.batches] == [2, 2]
+
+
 def test_kinds_are_never_batched_together_and_truncation_is_per_line():
   echo = Echo()
   b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=0.01, max_queue=8)
