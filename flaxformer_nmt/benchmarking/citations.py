@@ -95,10 +95,10 @@ def refresh(page: pathlib.Path) -> list[Cited]:
   return differ
 
 
-def main(argv: list[str]) -> None:
-  del argv
+def main(write: bool) -> None:
+  """Lists the figures that differ from their records; with `write`, rewrites them too."""
   for page in pages():
-    differ = refresh(page) if _WRITE.value else [c for c in cited(page) if not c.agrees]
+    differ = refresh(page) if write else [c for c in cited(page) if not c.agrees]
     for c in differ:
       where = os.path.relpath(page, REPO)
       now = c.record_says if c.record_says is not None else "no such record, or no such field"
@@ -109,4 +109,4 @@ if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top
 
   _WRITE = flags.DEFINE_bool("write", False, "Rewrite the figures that differ from their records.")
-  app.run(main)
+  app.run(lambda argv: main(_WRITE.value))

@@ -5,14 +5,14 @@ returns; one worker thread owns the devices. The worker takes the oldest waiting
 waits up to `max_wait_s` from that request's arrival for more of the same kind (n-best size,
 alignments: each kind is its own compiled search) until `max_rows` lines are gathered, and decodes
 them as one batch. It waits only when requests are arriving together (the last batch held more than
-one request, or more than one is queued), and only until as many requests wait as the last batch
-answered (clients answered together come back together): a lone client's request is decoded at
-once, four clients are served four at a time without waiting for a fifth, and requests that arrive
-while a batch is decoding form the next batch whatever the wait. A request longer than a batch is
-split into chunks of `max_rows` lines and answered when its last chunk is done. Each line keeps its
-number within its own request (what sampling keys its draws by), so a request's lines are decoded
-as a `--mode=translate` of the same lines decodes them; only the batch around them differs, which
-can move a score in its last digits.
+one request, or more than one is queued), and only until as many requests wait as the largest of
+the last few batches answered (clients answered together come back together): a lone client's
+request is decoded at once, four clients are served four at a time without waiting for a fifth, and
+requests that arrive while a batch is decoding form the next batch whatever the wait. A request
+longer than a batch is split into chunks of `max_rows` lines and answered when its last chunk is
+done. Each line keeps its number within its own request (what sampling keys its draws by), so a
+request's lines are decoded as a `--mode=translate` of the same lines decodes them; only the batch
+around them differs, which can move a score in its last digits.
 
 `max_queue` bounds the requests waiting for the device: one more is refused at once (`QueueFull`,
 the server's 503) instead of waiting behind a queue it cannot see the end of. `close(timeout)`
@@ -54,6 +54,10 @@ class Line:
 # (kind, lines, their numbers within their requests) -> (hypotheses per line, indices of the
 # lines that were truncated): the translator of that kind.
 TranslateFn = Callable[[Kind, list[str], list[int]], tuple[list[list[Any]], Sequence[int]]]
+
+
+# How many batches back the batcher looks for the number of clients about.
+_RECENT_BATCHES = 8
 
 
 class QueueFull(Exception):
@@ -108,7 +112,8 @@ class DynamicBatcher:
     self._waiting = 0  # requests with a chunk not yet taken into a batch
     self._cond = threading.Condition()
     self._closing = False
-    self._last_batch_requests = 0
+    # Requests in each of the last few batches: how many clients are about.
+    self._recent_requests: collections.deque[int] = collections.deque(maxlen=_RECENT_BATCHES)
     self._worker = threading.Thread(target=self._run, name="batcher", daemon=True)
     self._worker.start()
 
@@ -155,15 +160,17 @@ class DynamicBatcher:
           return None
         self._cond.wait()
       kind = self._chunks[0].request.kind
-      together = self._last_batch_requests > 1 or len({id(c.request) for c in self._chunks}) > 1
+      company = max(self._recent_requests, default=0)  # the clients about, as far as we know
+      together = company > 1 or len({id(c.request) for c in self._chunks}) > 1
       deadline = self._chunks[0].arrival + (self.max_wait_s if together else 0.0)
       while not self._closing:
         left = deadline - time.monotonic()
         rows, requests = self._ready(kind)
-        # Clients answered together come back together: once as many requests wait as the last
-        # batch answered, the company expected is here, and waiting longer only adds latency.
-        expected = self._last_batch_requests > 1 and requests >= self._last_batch_requests
-        if left <= 0 or rows >= self.max_rows or expected:
+        # Clients answered together come back together: once as many requests wait as the
+        # largest of the last few batches held, the company expected is here, and waiting
+        # longer only adds latency. (The largest, not the last: a batch split by the deadline
+        # merges again instead of staying split.)
+        if left <= 0 or rows >= self.max_rows or (company > 1 and requests >= company):
           break
         self._cond.wait(left)
       batch, rows, keep = [], 0, collections.deque()
@@ -177,7 +184,7 @@ class DynamicBatcher:
       self._chunks = keep
       taken = {id(c.request) for c in batch} - {id(c.request) for c in keep}
       self._waiting -= len(taken)
-      self._last_batch_requests = len({id(c.request) for c in batch})
+      self._recent_requests.append(len({id(c.request) for c in batch}))
       return batch
 
   def _ready(self, kind: Kind) -> tuple[int, int]:

@@ -156,8 +156,20 @@ def make_app(batcher: batcher_lib.DynamicBatcher, health: Callable[[], dict], li
     del request
     return web.Response(body=page, content_type="text/html", charset="utf-8")
 
+  @web.middleware
+  async def json_errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """aiohttp's own refusals (an unknown path: 404, a wrong method: 405) answered in JSON as
+    well, so a client reads every error the same way."""
+    try:
+      return await handler(request)
+    except web.HTTPException as e:
+      if e.status < 400:
+        raise
+      routes = "POST /translate, GET /health, GET /"
+      return _error(e.status, f"{e.reason}: {request.method} {request.path}; the routes: {routes}")
+
   # aiohttp refuses a larger body itself (413) while it is read; the check above answers in JSON.
-  app = web.Application(client_max_size=limits.max_request_bytes)
+  app = web.Application(client_max_size=limits.max_request_bytes, middlewares=[json_errors])
   app.add_routes(
     [web.post("/translate", translate), web.get("/health", health_route), web.get("/", index)]
   )

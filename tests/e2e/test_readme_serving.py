@@ -27,7 +27,8 @@ def test_serving_chain(tmp_path):
   commands = [c for c in readme.in_chain("serving") if not c.text.startswith("pip install")]
   (serve,) = [c for c in commands if "--mode=serve" in c.text]
   port = free_port()
-  local = lambda text: text.replace("8080", str(port))  # noqa: E731
+  # The free port for 8080; curl fails on an HTTP error and gives up after a minute.
+  local = lambda text: text.replace("8080", str(port)).replace("curl -s ", "curl -sf -m 60 ")  # noqa: E731
   log = tmp_path / "serve.log"
   with open(log, "w") as out:
     server = subprocess.Popen(
@@ -46,7 +47,12 @@ def test_serving_chain(tmp_path):
     ]
   finally:
     server.send_signal(signal.SIGTERM)
-    status = server.wait(120)
+    try:
+      status = server.wait(120)
+    except subprocess.TimeoutExpired:
+      server.kill()
+      server.wait(60)
+      raise
   assert status == 0, log.read_text()[-3000:]
   lines, nbest, health = answers
   assert len(lines["translations"]) == 2 and lines["truncated"] == [False, False]

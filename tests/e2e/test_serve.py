@@ -86,22 +86,25 @@ def served(trained_demo, tmp_path_factory):
   work = base / "workdir"
   shutil.copytree(trained_demo[1], work)
   server = Server(work, base / "server.log")
-  (base / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
-  proc = helpers.run_main(
-    f"--workdir={work}",
-    *SMALL,
-    "--mode=translate",
-    f"--input={base / 'in.txt'}",
-    f"--output={base / 'out.txt'}",
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  expected = (base / "out.txt").read_text(encoding="utf-8").splitlines()
-  health = server.wait_ready()
-  assert health["status"] == "ok" and health["step"] == 60 and health["ready_seconds"] > 0
-  assert "Ready: serving" in server.log.read_text()
-  yield server, work, dict(zip(LINES, expected, strict=True))
-  if server.proc.poll() is None:
-    server.proc.kill()
+  try:  # the server is killed whatever fails, here or in a test
+    (base / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    proc = helpers.run_main(
+      f"--workdir={work}",
+      *SMALL,
+      "--mode=translate",
+      f"--input={base / 'in.txt'}",
+      f"--output={base / 'out.txt'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = (base / "out.txt").read_text(encoding="utf-8").splitlines()
+    health = server.wait_ready()
+    assert health["status"] == "ok" and health["step"] == 60 and health["ready_seconds"] > 0
+    assert "Ready: serving" in server.log.read_text()
+    yield server, work, dict(zip(LINES, expected, strict=True))
+  finally:
+    if server.proc.poll() is None:
+      server.proc.kill()
+      server.proc.wait(60)
 
 
 def test_sixteen_concurrent_clients_get_what_translate_gives(served):

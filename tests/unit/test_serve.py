@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import shutil
 import threading
 import time
 
@@ -98,6 +99,25 @@ def test_clients_answered_together_are_batched_again_without_waiting_for_more():
   assert time.monotonic() - start < 0.5
   b.close()
   assert [len(batch[1]) for batch in echo.batches] == [2, 2]
+
+
+def test_a_batch_split_by_the_deadline_merges_again():
+  """Four clients once answered together wait for each other again when two come back late (the
+  largest recent batch sets the company expected, not the last one)."""
+  echo = Echo()
+  b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=1.0, max_queue=8)
+  with b._cond:  # the four together: a batch of 4 after the full wait
+    first = [b.submit([x]) for x in "abcd"]
+  [f.result(10) for f in first]
+  b._recent_requests.append(2)  # as if the deadline had once split them 2 + 2
+  start = time.monotonic()
+  early = [b.submit(["e"]), b.submit(["f"])]
+  time.sleep(0.3)
+  late = [b.submit(["g"]), b.submit(["h"])]
+  assert [_texts(f.result(10)) for f in early + late] == [["E#0"], ["F#0"], ["G#0"], ["H#0"]]
+  assert time.monotonic() - start < 0.9  # went when the four were there, before the deadline
+  b.close()
+  assert [len(batch[1]) for batch in echo.batches] == [4, 4]
 
 
 def test_kinds_are_never_batched_together_and_truncation_is_per_line():
@@ -242,9 +262,13 @@ BAD_REQUESTS = [
 def test_bad_requests_get_400_with_one_line_and_the_server_stays_up():
   app, b = _app(Echo())
   calls = [("POST", "/translate", body) for body, _ in BAD_REQUESTS]
+  calls += [("GET", "/nowhere", None), ("GET", "/translate", None)]
   calls += [("POST", "/translate", b"x" * 201), ("POST", "/translate", {"text": "still up"})]
   out = _client_calls(app, calls)
   b.close()
+  (missing, missing_answer), (method, method_answer) = out[-4:-2]
+  assert missing == 404 and "GET /nowhere; the routes: POST /translate" in missing_answer["error"]
+  assert method == 405 and "Method Not Allowed: GET /translate" in method_answer["error"]
   for (status, answer), (_, message) in zip(out, BAD_REQUESTS, strict=False):
     assert status == 400 and message in answer["error"] and "\n" not in answer["error"], answer
   status, answer = out[-2]
@@ -282,7 +306,7 @@ def test_a_full_queue_is_503_and_a_failed_batch_500():
 # The real model: the committed small trained workdir.
 
 
-def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_run):
+def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_run, tmp_path):
   config, workdir = saved_run
   lines = ["We need forty-two chairs.", "", "three hundred and five", "nine", "one thousand"]
   lines += ["seven hundred and eleven", "two", "eighty-eight apples", "six", "five hundred"]
@@ -310,6 +334,12 @@ def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_ru
   ]
   assert b.stats.batches < len(requests) + 1  # some requests shared a batch
   assert translators.get(Kind()).batch_shapes()  # the shapes a server compiles up front
+  # --ensemble, loaded as the server loads it: the model with a copy of itself is the model.
+  member = shutil.copytree(workdir, tmp_path / "member")
+  ensemble = modes._load(config, Workdir(str(workdir)), "latest", (str(member),))
+  assert ensemble.description.startswith("ensemble of 2 models")
+  hypotheses, _ = service.Translators(ensemble).translate(Kind(), lines[:3], [0, 1, 2])
+  assert [h[0].text for h in hypotheses] == [h[0].text for h in expected[:3]]
 
 
 def test_serve_options_and_limits_refuse_in_one_line():
