@@ -69,9 +69,9 @@ def device(c: Chip) -> jax.Device:
     )
   except Exception as e:  # pylint: disable=broad-except
     cause = " ".join(str(e).split())[:200]
-    hint = ""
-    if "lockfile" not in cause:  # another process holds libtpu: the cause says what to do
-      hint = f'; install libtpu: pip install "jax[tpu]=={jax.__version__}"'
+    hint = f'; install libtpu: pip install "jax[tpu]=={jax.__version__}"'
+    if "lockfile" in cause:  # another process holds libtpu (its advice, rm, would break that one)
+      hint = "; another process holds libtpu: wait for it, or set ALLOW_MULTIPLE_LIBTPU_LOAD=1"
     raise NoTpuCompiler(f"cannot compile for TPU {c.generation} here ({cause}){hint}") from e
   return topology.devices[0]
 
