@@ -168,6 +168,8 @@ def test_a_failed_batch_fails_its_requests_and_the_next_batch_is_served():
   b.close()
 
 
+# The worker thread's death is the point: its exception escaping the thread is expected.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_worker_that_dies_fails_the_waiting_requests_instead_of_hanging_them():
   echo = Echo()
   b = batcher_lib.DynamicBatcher(echo, max_rows=4, max_wait_s=0.0, max_queue=4)
