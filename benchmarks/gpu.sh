@@ -8,14 +8,16 @@
 # cuDNN's fused kernel where it takes the shapes); then cached beam-4 decoding of base at the TPU
 # estimate's batch (32 sentences) and at 256. Records go to $OUT as <bench>_<gpu>_<size>[_jax].json
 # (gpu = h100, h200, ... from the device name). Each run has its own time limit, so one that hangs
-# costs only itself. Needs the project's dependencies importable (PYTHONPATH=. from the checkout).
-set -u
+# costs only itself; the script exits 1 if any run failed. Needs the project's dependencies
+# importable (PYTHONPATH=. from the checkout).
+set -uo pipefail
+failed=0
 OUT=${OUT:?set OUT to the folder for the records}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=".:${PYTHONPATH:-}"
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'H100|H200|A100|L4|A10G|V100' | tr 'A-Z' 'a-z')
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -owiE 'GH200|H100|H200|A100|L40S|L4|A10G|V100' | head -1 | tr 'A-Z' 'a-z')
 GPU=${GPU:-gpu}
 $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 
@@ -24,13 +26,14 @@ step() {  # step <limit_s> <record> <flags...>
   echo "== $name"
   timeout "$limit" $PY benchmarks/train_step.py --dtype=bfloat16 --tokens_per_step=25000 \
     --max_len=256 --steps=20 --peak_n=8192 --results_dir="$OUT" --record="$name" "$@" 2>&1 \
-    | grep -vE '^I[0-9]{4}|^W[0-9]{4}' | tail -3
+    | grep -vE '^I[0-9]{4}|^W[0-9]{4}' | tail -3 || { echo "FAILED: $name"; failed=$((failed + 1)); }
 }
 decode() {  # decode <limit_s> <record> <flags...>
   local limit=$1 name=$2; shift 2
   echo "== $name"
   timeout "$limit" $PY benchmarks/decode.py --size=base --noctranslate2 --repeats=5 \
-    --results_dir="$OUT" --record="$name" "$@" 2>&1 | grep -vE '^I[0-9]{4}|^W[0-9]{4}' | tail -3
+    --results_dir="$OUT" --record="$name" "$@" 2>&1 | grep -vE '^I[0-9]{4}|^W[0-9]{4}' | tail -3 \
+    || { echo "FAILED: $name"; failed=$((failed + 1)); }
 }
 
 step 85 "train_step_${GPU}_base" --size=base
@@ -40,3 +43,4 @@ decode 70 "decode_${GPU}_base_b256" --batch_size=256
 step 100 "train_step_${GPU}_big" --size=big
 step 100 "train_step_${GPU}_big_jax" --size=big --set model.attention=jax
 ls "$OUT"
+exit $((failed > 0))

@@ -3,7 +3,7 @@ r"""The paper's big model on WMT14 English->German (Table 2: 28.4 BLEU on newste
   python main.py --config=configs/wmt14_ende_big.py --workdir=runs/big --mode=prepare
   python main.py --config=configs/wmt14_ende_big.py --workdir=runs/big
   python main.py --config=configs/wmt14_ende_big.py --workdir=runs/big \
-      --config.optim.accumulate_steps=2      # the same 25k-token update on 16 GB accelerators
+      --config.optim.accumulate_steps=2      # the same 25k-token update on a 16 GB TPU chip
   python main.py --config=configs/wmt14_ende_big.py --workdir=runs/big --mode=average \
       --num_checkpoints=20
   python main.py --config=configs/wmt14_ende_big.py --workdir=runs/big --mode=eval

@@ -166,7 +166,13 @@ def make_app(batcher: batcher_lib.DynamicBatcher, health: Callable[[], dict], li
       if e.status < 400:
         raise
       routes = "POST /translate, GET /health, GET /"
-      return _error(e.status, f"{e.reason}: {request.method} {request.path}; the routes: {routes}")
+      allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else {}  # a 405 must say it
+      told = f" (allowed: {allow['Allow']})" if allow else ""
+      return _error(
+        e.status,
+        f"{e.reason}: {request.method} {request.path}{told}; the routes: {routes}",
+        **allow,
+      )
 
   # aiohttp refuses a larger body itself (413) while it is read; the check above answers in JSON.
   app = web.Application(client_max_size=limits.max_request_bytes, middlewares=[json_errors])

@@ -3,10 +3,24 @@ and belongs to a chain (tests/readme.py) that tests/e2e/test_readme.py runs (`-m
 
 from __future__ import annotations
 
+import re
+
 import helpers
 import readme
 
 REPO = helpers.REPO
+
+
+def _chains_the_e2e_tests_run() -> set[str]:
+  """The chains tests/e2e/test_readme*.py name in `_run_chain("x", ...)`, `in_chain("x")` or a
+  `parametrize("chain", [...])` list; "install" is every chain's `pip install` (dry-run there)."""
+  text = "".join(p.read_text() for p in (REPO / "tests" / "e2e").glob("test_readme*.py"))
+  named = set(re.findall(r'(?:_run_chain|in_chain)\(\s*"([\w-]+)"', text))
+  for listed in re.findall(r'parametrize\(\s*"chain",\s*\[([^\]]*)\]', text):
+    named |= set(re.findall(r'"([\w-]+)"', listed))
+  if "readme.commands()" in text and '"pip install"' in text:
+    named.add("install")
+  return named
 
 
 def test_every_readme_command_belongs_to_a_chain_that_runs_it():
@@ -16,3 +30,5 @@ def test_every_readme_command_belongs_to_a_chain_that_runs_it():
   assert not orphans, f"README commands no test runs: {orphans}"
   for chain in readme.CHAINS:
     assert readme.in_chain(chain), f"chain {chain} has no README command"
+  unrun = set(readme.CHAINS) - _chains_the_e2e_tests_run()
+  assert not unrun, f"chains no test in tests/e2e/test_readme*.py runs: {sorted(unrun)}"

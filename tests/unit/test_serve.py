@@ -83,8 +83,8 @@ def test_a_lone_request_is_decoded_at_once_and_a_long_one_is_split():
 
 
 def test_clients_answered_together_are_batched_again_without_waiting_for_more():
-  """Once as many requests wait as the last batch answered, the batch goes: max_wait_s is only
-  paid when that company is not (yet) there."""
+  """Once as many requests wait as the largest of the last batches answered, the batch goes:
+  max_wait_s is only paid when that company is not (yet) there."""
   echo = Echo()
   b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=1.0, max_queue=8)
   with b._cond:  # two clients together, with room for more: the full wait, no more company
@@ -270,7 +270,9 @@ def test_bad_requests_get_400_with_one_line_and_the_server_stays_up():
   b.close()
   (missing, missing_answer), (method, method_answer) = out[-4:-2]
   assert missing == 404 and "GET /nowhere; the routes: POST /translate" in missing_answer["error"]
-  assert method == 405 and "Method Not Allowed: GET /translate" in method_answer["error"]
+  assert (
+    method == 405 and "Method Not Allowed: GET /translate (allowed: POST)" in method_answer["error"]
+  )
   for (status, answer), (_, message) in zip(out, BAD_REQUESTS, strict=False):
     assert status == 400 and message in answer["error"] and "\n" not in answer["error"], answer
   status, answer = out[-2]
@@ -336,12 +338,20 @@ def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_ru
   ]
   assert b.stats.batches < len(requests) + 1  # some requests shared a batch
   assert translators.get(Kind()).batch_shapes()  # the shapes a server compiles up front
-  # --ensemble, loaded as the server loads it: the model with a copy of itself is the model.
+  # --ensemble, loaded as the server loads it, decodes as translate's --ensemble: the member is
+  # the same run a few steps earlier (its last checkpoint removed), so it moves the scores.
   member = shutil.copytree(workdir, tmp_path / "member")
+  steps = sorted(int(p.name) for p in (member / "checkpoints").iterdir() if p.name.isdigit())
+  shutil.rmtree(member / "checkpoints" / str(steps[-1]))
   ensemble = modes._load(config, Workdir(str(workdir)), "latest", (str(member),))
   assert ensemble.description.startswith("ensemble of 2 models")
   hypotheses, _ = service.Translators(ensemble).translate(Kind(), lines[:3], [0, 1, 2])
-  assert [h[0].text for h in hypotheses] == [h[0].text for h in expected[:3]]
+  want, _, _ = modes.translate_hypotheses(
+    config, str(workdir), "latest", lines[:3], modes.Outputs(members=(str(member),))
+  )
+  assert [h[0].text for h in hypotheses] == [h[0].text for h in want]
+  assert [h[0].score for h in hypotheses] == pytest.approx([h[0].score for h in want], rel=1e-5)
+  assert [h[0].score for h in want] != pytest.approx([h[0].score for h in expected[:3]], rel=1e-3)
 
 
 def test_serve_options_and_limits_refuse_in_one_line():
