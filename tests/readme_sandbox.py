@@ -182,3 +182,22 @@ class Sandbox:
       f"README command failed ({proc.returncode}):\n{command.text}\n{proc.stderr[-4000:]}"
     )
     return proc
+
+
+def run_chain(
+  chain: str,
+  tmp_path: pathlib.Path,
+  overrides: dict[str, list[str]],
+  first: list[readme.Command] = (),
+  **env: str,
+):
+  """Runs the chain's commands in README order (after `first`), its `--mode=prepare` commands
+  first, in one sandbox; yields (command, process, sandbox) to check."""
+  box = Sandbox(tmp_path, overrides)
+  box.env.update(env)
+  chain_commands = [*first, *readme.in_chain(chain)]
+  chain_commands.sort(key=lambda c: "--mode=prepare" not in c.text)  # stable: otherwise in order
+  for command in map(readme.as_installed, chain_commands):  # installed already: .ci/run
+    if command.text.startswith("pip install"):
+      continue  # the install chain's
+    yield command, box.run(command), box

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
-import pathlib
 import re
 import shlex
 import subprocess
@@ -37,6 +36,7 @@ import helpers
 import http_server
 import readme
 import readme_sandbox
+from readme_sandbox import run_chain
 
 
 def readme_run(test):
@@ -45,9 +45,6 @@ def readme_run(test):
 
 
 REPO = helpers.REPO
-
-
-_SMALL_MODEL = helpers.SMALL_MODEL_FLAGS + ["--config.decode.max_len_offset=8"]
 
 
 _RECIPE = ["--config.num_train_steps=50", "--config.checkpoint_every_steps=10"]
@@ -125,27 +122,6 @@ def _installed(name: str) -> bool:
   import importlib.util  # pylint: disable=g-import-not-at-top
 
   return importlib.util.find_spec(name) is not None
-
-
-def _run_chain(
-  chain: str,
-  tmp_path: pathlib.Path,
-  overrides: dict[str, list[str]],
-  first: list[readme.Command] = (),
-  **env: str,
-):
-  """Runs the chain's commands in README order (after `first`); yields (command, process,
-  sandbox) to check."""
-  box = readme_sandbox.Sandbox(tmp_path, overrides)
-  box.env.update(env)
-  chain_commands = [*first, *readme.in_chain(chain)]
-  chain_commands.sort(key=lambda c: "--mode=prepare" not in c.text)  # stable: otherwise in order
-  for command in chain_commands:
-    if command.text.startswith("pip install -e . && "):  # installed already: .ci/run, above
-      command = readme.Command(command.text[len("pip install -e . && ") :], "bash", "")
-    if command.text.startswith("pip install"):
-      continue  # the install chain's
-    yield command, box.run(command), box
 
 
 def _research_decoding(text: str, proc: subprocess.CompletedProcess, box) -> bool:
@@ -244,7 +220,7 @@ def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
 def test_demo_chain(tmp_path):
   """Quick start, using a trained model, translating and exporting, the demo's results."""
   seen, trained = [], []
-  for command, proc, box in _run_chain("demo", tmp_path, {"demo": readme.DEMO}):
+  for command, proc, box in run_chain("demo", tmp_path, {"demo": readme.DEMO}):
     seen.append(command.text)
     _check_demo_command(command, proc, box, trained)
   assert len(seen) >= 10
@@ -259,7 +235,7 @@ def test_docs_demo_chain(chain, tmp_path):
   docs/fine-tuning.md (a shifted domain), each from the quick start's trained runs/demo."""
   seen, trained = [], []
   start = readme.quick_start_training()
-  for command, proc, box in _run_chain(chain, tmp_path, {"demo": readme.DEMO}, first=[start]):
+  for command, proc, box in run_chain(chain, tmp_path, {"demo": readme.DEMO}, first=[start]):
     seen.append(command.text)
     _check_demo_command(command, proc, box, trained)
   assert seen[0] == start.text and len(seen) >= {"decoding": 10, "fine-tuning": 5}[chain]
@@ -269,10 +245,10 @@ def test_docs_demo_chain(chain, tmp_path):
 def test_wmt14_chain(tmp_path):
   """Table 2's recipe on the mock WMT14 (prepare, train, average, eval), the override example and
   the filtered newstest2014 through sacreBLEU's echo and the `:files` variant."""
-  overrides = {"wmt14": _SMALL_MODEL + _RECIPE}
+  overrides = {"wmt14": readme.SMALL_MODEL + _RECIPE}
   pairs = readme_sandbox.fake_sacrebleu_wmt14(tmp_path / "sacrebleu", lines=30)
   evals = 0
-  for command, proc, box in _run_chain("wmt14", tmp_path, overrides):
+  for command, proc, box in run_chain("wmt14", tmp_path, overrides):
     text = command.text
     if "--mode=prepare" in text:
       prepared = _last_json(proc)
@@ -304,7 +280,7 @@ def test_files_chain(tmp_path):
   """Multi30k's download (from 127.0.0.1) and training, your own files (Multi30k's), the Multi30k
   script and its results rows, the input pipeline benchmark on the same files."""
   server = http_server.Server(helpers.MULTI30K)
-  small = _SMALL_MODEL + _SHORT
+  small = readme.SMALL_MODEL + _SHORT
   overrides = {
     "files": small,
     "wmt14": small,
@@ -313,7 +289,7 @@ def test_files_chain(tmp_path):
   overrides.update(_BENCHMARKS)
   ran_script = prepared = False
   try:
-    for command, proc, box in _run_chain("files", tmp_path, overrides):
+    for command, proc, box in run_chain("files", tmp_path, overrides):
       if "--mode=prepare" in command.text:
         result = _last_json(proc)
         assert (result["downloaded"], result["dev_sentences"]) == (6, 1014)
@@ -349,7 +325,7 @@ def test_benchmark_commands(tmp_path):
   demo model they trained."""
   overrides = {**_BENCHMARKS, "demo": readme.DEMO}
   ran_bf16 = False
-  for command, proc, box in _run_chain("benchmarks", tmp_path, overrides):
+  for command, proc, box in run_chain("benchmarks", tmp_path, overrides):
     result = _last_json(proc)
     assert result, command.text
     if "--record=demo_bf16" in command.text:  # the results table's demo in bfloat16
@@ -381,24 +357,3 @@ def test_python_api_block(tmp_path):
   proc = box.run(readme.Command(prelude + command.text, "python", command.section))
   assert "test_sacrebleu_beam4" in proc.stdout and "cross_attention.png" in proc.stdout
   assert (box.repo / "ct2_model_api" / "model.bin").is_file()
-
-
-@readme_run
-@pytest.mark.xdist_group("several_processes")  # one 2-process job at a time on 2 cores
-@pytest.mark.parametrize("chain", ["local", "srun", "gcloud"])
-def test_multi_host_launch(chain, tmp_path):
-  """The README's launches of 2 processes x 4 devices, to the end of a short training run."""
-  steps = ["--config.num_train_steps=4", "--config.checkpoint_every_steps=4"]
-  small = ["--config.data.demo_dev_size=8", "--config.data.demo_test_size=8"]
-  overrides = {"demo": readme.DEMO[2:] + small + steps, "wmt14": _SMALL_MODEL + steps}
-  ((command, proc, box),) = list(
-    _run_chain(chain, tmp_path, overrides, MOCK_WMT14_SIZES="1000,8,8")
-  )
-  workdir = re.search(r'--workdir=([^\s"]+)', command.text).group(1)
-  workdir = box.root / "abs" / workdir[1:] if workdir.startswith("/") else box.repo / workdir
-  result = json.loads((workdir / "train_result.json").read_text())
-  assert result["step"] == 4, result
-  # Process 0 logs for the job: 8 devices in all, from 2 processes.
-  assert "Devices: 8 (2 processes x 4 local, cpu)" in proc.stderr, proc.stderr[-3000:]
-  if chain == "srun":
-    assert "Detected SlurmCluster with 2 processes" in proc.stderr

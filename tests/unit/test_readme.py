@@ -12,10 +12,10 @@ REPO = helpers.REPO
 
 
 def _chains_the_e2e_tests_run() -> set[str]:
-  """The chains tests/e2e/test_readme*.py name in `_run_chain("x", ...)`, `in_chain("x")` or a
+  """The chains tests/e2e/test_readme*.py name in `run_chain("x", ...)`, `in_chain("x")` or a
   `parametrize("chain", [...])` list; "install" is every chain's `pip install` (dry-run there)."""
   text = "".join(p.read_text() for p in (REPO / "tests" / "e2e").glob("test_readme*.py"))
-  named = set(re.findall(r'(?:_run_chain|in_chain)\(\s*"([\w-]+)"', text))
+  named = set(re.findall(r'(?:run_chain|in_chain)\(\s*"([\w-]+)"', text))
   for listed in re.findall(r'parametrize\(\s*"chain",\s*\[([^\]]*)\]', text):
     named |= set(re.findall(r'"([\w-]+)"', listed))
   if "readme.commands()" in text and '"pip install"' in text:
