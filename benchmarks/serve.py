@@ -96,6 +96,16 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
   }
 
 
+def _throughput(lines: int, passes: list[float]) -> dict[str, Any]:
+  """Sentences/s of the median pass over `lines` lines, with every pass's seconds."""
+  seconds = float(np.median(passes))
+  return {
+    "sentences_per_s": round(lines / seconds, 2),
+    "seconds": round(seconds, 3),
+    "passes_seconds": [round(p, 3) for p in passes],
+  }
+
+
 class TranslateSide:
   """--mode=translate's Translator on a warm model, in this process: all the lines in one call
   (throughput), and one-line calls (latency). Its passes alternate with the server's, so that a
@@ -127,13 +137,7 @@ class TranslateSide:
       self.single.setdefault(phase, []).append(time.perf_counter() - start)
 
   def _figures(self, passes: list[float], single: list[float]) -> dict[str, Any]:
-    seconds = float(np.median(passes))
-    return {
-      "sentences_per_s": round(len(self.lines) / seconds, 2),
-      "seconds": round(seconds, 3),
-      "passes_seconds": [round(p, 3) for p in passes],
-      "one_line_call": _percentiles(single),
-    }
+    return {**_throughput(len(self.lines), passes), "one_line_call": _percentiles(single)}
 
   def figures(self) -> dict[str, Any]:
     """All passes together, and those of each client count apart (`paired`): a ratio compares
@@ -214,11 +218,8 @@ async def load(
         passes.append(time.perf_counter() - start)
       else:
         latencies.clear()  # the timed passes' requests only
-  seconds = float(np.median(passes))
   return {
-    "sentences_per_s": round(len(lines) / seconds, 2),
-    "seconds": round(seconds, 3),
-    "passes_seconds": [round(p, 3) for p in passes],
+    **_throughput(len(lines), passes),
     "requests": len(requests),
     **_percentiles(latencies),
     "answers_equal_translate": wrong == 0,

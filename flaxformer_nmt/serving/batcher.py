@@ -4,12 +4,13 @@ The server's event loop calls `submit(lines, kind)` for each request and awaits 
 returns; one worker thread owns the devices. The worker takes the oldest waiting request, then
 waits up to `max_wait_s` from that request's arrival for more of the same kind (n-best size,
 alignments: each kind is its own compiled search) until `max_rows` lines are gathered, and decodes
-them as one batch. It waits only when requests are arriving together (the last batch held more than
-one request, or more than one is queued), and only until as many requests wait as the largest of
-the last few batches answered (clients answered together come back together): a lone client's
-request is decoded at once, four clients are served four at a time without waiting for a fifth, and
-requests that arrive while a batch is decoding form the next batch whatever the wait. A request
-longer than a batch is split into chunks of `max_rows` lines and answered when its last chunk is
+them as one batch. It waits only when requests are arriving together (one of the last few batches
+held more than one request, or more than one is queued), and only until as many requests wait as
+the largest of those batches answered (clients answered together come back together): a lone
+client's request is decoded at once (after a burst of several clients, once those few batches have
+passed), four clients are served four at a time without waiting for a fifth, and requests that
+arrive while a batch is decoding form the next batch whatever the wait. A request longer than a
+batch is split into chunks of `max_rows` lines and answered when its last chunk is
 done. Each line keeps its number within its own request (what sampling keys its draws by), so a
 request's lines are decoded as a `--mode=translate` of the same lines decodes them; only the batch
 around them differs, which can move a score in its last digits.
