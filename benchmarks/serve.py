@@ -45,7 +45,7 @@ import aiohttp
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt import api, modes
+from flaxformer_nmt import api, loaded_model
 from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.data import demo
 from flaxformer_nmt.decoding import translator as translator_lib
@@ -113,7 +113,7 @@ class TranslateSide:
 
   def __init__(self, lines: list[str]) -> None:
     config = api.load_config(_CONFIG.value, _overrides())
-    loaded = modes._load(config, Workdir(_WORKDIR.value), "auto")
+    loaded = loaded_model.load(config, Workdir(_WORKDIR.value), "auto")
     self.checkpoint = loaded.description
     self.lines = lines
     self.translator = translator_lib.translator_for(

@@ -29,13 +29,16 @@ from ml_collections import config_flags
 
 from flaxformer_nmt import errors, help_text
 from flaxformer_nmt.config import loading as config_files
+from flaxformer_nmt.config import run_config, saved_run
 from flaxformer_nmt.config.choices import CHECKPOINTS
 
 config_flags.DEFINE_config_file(
   "config",
   None,
   "Experiment config: an installed config's name (demo, multi30k, wmt14_ende_base, "
-  "wmt14_ende_base:files, ...) or the path of a config file.",
+  "wmt14_ende_base:files, ...) or the path of a config file. Optional once training has saved "
+  "<workdir>/config.json: the run's own config is used, and only what a command may change can "
+  "differ from it (docs/runs.md).",
   lock_config=True,
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, logs and outputs.")
@@ -117,7 +120,7 @@ flags.DEFINE_enum(
   "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are set; 'on' "
   "always calls jax.distributed.initialize(); 'off' never.",
 )
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])
 
 
 def _user_error(message: object) -> NoReturn:
@@ -128,12 +131,43 @@ def _user_error(message: object) -> NoReturn:
 
 def _config_spec(argv: list[str]) -> str | None:
   """The value of --config in `argv` (`path` or `path:argument`), if given."""
+  return _flag_value(argv, "config")
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of --name in `argv` (`--name=value` or `--name value`), if given."""
   for i, arg in enumerate(argv[1:], 1):
-    if arg.startswith("--config="):
+    if arg.startswith(f"--{name}="):
       return arg.split("=", 1)[1]
-    if arg == "--config" and i + 1 < len(argv):
+    if arg == f"--{name}" and i + 1 < len(argv):
       return argv[i + 1]
   return None
+
+
+def _with_saved_config(argv: list[str]) -> list[str]:
+  """`argv` with `--config` standing for the run's saved config.json when it is left out
+  (config/saved_run.py); one line (exit 2) if the workdir saved none."""
+  workdir = _flag_value(argv, "workdir")
+  if workdir is None:
+    return argv  # absl says --workdir is required
+  if not os.path.isfile(os.path.join(workdir, run_config.CONFIG_FILE)):
+    _user_error(
+      f"--config is required: --workdir={workdir} has no {run_config.CONFIG_FILE} (no run has "
+      "trained there yet, or it was trained before runs saved their config); pass the config "
+      "it was trained with, e.g. --config=demo."
+    )
+  # Before the overrides: ml_collections defines --config.X once it has read --config.
+  return [argv[0], f"--config={saved_run.PATH}:{os.path.abspath(workdir)}", *argv[1:]]
+
+
+def _check_input_early(argv: list[str]) -> None:
+  """A missing --input of --mode=translate is one line before JAX is imported (seconds sooner)."""
+  if _flag_value(argv, "mode") != "translate":
+    return
+  path = _flag_value(argv, "input")
+  if path and path != "-" and not os.path.isfile(path):
+    what = "is a directory, not a text file" if os.path.isdir(path) else "no such file"
+    _user_error(f"--input={path}: {what}.")
 
 
 def _unknown_override(argv: list[str]) -> str | None:
@@ -204,6 +238,9 @@ def _mode_only_flag_misused() -> str | None:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake in the flags reported as one line (exit status 2)."""
+  _check_input_early(argv)
+  if _config_spec(argv) is None:
+    argv = _with_saved_config(argv)
   spec = _config_spec(argv)
   try:
     argv = _with_config_path(argv)
@@ -213,7 +250,8 @@ def parse_flags(argv: list[str]) -> list[str]:
       config_files.load(spec)
   except errors.ConfigError as e:
     message = str(e)
-    _user_error(message if message.startswith("--config") else f"--config={spec}: {message}")
+    own = message.startswith("--config") or spec.startswith(saved_run.PATH)
+    _user_error(message if own else f"--config={spec}: {message}")
   try:
     remaining = flags.FLAGS(argv)
     misused = _mode_only_flag_misused()

@@ -9,7 +9,6 @@ writing its figures into the workdir, and returns them (for `api.py`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,32 +18,46 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging
-from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt import errors, loaded_model
+from flaxformer_nmt.checkpoints import averaging, selection
 from flaxformer_nmt.components import Components
-from flaxformer_nmt.config import checks
+from flaxformer_nmt.config import checks, run_config
 from flaxformer_nmt.decoding import evaluation, translator
-from flaxformer_nmt.decoding.model_step import Ensemble
-from flaxformer_nmt.runtime import accelerators, files, parallel, records
+from flaxformer_nmt.runtime import accelerators, compile_cache, files, parallel, records
 from flaxformer_nmt.workdir import Workdir
 
 
-def _begin(config: ml_collections.ConfigDict, workdir: str) -> Workdir:
-  """What every mode does first: the config's rules, the workdir's, and the one warning line
-  when a GPU or TPU is visible but JAX runs on the CPU."""
-  checks.validate(config)
+def _begin(
+  config: ml_collections.ConfigDict | None, workdir: str, mode: str
+) -> tuple[ml_collections.ConfigDict, Workdir]:
+  """What every mode does first: the run's saved config and what this command may change of it
+  (config/run_config.py; None = the run's own), the config's rules, the workdir's, and the one
+  warning line when a GPU or TPU is visible but JAX runs on the CPU. Nothing is written."""
   run = Workdir(workdir)
   run.check()
+  saved = run_config.saved(run.path)
+  if saved is not None and (mode != "train" or run.training_steps()):
+    config = run_config.reconcile(
+      config if config is not None else saved, saved, mode, run.config_path
+    )
+  elif config is None:
+    raise errors.ConfigError(
+      f"{run.config_path}: no such file; give the config {workdir} was trained with."
+    )
+  checks.validate(config)
+  compile_cache.check(config.get("compile_cache", "auto"))
+  if mode in ("train", "prepare"):
+    run.create()  # one line if it cannot be, before anything is compiled or read
   accelerators.warn_if_unused()
-  return run
+  compile_cache.enable(config.get("compile_cache", "auto"))
+  return config, run
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (or resumes, or returns a finished run's saved figures); see training/loop.py."""
   from flaxformer_nmt.training import loop  # the training loop: this mode only
 
-  run = _begin(config, workdir)
+  config, run = _begin(config, workdir, "train")
   saved = loop.finished_result(config, run)
   if saved is not None:
     # A rerun of a finished command (a notebook cell after a runtime reset, a repeated job): its
@@ -57,57 +70,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
     records.print_result(saved)
     return saved
+  config = config.copy_and_resolve_references()  # the caller's config stays as it was
+  run_config.resolve_dtype(config, parallel.auto_dtype())  # recorded; a resume keeps it
   result = loop.train_and_evaluate(config, run)
   run.write_result(result)
   return result
-
-
-@dataclasses.dataclass(frozen=True)
-class Inference:
-  """What an inference mode loaded: the command's Components, the parameters (an Ensemble with
-  --ensemble), a line saying where they came from, and a tag for output file names."""
-
-  components: Components
-  params: Any
-  description: str
-  tag: str
-  step: int  # of the checkpoint read (--workdir's, with --ensemble)
-
-
-def _load(
-  config: ml_collections.ConfigDict, run: Workdir, which: str, members: Sequence[str] = ()
-) -> Inference:
-  """The parameters `which` names (and, with `members`, each member's by the same rule in its
-  own workdir), checked against the model before any of them is read."""
-  location = run.resolve(which)
-  resolved = run.resolve_members(members, which, config) if members else []
-  components = Components.load(config, run)
-  params_lib.check_fits(location.directory, components.abstract_params)
-  for member, member_location in resolved:
-    try:
-      params_lib.check_fits(member_location.directory, components.abstract_params)
-    except errors.UserError as e:
-      raise type(e)(f"--ensemble member {member.path}: {e}") from e
-  params, description, step = params_lib.load_with_step(location, components.abstract_params)
-  tag = description.split()[0]  # e.g. "averaged" or "step1000"
-  if resolved:
-    loaded = [params_lib.load(loc, components.abstract_params) for _, loc in resolved]
-    params = Ensemble((params, *(p for p, _ in loaded)))
-    parts = [
-      description,
-      *(f"{m.path}: {d}" for (m, _), (_, d) in zip(resolved, loaded, strict=True)),
-    ]
-    description = f"ensemble of {len(parts)} models: " + "; ".join(parts)
-    tag = ensemble_tag(which, parts)
-  logging.info("Using %s.", description)
-  return Inference(components, params, description, tag, step)
-
-
-def ensemble_tag(which: str, parts: Sequence[str]) -> str:
-  """The name an ensemble's output files carry: its size, the rule, and a digest of what each
-  member loaded (its checkpoint's path and step), so two ensembles never share file names."""
-  digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
-  return f"ensemble{len(parts)}_{which}_{digest[:8]}"
 
 
 def evaluate(
@@ -115,18 +82,10 @@ def evaluate(
 ) -> dict[str, Any]:
   """BLEU and chrF of the test set (greedy and the configured beam); last line JSON. With
   `members` (--ensemble), of the ensemble of --workdir's model and theirs."""
-  run = _begin(config, workdir)
-  loaded = _load(config, run, which, members)
+  config, run = _begin(config, workdir, "eval")
+  loaded = loaded_model.load(config, run, which, members)
   data = data_lib.make_data(
-    config,
-    run,
-    num_devices=jax.device_count(),
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    need_train=False,
-    accumulate_steps=config.optim.accumulate_steps,
-    eval_splits=("test",),
-    tokenizer=loaded.components.tokenizer,
+    config, run, need_train=False, eval_splits=("test",), tokenizer=loaded.components.tokenizer
   )
   result: dict[str, Any] = {"mode": "eval", "checkpoint": loaded.description}
   result.update(
@@ -186,15 +145,15 @@ def translate_hypotheses(
 ) -> tuple[list[list[Any]], dict[str, Any], str]:
   """(each line's translator.Hypothesis list, speed figures, which parameters) of `lines`, with
   config.decode's search."""
+  config, run = _begin(config, workdir, "translate")
   outputs.check(config)
-  run = _begin(config, workdir)
-  loaded = _load(config, run, which, outputs.members)
+  loaded = loaded_model.load(config, run, which, outputs.members)
   decoder = translator.translator_for(
     loaded.components, loaded.params, nbest=outputs.nbest, alignments=outputs.alignments
   )
   hyps = decoder.translate_nbest(lines)
   logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
-  return hyps, decoder.stats.as_dict(), loaded.description
+  return hyps, dict(decoder.stats.as_dict(), method=config.decode.method), loaded.description
 
 
 def translate(
@@ -211,7 +170,8 @@ def translate(
   go to `<workdir>/translate_result.json`, and to stdout as a JSON line unless the translations
   themselves go there (`--output=-`).
   """
-  outputs.check(config)
+  if config is not None:
+    outputs.check(config)  # before the input is read (translate_hypotheses checks it again)
   files.check_output_file(output_path, "--output")  # before hours of decoding
   lines = files.read_lines(input_path)  # a bad file fails before the model loads
   hyps, stats, description = translate_hypotheses(config, workdir, which, lines, outputs)
@@ -222,7 +182,7 @@ def translate(
     "input": input_path,
     "output": output_path,
     "checkpoint": description,
-    "method": config.decode.method,
+    "method": stats.pop("method"),
     "nbest": outputs.nbest,
     **stats,
   }
@@ -249,13 +209,13 @@ def serve(
   from flaxformer_nmt.serving import service
 
   options.check()
-  run = _begin(config, workdir)
+  config, run = _begin(config, workdir, "serve")
   if jax.process_count() > 1:
     raise errors.ConfigError(
       f"--mode=serve runs as one process (this job has {jax.process_count()}); start it on "
       "one host without JAX_COORDINATOR_ADDRESS, or with --distributed=off."
     )
-  loaded = _load(config, run, which, members)
+  loaded = loaded_model.load(config, run, which, members)
   result = service.run(loaded, options)
   run.write_result(result)
   return result
@@ -275,9 +235,9 @@ def export(
 
   if fmt not in ctranslate2.FORMATS:
     raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
+  config, run = _begin(config, workdir, "export")
   ctranslate2.check_request(output, quantization, config.model)  # before any work
-  run = _begin(config, workdir)
-  loaded = _load(config, run, which)
+  loaded = loaded_model.load(config, run, which)
   params = jax.device_get(loaded.params)
   c = loaded.components
   result = ctranslate2.export_ctranslate2(c.model_cfg, params, c.tokenizer, output, quantization)
@@ -292,7 +252,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   vocabulary into the workdir; see data/prepare.py."""
   from flaxformer_nmt.data import prepare as prepare_lib  # TFDS's builder: this mode only
 
-  run = _begin(config, workdir)
+  config, run = _begin(config, workdir, "prepare")
   result = prepare_lib.prepare(config, run, jax.process_count())
   run.write_result(result)
   return result
@@ -308,11 +268,11 @@ def attention(
 
   if not text.strip():
     raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")
-  run = _begin(config, workdir)
+  config, run = _begin(config, workdir, "attention")
   out_dir = output if output and output != files.STDIO else run.attention_dir
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
-  loaded = _load(config, run, which)
+  loaded = loaded_model.load(config, run, which)
   c, params = loaded.components, jax.device_get(loaded.params)
   source = c.tokenizer.encode(text)[: c.max_src_len - 1] + [EOS_ID]
   search = decode.SearchConfig.from_config(config.decode)
@@ -337,13 +297,13 @@ def average(
   """Averages the parameters of the last K checkpoints into <workdir>/averaged (`which`="best":
   the last K up to the best step; "ema": the parameter averages of the last K); the average
   written last is what --checkpoint=averaged reads."""
-  run = _begin(config, workdir)
-  plan = run.average_plan(num_checkpoints, which)  # before any work
+  config, run = _begin(config, workdir, "average")
+  plan = selection.average_plan(run, num_checkpoints, which)  # before any work
   components = Components.load(config, run)
   params = averaging.average(
     run.checkpoints, plan.steps, components.abstract_params, plan.path_in_state
   )
-  path = run.save_average(params, plan.steps, plan.of)
+  path = selection.save_average(run, params, plan.steps, plan.of)
   result = {
     "mode": "average",
     "steps": plan.steps,

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt.checkpoints import selection
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
@@ -27,10 +28,40 @@ from flaxformer_nmt.workdir import Workdir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K
-# points. Tests that need it fail (they are not skipped) when it is missing.
+# points: only end-to-end tests read it (`multi30k()`); the unit tier needs nothing outside the
+# checkout.
 MULTI30K = pathlib.Path(
   os.environ.get("FLAXFORMER_NMT_MULTI30K", REPO.parent / "shared" / "data" / "multi30k")
 )
+# Where `multi30k()` downloads the corpus (the project's own verified download) when neither
+# place has it, as a user's clone with internet access would.
+MULTI30K_CACHE = pathlib.Path(
+  os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"), "flaxformer_nmt", "multi30k"
+)
+
+
+def multi30k() -> pathlib.Path:
+  """The Multi30k corpus for a test: $FLAXFORMER_NMT_MULTI30K, else ../shared/data/multi30k, else
+  downloaded (verified) into MULTI30K_CACHE. A test fails with one line naming all three ways
+  when none gives it."""
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt import api, errors  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.data import download  # pylint: disable=g-import-not-at-top
+
+  if (MULTI30K / "train.en.gz").is_file():
+    return MULTI30K
+  config = api.load_config("multi30k", {"data.dir": str(MULTI30K_CACHE)})
+  try:
+    download.download(config.data)
+  except errors.UserError as e:
+    pytest.fail(
+      f"No Multi30k corpus: FLAXFORMER_NMT_MULTI30K is "
+      f"{os.environ.get('FLAXFORMER_NMT_MULTI30K') or 'unset'}, {MULTI30K} has no train.en.gz, "
+      f"and downloading it into {MULTI30K_CACHE} failed ({e})",
+      pytrace=False,
+    )
+  return MULTI30K_CACHE
 
 
 # A small trained workdir committed with the tests (tests/fixtures/make_workdir.py wrote it, at
@@ -229,7 +260,7 @@ def load_params(config: ml_collections.ConfigDict, workdir: Any, which: str = "a
   them (the workdir's Components, the location it resolves)."""
   run = Workdir(str(workdir))
   components = Components.load(config, run)
-  return params_lib.load(run.resolve(which), components.abstract_params)
+  return params_lib.load(selection.resolve(run, which), components.abstract_params)
 
 
 def fresh_trainer(config: ml_collections.ConfigDict, workdir: Any) -> Any:

@@ -10,6 +10,7 @@ previous one with a warning (checkpoints/reader.py's rules); nothing is moved.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,9 @@ from flaxformer_nmt.errors import CheckpointError
 
 PyTree = Any
 PARAMS_PATH = ("params",)
+# The parameter average (config.optim.ema_decay) inside a training checkpoint's state: the second
+# optimizer transformation's state (training/optim.py builds the chain so).
+EMA_PATH = ("opt_state", "1", "ema")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +84,19 @@ def describe(location: Location, step: int, info: dict[str, Any] | None, path: s
   if location.kind == "ema":
     return f"ema{step} params (the parameter average of step {step}) in {path}"
   return f"step{step} params (the newest readable training checkpoint) in {path}"
+
+
+def tag(location: Location, step: int) -> str:
+  """The parameters, for file names: `step600`, `ema600`, `best-step400`, or the average's own
+  name (`averaged-params_5_steps_200_to_600`), so files of different parameters never collide."""
+  if location.kind == "averaged":
+    name = os.path.basename(os.path.normpath(location.directory))
+    return f"averaged-{name}" if name != "averaged" else f"averaged-step{step}"
+  if location.kind == "best":
+    return f"best-step{step}"
+  if location.kind == "ema":
+    return f"ema{step}"
+  return f"step{step}"
 
 
 def load(location: Location, template_params: PyTree) -> tuple[PyTree, str]:

@@ -315,7 +315,7 @@ class CheckpointDir:
         )
         bad.append(step)
         continue
-      if bad:
+      if bad and on_corrupt is not None:  # training resumes: say what it costs
         logging.warning(
           "Resuming from step %d, not from the corrupt step %s: %d steps will be trained again.",
           step,

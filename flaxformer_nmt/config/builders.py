@@ -55,7 +55,7 @@ SIZES: dict[str, Size] = {
 # Fields added to the config after runs were saved with it, with the value that reproduces what
 # those runs did: a saved config.json without one of them equals a config that has it at this
 # value (training/loop.py's finished-run check).
-ADDED_FIELDS: dict[str, object] = {"model.d_k": 0}
+ADDED_FIELDS: dict[str, object] = {"model.d_k": 0, "compile_cache": "auto"}
 
 
 def model_config(size: str) -> ml_collections.ConfigDict:
@@ -123,6 +123,10 @@ def base_config(size: str) -> ml_collections.ConfigDict:
   c.best_metric = ""
   # Stop after this many dev evaluations in a row without improving best_metric (0 = never).
   c.early_stopping_patience = 0
+  # JAX's persistent compilation cache, so a second command on the same model starts warm:
+  # "auto" (a private folder under ~/.cache/flaxformer_nmt), "off", or a folder
+  # (runtime/compile_cache.py; clearing it is deleting the folder).
+  c.compile_cache = "auto"
 
   c.model = model_config(size)
 

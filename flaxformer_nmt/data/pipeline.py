@@ -84,11 +84,11 @@ class Data:
 def make_data(
   config: ml_collections.ConfigDict,
   workdir: RunFolder,
-  num_devices: int,
+  num_devices: int | None = None,
   process_index: int | None = None,
   process_count: int | None = None,
   need_train: bool = True,
-  accumulate_steps: int = 1,
+  accumulate_steps: int | None = None,
   eval_splits: Sequence[str] = ("dev", "test"),
   tokenizer: tokenizer_lib.Tokenizer | None = None,
 ) -> Data:
@@ -97,15 +97,22 @@ def make_data(
   `workdir` says where the vocabulary and the tokenized corpora live; `tokenizer`, when the caller
   has loaded the run's vocabulary already, is used as it is.
 
-  `num_devices` is the global device count: one training stream each, and global rows are a
-  multiple of it times `accumulate_steps` (each device splits its rows into that many
-  micro-batches). Cheap checks and the (small) dev and test sets are read first, so data errors
-  surface before vocabulary training. `need_train=False` (evaluation, translation) skips the train
-  split's tokenization and iterator; the vocabulary is still trained if the workdir has none.
+  `num_devices` is the global device count (default: JAX's, as are the process index and count):
+  one training stream each, and global rows are a multiple of it times `accumulate_steps` (default
+  config.optim.accumulate_steps; each device splits its rows into that many micro-batches).
+  Cheap checks and the (small) dev and test sets are read first, so data errors surface before
+  vocabulary training. `need_train=False` (evaluation, translation) skips the train split's
+  tokenization and iterator; the vocabulary is still trained if the workdir has none.
   `eval_splits` are the evaluation splits read (`--mode=eval` reads only "test", so a test set
   such as the filtered newstest2014 can be scored without dev files beside it).
   """
   dc = config.data
+  if num_devices is None:
+    import jax  # pylint: disable=g-import-not-at-top  # keep the data side importable without jax
+
+    num_devices = jax.device_count()
+  if accumulate_steps is None:
+    accumulate_steps = int(config.optim.accumulate_steps) if "optim" in config else 1
   process_index, process_count = _process_defaults(process_index, process_count)
   if num_devices % process_count:
     raise ValueError(f"{num_devices} devices do not split over process_count={process_count}.")

@@ -98,10 +98,10 @@ class TrainIterator(Iterator[Batch]):
       self._order_src = self._src_lens[order]  # [kept] lengths in visiting order
       self._order_tgt = self._tgt_lens[order]
       self._epoch = epoch
-      if self._verbose:
-        logging.info(
-          "Training epoch %d of data stream %d: %s.", epoch, self._stream, self._drop_note
-        )
+      if self._verbose and epoch == 0:
+        # Once: a small corpus runs through hundreds of epochs, and the training line counts
+        # them (`epoch` in training/trainer.py's log).
+        logging.info("Training data of stream %d: %s.", self._stream, self._drop_note)
     self._index = index
 
   @property

@@ -67,8 +67,11 @@ def test_scores(
   translate_fn: Translate,
   *,
   test_set: str,
+  test_set_id: str,
   beam_size: int,
   beam_style: str,
+  alpha: float,
+  max_len_offset: int,
   tgt_lang: str,
   compound_split: str,
   out_dir: str,
@@ -77,7 +80,9 @@ def test_scores(
   """Translates the test `pairs` greedily and with `beam_size`, and scores both both ways.
 
   Every process decodes its share and scores the whole set; process 0 writes
-  `<out_dir>/test_<tag>_<greedy|beamK>.{hyp.txt,scores.json}`. The result names the test set
+  `<out_dir>/<test_set_tag>_<tag>_<search_tag>.{hyp.txt,scores.json}`: named by what was scored
+  (which test set, which parameters, which search), so no evaluation overwrites another's files.
+  The result names the test set
   (e.g. `newstest2014` for the WMT14 configs), its size and how the tokenized BLEU was made.
   """
   split = splits_compounds(compound_split, tgt_lang)
@@ -96,7 +101,7 @@ def test_scores(
       hyps,
       refs,
       out_dir,
-      f"test_{tag}_{name}",
+      f"{test_set_id}_{tag}_{search_tag(beam, beam_style, alpha, max_len_offset)}",
       tgt_lang,
       compound_split=split,
       write=parallel.is_main_process(),
@@ -122,6 +127,27 @@ def test_scores(
   return out
 
 
+def test_set_tag(data_config: Any) -> str:
+  """What a test set is, for file names: its source and its split or prefix (and the demo's
+  size), e.g. `test_files.newstest2014`, `test_tfds.wmt14_translate-de-en.test`,
+  `test_demo.test1000`."""
+  d = data_config
+  if d.source == "tfds":
+    name = f"tfds.{d.tfds_name.replace('/', '-')}.{d.test_split}"
+  elif d.source == "demo":
+    name = f"demo.test{d.demo_test_size}"
+  else:
+    name = f"{d.source}.{d.test_prefix}"
+  return "test_" + "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
+
+
+def search_tag(beam: int, beam_style: str, alpha: float, max_len_offset: int) -> str:
+  """The search, for file names: `greedy`, or `beam4-shrinking-a0.6`; `-len50` is the default
+  output length allowance and is left out."""
+  name = "greedy" if beam == 1 else f"beam{beam}-{beam_style}-a{alpha:g}"
+  return name if max_len_offset == 50 else f"{name}-len{max_len_offset}"
+
+
 def score_test_set(
   components: Components,
   params: Any,
@@ -140,8 +166,11 @@ def score_test_set(
     data.pairs("test"),
     translator.translate_fn(components, params, replicated=replicated),
     test_set=data.split_name("test"),
+    test_set_id=test_set_tag(config.data),
     beam_size=config.decode.beam_size,
     beam_style=config.decode.beam_style,
+    alpha=config.decode.alpha,
+    max_len_offset=config.decode.max_len_offset,
     tgt_lang=config.data.tgt_lang,
     compound_split=config.eval.compound_split,
     out_dir=out_dir,

@@ -1,6 +1,7 @@
 """`--mode=serve`: one loaded model behind the HTTP server, decoding as `--mode=translate` does.
 
-The model and its parameters are loaded once (modes.py: any --checkpoint, --ensemble). Each kind
+The model and its parameters are loaded once (loaded_model.py: any --checkpoint, --ensemble).
+Each kind
 of search a request may ask for (n-best size, alignments) gets its own `Translator`, with the
 search, batch size, length buckets and per-device batching of `--mode=translate`, so the server
 runs the very programs the command line runs. The 1-best search (the page's, with alignments, and
@@ -22,6 +23,7 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.decoding import translator as translator_lib
+from flaxformer_nmt.loaded_model import LoadedModel
 from flaxformer_nmt.model.tokens import PAD_ID
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.serving import batcher as batcher_lib
@@ -69,7 +71,7 @@ def limits(decode: Any, options: Options) -> server.Limits:
 class Translators:
   """One Translator per kind of search, made when first needed (their programs are cached)."""
 
-  def __init__(self, loaded: Any) -> None:
+  def __init__(self, loaded: LoadedModel) -> None:
     self._loaded = loaded
     self._made: dict[batcher_lib.Kind, translator_lib.Translator] = {}
     self._lock = threading.Lock()
@@ -110,8 +112,8 @@ class Translators:
     return len(shapes)
 
 
-def run(loaded: Any, options: Options) -> dict[str, Any]:
-  """Serves `loaded` (modes.Inference) until SIGTERM; the server's figures."""
+def run(loaded: LoadedModel, options: Options) -> dict[str, Any]:
+  """Serves `loaded` (loaded_model.load's) until SIGTERM; the server's figures."""
   decode = loaded.components.config.decode
   translators = Translators(loaded)
   start = time.perf_counter()

@@ -30,6 +30,7 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt.checkpoints import selection
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.runtime import files, parallel
 from flaxformer_nmt.workdir import Workdir
@@ -67,24 +68,16 @@ def check(config: ml_collections.ConfigDict, workdir: Workdir) -> Source:
   setting = config.init_from
   source, rule = _split(setting)
   try:
-    location = source.resolve(rule)
+    location = selection.resolve(source, rule)
   except errors.UserError as e:
     raise type(e)(f"config.init_from={setting}: {e}") from e
-  vocabulary = source.vocabulary()
-  if not os.path.isfile(vocabulary):
-    raise errors.CheckpointError(f"config.init_from={setting}: no vocabulary at {vocabulary}.")
-  ours = workdir.vocabulary(config)
-  if os.path.isfile(ours) and not files.same_bytes(ours, vocabulary):
-    raise errors.ConfigError(
-      f"config.init_from={setting}: its vocabulary {vocabulary} differs from this run's {ours}; "
-      "a fine-tuned model keeps its source's vocabulary."
-    )
-  difference = source.architecture_difference(config)
-  if difference:
-    raise errors.CheckpointMismatchError(
-      f"config.init_from={setting}: the source was trained with {difference}; a fine-tuned "
-      "model keeps its source's architecture."
-    )
+  vocabulary = selection.check_compatible(
+    source,
+    config,
+    workdir.vocabulary(config),
+    f"config.init_from={setting}",
+    "a fine-tuned model and its source",
+  )
   return Source(setting, source, location, vocabulary)
 
 

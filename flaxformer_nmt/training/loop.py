@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jax
 import ml_collections
 from absl import logging
 
@@ -116,16 +115,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Workdir) -> d
   workdir.create()
   with WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
     components, source = _components_before_data(config, workdir)
-    data = data_lib.make_data(
-      config,
-      workdir,
-      num_devices=jax.device_count(),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      need_train=True,
-      accumulate_steps=config.optim.accumulate_steps,
-      tokenizer=components.tokenizer if components is not None else None,
-    )
+    tokenizer = components.tokenizer if components is not None else None
+    data = data_lib.make_data(config, workdir, tokenizer=tokenizer)
     if components is None:
       components = Components(config, data.tokenizer)
     setup = TrainSetup(components)

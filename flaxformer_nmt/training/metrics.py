@@ -84,9 +84,10 @@ class TrainClock:
 def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
   wait = metrics.get("input_wait_fraction")
   logging.info(
-    "step %d/%d  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s%s  ETA %s",
+    "step %d/%d%s  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s%s  ETA %s",
     step,
     total,
+    "" if "epoch" not in metrics else f"  epoch {metrics['epoch']:.2f}",
     metrics["loss"],
     metrics["nll"],
     metrics["learning_rate"],

@@ -49,9 +49,8 @@ class EmaState(NamedTuple):
   ema: Any
 
 
-# Where the average sits in a saved train state when ema_decay > 0: optax.chain(adam, ema) keeps
-# the tuple (adam's state, EmaState), saved as {"0": ..., "1": {"ema": ...}}.
-EMA_PATH = ("opt_state", "1", "ema")
+# When ema_decay > 0, optax.chain(adam, ema) keeps the tuple (adam's state, EmaState), saved as
+# {"0": ..., "1": {"ema": ...}}: where checkpoints.params.EMA_PATH reads the average.
 
 
 def parameter_ema(decay: float) -> optax.GradientTransformation:

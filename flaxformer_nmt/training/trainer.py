@@ -54,6 +54,18 @@ def _global_data_state(train_iter: data_lib.DeviceStreams) -> dict[str, Any]:
   return {"streams": [dict(zip(fields, map(int, row), strict=True)) for row in everyone]}
 
 
+def _epochs_read(train_iter: Any) -> float | None:
+  """How many passes over the training data this process's streams have read (their mean, with
+  the fraction of the current one), for the training line; None if the iterator has no
+  position. Local: no collective."""
+  try:
+    states = train_iter.get_state()
+  except AttributeError:
+    return None
+  passes = [p["epoch"] + p["index"] / max(p["size"], 1) for p in states]
+  return float(np.mean(passes)) if passes else None
+
+
 def _restore_data_state(train_iter: data_lib.DeviceStreams, saved: dict[str, Any]) -> None:
   positions, exact = data_lib.resume_positions(
     saved, train_iter.first_stream, train_iter.stream_sizes, jax.device_count()
@@ -197,6 +209,9 @@ class Trainer:
       elapsed = max(now - self._last_log_seconds, 1e-9)
       summary["input_wait_fraction"] = min((wait - self._last_input_wait) / elapsed, 1.0)
       self._last_input_wait = wait
+    epoch = _epochs_read(self.data.train)
+    if epoch is not None:
+      summary["epoch"] = epoch
     budget = self.config.max_train_minutes * 60.0
     eta = self.progress.eta(self.step, budget - now if budget else None)
     metrics.log_train(self.step, total, summary, eta)

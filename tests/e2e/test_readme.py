@@ -279,7 +279,7 @@ def test_wmt14_chain(tmp_path):
 def test_files_chain(tmp_path):
   """Multi30k's download (from 127.0.0.1) and training, your own files (Multi30k's), the Multi30k
   script and its results rows, the input pipeline benchmark on the same files."""
-  server = http_server.Server(helpers.MULTI30K)
+  server = http_server.Server(helpers.multi30k())
   small = readme.SMALL_MODEL + _SHORT
   overrides = {
     "files": small,

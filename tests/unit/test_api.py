@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flaxformer_nmt import api, errors, modes
+from flaxformer_nmt import api, errors, loaded_model
 
 import helpers
 
@@ -77,9 +77,13 @@ def test_two_ensembles_write_under_two_names():
   """Eval's output files are named by what each member loaded (at 97ad9e1 every ensemble of the
   same size and rule wrote test_ensemble2_auto_*, the second over the first)."""
   ours = "averaged params of 5 checkpoints (steps [6, 7, 8, 9, 10]) in /runs/a/averaged/x/10"
-  one = modes.ensemble_tag("auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"])
-  two = modes.ensemble_tag("auto", [ours, "/runs/c: step10 params ... in /runs/c/checkpoints/10"])
+  one = loaded_model.ensemble_tag(
+    "auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"]
+  )
+  two = loaded_model.ensemble_tag(
+    "auto", [ours, "/runs/c: step10 params ... in /runs/c/checkpoints/10"]
+  )
   assert one != two and one.startswith("ensemble2_auto_") and two.startswith("ensemble2_auto_")
-  assert one == modes.ensemble_tag(
+  assert one == loaded_model.ensemble_tag(
     "auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"]
   )

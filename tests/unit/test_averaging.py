@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.checkpoints import averaging, selection
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.checkpoints import reader as checkpoint_reader
 from flaxformer_nmt.workdir import Workdir
@@ -60,7 +60,7 @@ def test_inference_params_prefer_a_fresh_average(tmp_path, caplog):
   template = abstract(make_state(0)).params
 
   def load(which="auto"):
-    return params_lib.load(run.resolve(which), template)
+    return params_lib.load(selection.resolve(run, which), template)
 
   with pytest.raises(errors.CheckpointError, match="No checkpoint in"):
     load()
@@ -74,7 +74,7 @@ def test_inference_params_prefer_a_fresh_average(tmp_path, caplog):
   assert_bitwise_equal(params, states[2].params)
 
   mean, steps = _mean(run.checkpoints, 2, template)
-  path = run.save_average(mean, steps, "params")
+  path = selection.save_average(run, mean, steps, "params")
   assert steps == [1, 2] and path.endswith(os.path.join("averaged", "params_2_steps_1_to_2", "2"))
   params, description = load()
   assert description.startswith("averaged") and "[1, 2]" in description
@@ -102,12 +102,12 @@ def test_averaged_means_the_average_written_last(tmp_path):
   with new_ckpt(run.checkpoints, keep=5) as ckpt:
     save_steps(ckpt, [1, 2, 3, 4])
   newest, steps = _mean(run.checkpoints, 2, template)
-  run.save_average(newest, steps, "params")  # steps 3, 4
+  selection.save_average(run, newest, steps, "params")  # steps 3, 4
   older = averaging.average(run.checkpoints, [1, 2], template, ("params",))
-  path = run.save_average(older, [1, 2], "params")  # e.g. the K up to the best step 2
+  path = selection.save_average(run, older, [1, 2], "params")  # e.g. the K up to the best step 2
   assert os.path.basename(os.path.dirname(path)) == "params_2_steps_1_to_2"
   for which in ("averaged", "auto"):
-    params, description = params_lib.load(run.resolve(which), template)
+    params, description = params_lib.load(selection.resolve(run, which), template)
     assert "steps [1, 2]" in description, which
     assert_bitwise_equal(params, older)
   # Both stay on disk, each under its own name.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import api, errors
-from flaxformer_nmt.checkpoints import reader
+from flaxformer_nmt.checkpoints import reader, selection
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.training import best
 from flaxformer_nmt.workdir import Workdir
@@ -70,13 +70,13 @@ def test_a_run_without_them_has_no_ema_or_best(saved_run, which, message):
   no EMA, its best/ is gone), each is one line."""
   config, workdir = saved_run
   run = Workdir(str(workdir))
-  assert run.resolve(which).kind == which
+  assert selection.resolve(run, which).kind == which
   saved = json.loads((workdir / "config.json").read_text())
   saved["optim"]["ema_decay"] = 0.0
   (workdir / "config.json").write_text(json.dumps(saved))
   shutil.rmtree(workdir / "best")
   with pytest.raises(errors.CheckpointError, match=message):
-    run.resolve(which)
+    selection.resolve(run, which)
 
 
 def _best_params(value: float) -> dict:
@@ -118,9 +118,11 @@ def test_a_best_of_the_same_step_is_replaced_without_emptying_best(tmp_path, mon
   monkeypatch.setattr(best.os, "rename", real_rename)
   assert reader.CheckpointDir(str(tmp_path / "best" / best.INCOMING)).steps() == [5]
   # Readers meanwhile find the new one where it is (--checkpoint=best).
-  assert Workdir(str(tmp_path)).resolve("best").directory == os.path.join(directory, ".incoming")
+  assert selection.resolve(Workdir(str(tmp_path)), "best").directory == os.path.join(
+    directory, ".incoming"
+  )
   best.finish_replacement(directory)  # what the next Keeper does first
-  assert Workdir(str(tmp_path)).resolve("best").directory == directory
+  assert selection.resolve(Workdir(str(tmp_path)), "best").directory == directory
   assert steps_and_value() == ([5], [2.0])
   assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["5"]
 

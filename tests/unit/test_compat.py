@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 
 from flaxformer_nmt import api
+from flaxformer_nmt.checkpoints import selection
 from flaxformer_nmt.workdir import Workdir
 
 import helpers
@@ -19,8 +20,10 @@ import helpers
 def test_an_old_workdir_reads_every_checkpoint_choice(old_workdir):
   config = api.load_config("demo", helpers.saved_run_overrides())
   run = Workdir(str(old_workdir))
-  assert run.resolve("averaged").directory == str(old_workdir / "averaged")  # averaged/12
-  assert run.resolve("auto").kind == "averaged"  # made at step 12, the newest checkpoint
+  assert selection.resolve(run, "averaged").directory == str(
+    old_workdir / "averaged"
+  )  # averaged/12
+  assert selection.resolve(run, "auto").kind == "averaged"  # made at step 12, the newest checkpoint
   for which in ("latest", "averaged", "best", "ema", "auto"):
     (hyps,) = api.translate_nbest(config, str(old_workdir), ["three hundred"], 1, which)
     assert isinstance(hyps[0].text, str), which
@@ -31,7 +34,7 @@ def test_an_old_workdir_reads_every_checkpoint_choice(old_workdir):
   # A new average goes beside the old one, under its own name, and is the one read from then on.
   made = api.average(config, str(old_workdir), num_checkpoints=3)
   assert made["path"] == str(old_workdir / "averaged" / "params_3_steps_4_to_12" / "12")
-  assert run.resolve("averaged").directory == str(pathlib.Path(made["path"]).parent)
+  assert selection.resolve(run, "averaged").directory == str(pathlib.Path(made["path"]).parent)
   assert (old_workdir / "averaged" / "12").is_dir()
 
 

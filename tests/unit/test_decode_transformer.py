@@ -17,6 +17,7 @@ import pytest
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.config import choices
 from flaxformer_nmt.decoding import beam_search, decode
+from flaxformer_nmt.model import transformer as transformer_lib
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import (
   Transformer,
@@ -202,3 +203,20 @@ def test_per_sentence_cross_attention_equals_repeating_the_source_per_beam(train
   want = repeated(params, inputs)
   np.testing.assert_array_equal(ours.tokens, want.tokens)
   np.testing.assert_allclose(ours.scores, want.scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d_ff", [64, 1039])  # 1039: a reference size, so the shape is traced
+@pytest.mark.parametrize("rows,length,src_len,sentences", [(8, 20, 12, 2), (1, 60, 8, 1)])
+def test_decode_cache_from_its_layout_equals_the_traced_one(d_ff, rows, length, src_len, sentences):
+  """init_decode_cache rescales a layout traced once per model; it must equal tracing the
+  decoder's init at the request's own sizes, leaf by leaf, all zeros."""
+  cfg = TransformerConfig(
+    vocab_size=40, num_layers=2, d_model=16, d_ff=d_ff, num_heads=2, max_len=64
+  )
+  model = Transformer(cfg)
+  cache = init_decode_cache(model, rows, length, src_len, num_sentences=sentences)
+  traced = transformer_lib._traced_cache_shapes(model, rows, length, src_len, sentences)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), cache) == jax.tree.map(
+    lambda s: (s.shape, s.dtype), traced
+  )
+  assert all(not np.asarray(x).any() for x in jax.tree.leaves(cache))

@@ -14,7 +14,7 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from flaxformer_nmt import modes
+from flaxformer_nmt import loaded_model, modes
 from flaxformer_nmt.decoding.translator import Hypothesis
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import server, service
@@ -319,7 +319,7 @@ def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_ru
   expected_nbest, _, _ = modes.translate_hypotheses(
     config, str(workdir), "latest", lines[:4], modes.Outputs(nbest=2)
   )
-  loaded = modes._load(config, Workdir(str(workdir)), "latest")
+  loaded = loaded_model.load(config, Workdir(str(workdir)), "latest")
   translators = service.Translators(loaded)
   b = batcher_lib.DynamicBatcher(translators.translate, max_rows=8, max_wait_s=0.02, max_queue=64)
   requests = [lines[i : i + 3] for i in range(0, len(lines), 3)]
@@ -343,7 +343,7 @@ def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_ru
   member = shutil.copytree(workdir, tmp_path / "member")
   steps = sorted(int(p.name) for p in (member / "checkpoints").iterdir() if p.name.isdigit())
   shutil.rmtree(member / "checkpoints" / str(steps[-1]))
-  ensemble = modes._load(config, Workdir(str(workdir)), "latest", (str(member),))
+  ensemble = loaded_model.load(config, Workdir(str(workdir)), "latest", (str(member),))
   assert ensemble.description.startswith("ensemble of 2 models")
   hypotheses, _ = service.Translators(ensemble).translate(Kind(), lines[:3], [0, 1, 2])
   want, _, _ = modes.translate_hypotheses(

@@ -1,0 +1,272 @@
+"""Which parameters a command uses: the one owner of `--checkpoint`'s choice, of `best/` (and the
+swap that replaces it), of `averaged/` (named averages and the pointer to the newest), of the EMA
+subtree inside a training checkpoint, and of the check that another run's parameters fit this one.
+
+  auto      the average written last, unless training saved a newer checkpoint since it was made
+            (then the newest training checkpoint, with a warning)
+  latest    the newest readable training checkpoint
+  averaged  the average written last (averaged/latest.json names it)
+  best      config.best_metric's best evaluation (best/, or best/.incoming mid-swap)
+  ema       the parameter average kept in the newest training checkpoint
+
+`resolve` turns the choice into a `params.Location`, with one line for each reason it cannot (no
+checkpoint, no average, no EMA kept, no best), before any model is built; `resolve_members` does
+the same for each workdir of --ensemble; `check_compatible` is the one test that another run
+(an ensemble member, a fine-tuning source) has this run's vocabulary and architecture. The
+folder layout itself is `workdir.Workdir`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+from absl import logging
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging, checkpointer, reader
+from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
+from flaxformer_nmt.config.choices import CHECKPOINTS
+from flaxformer_nmt.config.run_config import ARCHITECTURE
+from flaxformer_nmt.runtime import files, parallel, records
+from flaxformer_nmt.workdir import Workdir
+
+LATEST_AVERAGE = "latest.json"
+BEST_INCOMING = ".incoming"  # a new evaluation of best/'s step, written before it is swapped in
+
+
+@dataclasses.dataclass(frozen=True)
+class Average:
+  """One average of a workdir: its folder of orbax steps and what it says of itself."""
+
+  directory: str
+  steps: tuple[int, ...]  # the training steps averaged
+  of: str  # "params" or "ema"
+  newest_training_step: int  # the newest training checkpoint when it was made
+
+
+@dataclasses.dataclass(frozen=True)
+class AveragePlan:
+  """Which training steps an average reads, what of them, and where that is in their state."""
+
+  steps: list[int]
+  of: str  # "params" or "ema"
+  path_in_state: tuple[str, ...]
+
+
+def average_name(of: str, steps: Sequence[int]) -> str:
+  """The folder name of an average: what it holds, e.g. `params_5_steps_200_to_600`."""
+  return f"{of}_{len(steps)}_steps_{steps[0]}_to_{steps[-1]}"
+
+
+def architecture_difference(theirs: Workdir, config: ml_collections.ConfigDict) -> str | None:
+  """The first architecture field (run_config.ARCHITECTURE) in which the run saved in `theirs`
+  differs from `config`, as "model.X=theirs where this config has ours"; None if none does (or
+  it saved no config)."""
+  model = theirs.saved_config().get("model", {})
+  for field in ARCHITECTURE:
+    if field in model and field in config.model and model[field] != config.model[field]:
+      return f"model.{field}={model[field]} where this config has {config.model[field]}"
+  return None
+
+
+def check_compatible(
+  theirs: Workdir, config: ml_collections.ConfigDict, ours: str, who: str, what: str
+) -> str:
+  """The vocabulary of the run in `theirs`, checked to be this run's (`ours`, if it exists) and
+  its architecture `config`'s: CheckpointError / CheckpointMismatchError naming `who` ("--ensemble
+  member X", "config.init_from=X") otherwise; `what` says who must agree ("the members of an
+  ensemble"). Parameter shapes are checked apart (params.check_fits), once the model exists."""
+  vocabulary = theirs.vocabulary()
+  if not os.path.isfile(vocabulary):
+    raise errors.CheckpointError(f"{who}: no vocabulary at {vocabulary}.")
+  if os.path.isfile(ours) and not files.same_bytes(vocabulary, ours):
+    raise errors.CheckpointMismatchError(
+      f"{who}: its vocabulary {vocabulary} differs from {ours}; {what} must share one vocabulary."
+    )
+  difference = architecture_difference(theirs, config)
+  if difference:
+    raise errors.CheckpointMismatchError(
+      f"{who}: it was trained with {difference}; {what} must be one architecture."
+    )
+  return vocabulary
+
+
+def trained_with_ema(run: Workdir) -> bool:
+  """Whether the run saved here kept a parameter average (True if unknown: then the
+  checkpoint's own metadata decides)."""
+  saved = run.saved_config()
+  return bool(saved.get("optim", {}).get("ema_decay", 0.0)) if saved else True
+
+
+def best_folder(run: Workdir) -> str:
+  """best/, or, in the moment between the two renames that replace a best step with a new
+  evaluation of it (training/best.py), best/.incoming, which then holds the new one."""
+  if not reader.CheckpointDir(run.best).steps():
+    incoming = os.path.join(run.best, BEST_INCOMING)
+    if reader.CheckpointDir(incoming).steps():
+      return incoming
+  return run.best
+
+
+def best_step(run: Workdir) -> int:
+  """The step best/ holds; CheckpointError if the run kept none."""
+  steps = reader.CheckpointDir(best_folder(run)).steps()
+  if not steps:
+    raise errors.CheckpointError(
+      f"--checkpoint=best: no best checkpoint in {run.best}; train with "
+      "config.best_metric='dev_bleu' or 'dev_loss' to keep one."
+    )
+  return steps[-1]
+
+
+def latest_average(run: Workdir) -> Average | None:
+  """The average written last: the one averaged/latest.json names; without it, the most
+  recently written named one; in a workdir from before averages had names, the highest step
+  of averaged/<step>/ (named after the newest step it averaged)."""
+  pointer = records.read_result(os.path.join(run.averaged, LATEST_AVERAGE)) or {}
+  named = []
+  if os.path.isdir(run.averaged):
+    for name in os.listdir(run.averaged):
+      path = os.path.join(run.averaged, name)
+      if not name.isdigit() and os.path.isdir(path) and reader.CheckpointDir(path).steps():
+        named.append(path)
+  chosen = os.path.join(run.averaged, pointer.get("name", ""))
+  if pointer.get("name") and chosen in named:
+    return Average(
+      chosen,
+      tuple(pointer["steps"]),
+      pointer.get("of", "params"),
+      int(pointer["newest_training_step"]),
+    )
+  if named:
+    path = max(named, key=os.path.getmtime)
+    steps = reader.CheckpointDir(path).steps()
+    return Average(path, (steps[-1],), "params", steps[-1])
+  old = reader.CheckpointDir(run.averaged).steps()
+  if old:
+    return Average(run.averaged, (old[-1],), "params", old[-1])
+  return None
+
+
+def resolve(run: Workdir, which: str = "auto") -> Location:
+  """Where the parameters `--checkpoint=which` names live; one line (UserError) if there are
+  none. Lists folders only, so a mode fails before it builds or loads anything.
+
+  auto: the average written last, unless training saved a newer checkpoint since it was made
+  (then the newest training checkpoint, with a warning); latest; averaged; best; ema.
+  """
+  if which not in CHECKPOINTS:
+    raise errors.ConfigError(f"--checkpoint={which}: choose one of {', '.join(CHECKPOINTS)}.")
+  train_steps = run.training_steps()
+  if which in ("latest", "ema") and not train_steps:
+    raise errors.CheckpointError(
+      f"No training checkpoint in {run.checkpoints}; train with --workdir={run.path} first."
+    )
+  if which == "ema":
+    if not trained_with_ema(run):
+      raise errors.CheckpointError(
+        f"--checkpoint=ema: {run.path} was not trained with config.optim.ema_decay > 0 (its "
+        "config.json says so), so its checkpoints hold no parameter average."
+      )
+    return Location("ema", run.checkpoints, EMA_PATH)
+  if which == "best":
+    best_step(run)  # one line if there is none
+    return Location("best", best_folder(run), PARAMS_PATH, with_data=True)
+  if which == "latest":
+    return Location("latest", run.checkpoints)
+  average = latest_average(run)
+  if which == "averaged":
+    if average is None:
+      raise errors.CheckpointError(
+        f"No averaged checkpoint in {run.averaged}; make one with --mode=average "
+        "--num_checkpoints=K."
+      )
+    return Location("averaged", average.directory, PARAMS_PATH, with_data=True)
+  if average is None and not train_steps:
+    raise errors.CheckpointError(
+      f"No checkpoint in {run.path}; train with --workdir={run.path} first."
+    )
+  if average is not None and (not train_steps or train_steps[-1] <= average.newest_training_step):
+    return Location("averaged", average.directory, PARAMS_PATH, with_data=True)
+  if average is not None:
+    logging.warning(
+      "The average in %s was made when the newest training checkpoint was step %d; training "
+      "has saved step %d since, which is used. Rerun --mode=average to average the newest.",
+      average.directory,
+      average.newest_training_step,
+      train_steps[-1],
+    )
+  return Location("latest", run.checkpoints)
+
+
+def resolve_members(
+  run: Workdir, members: Sequence[str], which: str, config: ml_collections.ConfigDict
+) -> list[tuple[Workdir, Location]]:
+  """(workdir, location) of each --ensemble member, each by `which` in its own workdir ("auto":
+  its own average or not); UserError naming the first member that is this workdir, missing,
+  has no checkpoint, or another vocabulary or architecture."""
+  if isinstance(members, str):
+    raise TypeError(f"ensemble members must be a list of workdirs, not the string {members!r}.")
+  ours = run.vocabulary(config)
+  resolved = []
+  for member in members:
+    if os.path.abspath(member) == os.path.abspath(run.path):
+      raise errors.ConfigError(f"--ensemble member {member} is --workdir itself; list the others.")
+    if not os.path.isdir(member):
+      raise errors.CheckpointError(f"--ensemble member {member}: no such workdir.")
+    theirs = Workdir(member)
+    check_compatible(
+      theirs, config, ours, f"--ensemble member {member}", "the members of an ensemble"
+    )
+    try:
+      resolved.append((theirs, resolve(theirs, which)))
+    except errors.UserError as e:
+      raise type(e)(f"--ensemble member {member}: {e}") from e
+  return resolved
+
+
+def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
+  """What --mode=average --num_checkpoints=K --checkpoint=which averages; UserError before
+  any work if it cannot: latest (or auto) the newest K training checkpoints' params, best the
+  newest K up to the best step, ema the parameter averages of the newest K."""
+  if which not in ("auto", "latest", "best", "ema"):
+    raise errors.ConfigError(
+      f"--mode=average --checkpoint={which}: average reads training checkpoints; use auto, "
+      "latest, best (the K up to the best step) or ema (their parameter averages)."
+    )
+  if which == "ema":
+    resolve(run, "ema")  # one line if the run kept no average
+  steps, scope = run.training_steps(), ""
+  if which == "best":
+    best = best_step(run)
+    steps, scope = [s for s in steps if s <= best], f" up to the best step {best}"
+  chosen = averaging.last_steps(steps, num_checkpoints, run.checkpoints, scope)
+  if which == "ema":
+    return AveragePlan(chosen, "ema", EMA_PATH)
+  return AveragePlan(chosen, "params", PARAMS_PATH)
+
+
+def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> str:
+  """Writes an average to averaged/<average_name>/<newest step> and names it in
+  averaged/latest.json (after it is complete), so `--checkpoint=averaged` reads it. Making the
+  same average again replaces it. Returns its path. Every process calls it."""
+  steps = [int(s) for s in steps]
+  directory = os.path.join(run.averaged, average_name(of, steps))
+  info = {"averaged_steps": steps, "num_checkpoints": len(steps), "of": of}
+  path = checkpointer.write(directory, steps[-1], {"params": params}, info, replace=True)
+  training = run.training_steps()
+  pointer = {
+    "name": os.path.basename(directory),
+    "steps": steps,
+    "of": of,
+    "newest_training_step": training[-1] if training else steps[-1],
+  }
+  if parallel.is_main_process():
+    files.write_text(os.path.join(run.averaged, LATEST_AVERAGE), json.dumps(pointer) + "\n")
+  logging.info("Wrote the average of steps %s to %s.", steps, path)
+  return path

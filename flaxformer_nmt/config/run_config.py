@@ -1,0 +1,241 @@
+"""A run's saved config is the run's: what a later command may change, and the typed loader.
+
+Once training has written `<workdir>/config.json`, it is the truth about the run. Every later
+command (eval, translate, serve, export, attention, average, and training's resume) starts from
+it, and `reconcile` says which of the command's values it may use. Every config field is of one
+of four kinds, listed here and nowhere else (tests/unit/test_run_config.py checks that every field
+of every installed config has one):
+
+  FIXED      what the parameters compute or were trained on: the architecture, the vocabulary,
+             the training data's identity (source, folder, training prefix, languages, batch),
+             dev set, seed, label smoothing, the best metric. A command that disagrees is refused
+             before any work, with one line naming the field and both values.
+  DECODING   implementation choices that compute the same function: the attention
+             implementation, the compute dtype, how dropout masks are drawn. Free for decoding
+             commands; fixed when training resumes (a run keeps its precision and its masks).
+  RESUME     the length of training, evaluation and checkpoint cadence, checkpoints kept,
+             early-stopping patience, the optimizer (its own rule stays: the EMA cannot be
+             switched on or off, training/state.py), rematerialisation, fine-tuning's source
+             (read at step 0 only). Free when training resumes, and irrelevant to other commands.
+  FREE       decoding settings, which test set to score, evaluation batch sizes, the compile
+             cache, where TFDS keeps its files and where a corpus is downloaded from.
+
+A field a saved run does not have (added to the config since) takes the command's value; a field
+that no installed config has (a user's own) is FIXED, the safe default. `model.dtype="auto"` is
+resolved when training starts and saved resolved (`resolve_dtype`), so a resume on other hardware
+cannot switch precision halfway through; a command's "auto" then means the run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ml_collections
+
+from flaxformer_nmt import errors
+
+FIXED, DECODING, RESUME, FREE = "fixed", "decoding", "resume", "free"
+TRAIN_MODES = ("train",)
+# The modes that read a trained run: every one but train and prepare.
+CONFIG_FILE = "config.json"
+
+# config.model fields that decide what a set of parameters computes: another run's parameters (an
+# ensemble member, a fine-tuning source) must agree on each (checkpoints/selection.py). Shapes
+# catch most size changes (checkpoints.params.check_fits), but not num_heads or pre_ln.
+ARCHITECTURE = (
+  "num_layers",
+  "d_model",
+  "d_ff",
+  "num_heads",
+  "d_k",
+  "pre_ln",
+  "positional",
+  "share_embeddings",
+)
+
+# Each field's kind, by dotted path; a group's entry ("decode") covers every field in it unless a
+# longer path names the field. Anything not listed is FIXED.
+KINDS: dict[str, str] = {
+  # --- top level
+  "num_train_steps": RESUME,
+  "max_train_minutes": RESUME,
+  "log_every_steps": RESUME,
+  "eval_every_steps": RESUME,
+  "checkpoint_every_steps": RESUME,
+  "checkpoint_every_secs": RESUME,
+  "keep_checkpoints": RESUME,
+  "early_stopping_patience": RESUME,
+  "skip_nonfinite": RESUME,
+  "init_from": RESUME,
+  "compile_cache": FREE,
+  # --- the model: FIXED except how it is computed
+  "model.dtype": DECODING,
+  "model.attention": DECODING,
+  "model.dropout_rng": DECODING,
+  "model.remat": RESUME,
+  # --- the optimizer: today's rules (training/state.check_resume_fits)
+  "optim": RESUME,
+  # --- data: the training data's identity is FIXED; which test set, where files come from: FREE
+  "data.test_split": FREE,
+  "data.test_prefix": FREE,
+  "data.extra_test_sets": FREE,
+  "data.demo_test_size": FREE,
+  "data.tfds_data_dir": FREE,
+  "data.url": FREE,
+  "data.prefetch_batches": FREE,
+  # --- decoding and evaluation settings
+  "decode": FREE,
+  "eval": FREE,
+}
+
+
+def kind(path: str) -> str:
+  """The kind of the field at dotted `path` (module docstring): its own entry, else its
+  group's, else FIXED."""
+  parts = path.split(".")
+  for end in range(len(parts), 0, -1):
+    found = KINDS.get(".".join(parts[:end]))
+    if found is not None:
+      return found
+  return FIXED
+
+
+def may_change(path: str, mode: str) -> bool:
+  """Whether a `mode` command may use a value other than the run's saved one at `path`."""
+  k = kind(path)
+  if k == FIXED:
+    return False
+  if k == DECODING:
+    return mode not in TRAIN_MODES
+  return True
+
+
+def flatten(config: ml_collections.ConfigDict | dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of every leaf field."""
+  items = config.items() if isinstance(config, dict) else config.items()
+  out: dict[str, Any] = {}
+  for key, value in items:
+    path = f"{prefix}{key}"
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out.update(flatten(value, path + "."))
+    else:
+      out[path] = value
+  return out
+
+
+def _normal(value: Any) -> str:
+  """A value as JSON, so a tuple equals its saved list and 1 equals 1.0."""
+  if isinstance(value, float) and value.is_integer():
+    value = int(value)
+  return json.dumps(value, sort_keys=True, default=str)
+
+
+def _cast(template: Any, value: Any) -> Any:
+  """`value` (read from JSON) in the type of the field it fills."""
+  if isinstance(template, bool) or value is None or template is None:
+    return value
+  if isinstance(template, float) and isinstance(value, int):
+    return float(value)
+  if isinstance(template, tuple) and isinstance(value, list):
+    return tuple(value)
+  return value
+
+
+def _overlay(node: ml_collections.ConfigDict, saved: dict[str, Any]) -> None:
+  for key, value in saved.items():
+    if key in node and isinstance(node[key], ml_collections.ConfigDict) and isinstance(value, dict):
+      _overlay(node[key], value)
+    elif key in node:
+      node[key] = _cast(node[key], value)
+    else:
+      node[key] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
+
+
+def from_json(text: str, source: str = CONFIG_FILE) -> ml_collections.ConfigDict:
+  """The ConfigDict a saved config.json describes, with its fields' types: the builders' full
+  config of its model size, overlaid with every saved value (cast to the field's type), plus any
+  field the saved run had that no installed config has. ConfigError naming `source` if it is
+  not a saved config."""
+  from flaxformer_nmt.config import builders  # the table of sizes
+
+  try:
+    saved = json.loads(text)
+  except ValueError as e:
+    raise errors.ConfigError(f"{source}: not JSON ({e}).") from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+    raise errors.ConfigError(f"{source}: not a saved flaxformer_nmt config (no 'model' group).")
+  size = saved["model"].get("size")
+  config = builders.base_config(size if size in builders.SIZES else "tiny")
+  config.unlock()
+  _overlay(config, saved)
+  return config
+
+
+def saved(workdir: str) -> ml_collections.ConfigDict | None:
+  """The typed config of the run in `workdir` (from_json), or None if it saved none."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    raise errors.ConfigError(f"{path}: cannot be read ({e.strerror}).") from None
+  return from_json(text, path)
+
+
+def reconcile(
+  given: ml_collections.ConfigDict,
+  saved_config: ml_collections.ConfigDict,
+  mode: str,
+  where: str,
+) -> ml_collections.ConfigDict:
+  """The config a `mode` command runs with on a saved run: the run's `saved_config`, with the
+  command's value wherever `may_change` allows it, and wherever the run saved no such field.
+  ConfigError (one line: the field, both values, `where` the run's config is) at the first field
+  the command may not change; nothing is written either way."""
+  ours, theirs = flatten(given), flatten(saved_config)
+  result = ml_collections.ConfigDict(saved_config.to_dict())  # a copy, unlocked
+  for path, value in ours.items():
+    if path not in theirs:
+      _set(result, path, value)
+      continue
+    old = theirs[path]
+    if _normal(value) == _normal(old):
+      continue
+    if path == "model.dtype" and value == "auto":
+      continue  # "auto" on a run that recorded its resolved dtype: the run's
+    if not may_change(path, mode):
+      reason = {
+        FIXED: "it decides what the parameters compute or were trained on",
+        DECODING: "a resumed run keeps how it computes",
+      }[kind(path)]
+      raise errors.ConfigError(
+        f"config.{path}={value!r} disagrees with the run: {where} has {old!r}, and {reason}. "
+        f"Drop that value (the run's config applies when --config is left out), or train in "
+        f"another --workdir (config.init_from starts from this run's parameters)."
+      )
+    _set(result, path, value)
+  return result
+
+
+def _set(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  *groups, name = path.split(".")
+  node = config
+  for group in groups:
+    if group not in node:
+      node[group] = ml_collections.ConfigDict()
+    node = node[group]
+  if name in node and node[name] is not None and value is not None:
+    node[name] = _cast(node[name], value)
+  else:
+    node[name] = value
+
+
+def resolve_dtype(config: ml_collections.ConfigDict, resolved: str) -> None:
+  """Training records the compute dtype it runs with: "auto" becomes `resolved` (what it means
+  on this machine), so config.json says the precision and a resume keeps it."""
+  if config.model.dtype == "auto":
+    config.model.dtype = resolved
