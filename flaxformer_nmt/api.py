@@ -11,6 +11,9 @@ validates first, writes its figures into the workdir, and returns them as a dict
   api.translate(config, "runs/demo", ["We need forty-two chairs."])
 
 Rerunning `train` with the same workdir resumes from its latest checkpoint, as the command does.
+Once a run has saved its config.json, `config` may be None: the run's own config is used
+(`api.evaluate(None, "runs/demo")`), and a config given is held to the run's rules
+(docs/runs.md: what a command may change).
 """
 
 from __future__ import annotations
@@ -47,18 +50,18 @@ def _members(ensemble: Sequence[str] | str) -> tuple[str, ...]:
   return (ensemble,) if isinstance(ensemble, str) else tuple(ensemble)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
   """Builds the data (TFDS needs `pip install -e ".[prepare]"`) and the vocabulary."""
   return modes.prepare(config, workdir)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
   """Trains (or resumes) to config.num_train_steps; returns the final dev and test figures."""
   return modes.train(config, workdir)
 
 
 def evaluate(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   checkpoint: str = "auto",
   ensemble: Sequence[str] | str = (),
@@ -69,7 +72,7 @@ def evaluate(
 
 
 def translate(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   lines: Sequence[str],
   checkpoint: str = "auto",
@@ -80,7 +83,7 @@ def translate(
 
 
 def translate_nbest(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   lines: Sequence[str],
   nbest: int,
@@ -101,7 +104,7 @@ def translate_nbest(
 
 
 def average(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   num_checkpoints: int = 5,
   checkpoint: str = "latest",
@@ -112,7 +115,7 @@ def average(
 
 
 def export(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   output: str,
   quantization: str = "float32",
@@ -123,7 +126,7 @@ def export(
 
 
 def attention(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   text: str,
   output: str | None = None,

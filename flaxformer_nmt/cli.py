@@ -166,8 +166,9 @@ def _check_input_early(argv: list[str]) -> None:
     return
   path = _flag_value(argv, "input")
   if path and path != "-" and not os.path.isfile(path):
+    # The words data reading uses (runtime/files.iter_lines), which would say it later.
     what = "is a directory, not a text file" if os.path.isdir(path) else "no such file"
-    _user_error(f"--input={path}: {what}.")
+    _user_error(f"{path}: {what}.")
 
 
 def _unknown_override(argv: list[str]) -> str | None:
@@ -270,14 +271,18 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 class _QuietLibraries(pylogging.Filter):
   """Drops the libraries' chatter so our progress lines, and a one-line error, stand alone:
-  orbax's INFO lines (about 20 per checkpoint) and its warning that a checkpoint folder opened to
-  be read is "read only" (every inference mode opens it so), and JAX's INFO line that no TPU
-  backend is found (every start on a CPU or GPU). `--verbosity=1` or `--alsologtostderr` keeps
-  them all."""
+  orbax's INFO lines (about 20 per checkpoint), its warning that a checkpoint folder opened to
+  be read is "read only" (every inference mode opens it so), its error lines for each attempt to
+  parse a damaged step's metadata (the reader names the step once, and reads the one before), and
+  JAX's INFO line that no TPU backend is found (every start on a CPU or GPU). `--verbosity=1` or
+  `--alsologtostderr` keeps them all."""
 
   def filter(self, record: pylogging.LogRecord) -> bool:
     if "/orbax/" in record.pathname.replace(os.sep, "/"):
-      return record.levelno >= pylogging.WARNING and "is read only" not in str(record.msg)
+      message = str(record.msg)
+      if "Failed to json parse" in message:
+        return False  # a damaged step: checkpoints/reader.py says so in one line, and falls back
+      return record.levelno >= pylogging.WARNING and "is read only" not in message
     if record.name == "jax._src.xla_bridge" and record.levelno < pylogging.WARNING:
       return not str(record.msg).startswith("Unable to initialize backend")
     return True

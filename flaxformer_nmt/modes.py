@@ -53,7 +53,7 @@ def _begin(
   return config, run
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
   """Trains (or resumes, or returns a finished run's saved figures); see training/loop.py."""
   from flaxformer_nmt.training import loop  # the training loop: this mode only
 
@@ -137,7 +137,7 @@ def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
 
 
 def translate_hypotheses(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   which: str,
   lines: list[str],
@@ -157,7 +157,7 @@ def translate_hypotheses(
 
 
 def translate(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   which: str,
   input_path: str,
@@ -191,7 +191,7 @@ def translate(
 
 
 def serve(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   which: str,
   members: Sequence[str],
@@ -222,7 +222,7 @@ def serve(
 
 
 def export(
-  config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict | None,
   workdir: str,
   which: str,
   fmt: str,
@@ -247,7 +247,7 @@ def export(
   return result
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
   """Builds the dataset (TFDS: needs the `[prepare]` extra), checks dev and test, and trains the
   vocabulary into the workdir; see data/prepare.py."""
   from flaxformer_nmt.data import prepare as prepare_lib  # TFDS's builder: this mode only
@@ -259,7 +259,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def attention(
-  config: ml_collections.ConfigDict, workdir: str, which: str, text: str, output: str
+  config: ml_collections.ConfigDict | None, workdir: str, which: str, text: str, output: str
 ) -> dict[str, Any]:
   """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
   positional encoding, in `output` (default <workdir>/attention); see attention_pictures.py."""
@@ -292,7 +292,10 @@ def attention(
 
 
 def average(
-  config: ml_collections.ConfigDict, workdir: str, num_checkpoints: int, which: str = "auto"
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  num_checkpoints: int,
+  which: str = "auto",
 ) -> dict[str, Any]:
   """Averages the parameters of the last K checkpoints into <workdir>/averaged (`which`="best":
   the last K up to the best step; "ema": the parameter averages of the last K); the average

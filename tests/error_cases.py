@@ -20,6 +20,7 @@ from error_setups import (
   data_dir_under_a_file,
   fine_tuning,
   in_trained,
+  in_trained_before_config_json,
   kept_none,
   member_with_other_heads,
   member_with_other_vocabulary,
@@ -45,7 +46,7 @@ CASES = [
   ),
   Case(
     "unknown TFDS name",
-    in_trained(
+    in_trained_before_config_json(
       "--config=configs/demo.py",
       "--config.data.source=tfds",
       "--config.data.tfds_name=wmt41_translate/de-en",
@@ -69,20 +70,32 @@ CASES = [
   ),
   Case(
     "export of a model CTranslate2 cannot hold",
-    in_trained(
+    in_trained_before_config_json(
       "--config=configs/demo.py", "--mode=export", "--config.model.d_k=2", "--output={base}/ct2"
     ),
     "config.model.d_k=2: CTranslate2's attention splits queries, keys and values",
   ),
   Case(
     "shape-mismatched checkpoint",
-    in_trained("--config=configs/demo.py", "--config.model.d_ff=256"),
+    in_trained_before_config_json("--config=configs/demo.py", "--config.model.d_ff=256"),
     "params/decoder_0/ffn/wi/bias has shape (32,) in the checkpoint but (256,) in the model",
   ),
   Case(
     "eval of another model size",
-    in_trained("--config=configs/demo.py", "--mode=eval", "--config.model.num_layers=3"),
+    in_trained_before_config_json(
+      "--config=configs/demo.py", "--mode=eval", "--config.model.num_layers=3"
+    ),
     "does not match the model",
+  ),
+  Case(
+    "a config that disagrees with the run",
+    in_trained("--config=configs/demo.py", "--mode=eval", "--config.model.num_heads=4"),
+    "config.model.num_heads=4 disagrees with the run",
+  ),
+  Case(
+    "no --config for a run that saved none",
+    in_trained_before_config_json("--mode=eval"),
+    "--config is required",
   ),
   Case("translate without a checkpoint", no_checkpoint, "No checkpoint in", trained=False),
   Case(
@@ -262,7 +275,7 @@ CASES = [
   ),
   Case(
     "missing data folder",
-    in_trained(
+    in_trained_before_config_json(
       "--config=configs/demo.py", "--config.data.source=files", "--config.data.dir={base}/m30k"
     ),
     "/m30k': no such folder",
@@ -304,6 +317,7 @@ CASES = [
 
 # Mistakes in the flags themselves: main.py's flag parsing prints the line and exits.
 FLAG_CASES = {
+  "no --config for a run that saved none",
   "n-best list asked of eval",
   "a server flag given to another mode",
   "mistyped config field",

@@ -63,10 +63,27 @@ def in_trained(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
   return setup
 
 
+def copy_trained_before_config_json(base: pathlib.Path, trained: pathlib.Path) -> pathlib.Path:
+  """A copy of the trained run without its config.json, as runs trained before it existed are:
+  its commands use the config they are given (config/run_config.py rules only runs that saved
+  theirs), so a config that disagrees with the run reaches the data and shape checks."""
+  workdir = copy_trained(base, trained)
+  (workdir / "config.json").unlink()
+  return workdir
+
+
+def in_trained_before_config_json(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    workdir = copy_trained_before_config_json(base, trained)
+    return [f"--workdir={workdir}", *[a.format(base=base) for a in args]]
+
+  return setup
+
+
 def bad_corpus(**damage: bytes | None) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
   def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
     return [
-      f"--workdir={copy_trained(base, trained)}",
+      f"--workdir={copy_trained_before_config_json(base, trained)}",
       *_files_config(_corpus(base / "c", **damage)),
     ]
 
@@ -177,7 +194,7 @@ def data_dir_under_a_file(*args: str) -> Callable[[pathlib.Path, pathlib.Path], 
 
   def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
     (base / "notes.txt").write_text("my notes\n")
-    workdir = copy_trained(base, trained)
+    workdir = copy_trained_before_config_json(base, trained)
     formatted = [a.format(notes=base / "notes.txt") for a in args]
     return [f"--workdir={workdir}", "--mode=prepare", *formatted]
 

@@ -2,9 +2,10 @@
 
 Numbers are the core of it: German writes "forty-five" as "fünfundvierzig" (units before tens, one
 compound word), so a model must reorder and compound, which exercises attention without needing a
-real corpus. A dozen short templates around cardinals, ordinals and years add word-order changes
-("She was born in 1999." -> "Sie wurde 1999 geboren."). The task is regular and its vocabulary
-small, so a tiny Transformer learns it to a high BLEU in minutes on a CPU.
+real corpus. A dozen short templates around cardinals, ordinals and years, every number spelled
+out, add word-order changes ("She was born in nineteen ninety-nine." -> "Sie wurde
+neunzehnhundertneunundneunzig geboren."). The task is regular and its vocabulary small, so a tiny
+Transformer learns it to a high BLEU in minutes on a CPU.
 
 Splits are disjoint by construction: every candidate sentence is assigned to exactly one split by a
 stable hash of its English side, so no test source ever appears in training.

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -25,7 +26,7 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.decoding import translator as translator_lib
 from flaxformer_nmt.loaded_model import LoadedModel
 from flaxformer_nmt.model.tokens import PAD_ID
-from flaxformer_nmt.runtime import parallel
+from flaxformer_nmt.runtime import parallel, progress
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import server
 from flaxformer_nmt.serving.options import Options
@@ -102,14 +103,31 @@ class Translators:
     hypotheses = translator.translate_nbest(lines, numbers)
     return hypotheses, translator.truncated
 
-  def compile(self, kind: batcher_lib.Kind) -> int:
-    """Compiles every batch shape of `kind` (an all-padding batch of each); how many there were."""
+  def shapes(self, kind: batcher_lib.Kind) -> list[tuple[int, int]]:
+    """The batch shapes (rows, source length) `kind`'s translator can be given."""
+    return self.get(kind).batch_shapes()
+
+  def compile(self, kind: batcher_lib.Kind, rows: int, length: int) -> None:
+    """Compiles (or reads from the compilation cache) one batch shape of `kind`'s search, by
+    decoding an all-padding batch of it."""
     translator = self.get(kind)
-    shapes = translator.batch_shapes()
-    for rows, length in shapes:
-      inputs = np.full((rows, length), PAD_ID, np.int32)
-      jax.block_until_ready(translator.decode_fn(inputs, np.full((rows,), -1, np.int32)))
-    return len(shapes)
+    inputs = np.full((rows, length), PAD_ID, np.int32)
+    jax.block_until_ready(translator.decode_fn(inputs, np.full((rows,), -1, np.int32)))
+
+
+def compile_all(translators: Translators, kinds: Sequence[batcher_lib.Kind]) -> int:
+  """Compiles every batch shape of `kinds`, logging progress with an ETA about every 10 s (a
+  cold start compiles for minutes on a small CPU; the compilation cache makes the next one warm).
+  Returns how many shapes there were."""
+  work = [(kind, shape) for kind in kinds for shape in translators.shapes(kind)]
+  meter = progress.Progress(0, len(work))
+  last_log = time.monotonic()
+  for done, (kind, (rows, length)) in enumerate(work, 1):
+    translators.compile(kind, rows, length)
+    if time.monotonic() - last_log >= 10.0 or done == len(work):
+      last_log = time.monotonic()
+      logging.info("Compiled %d of %d batch shapes (ETA %s).", done, len(work), meter.eta(done))
+  return len(work)
 
 
 def run(loaded: LoadedModel, options: Options) -> dict[str, Any]:
@@ -117,7 +135,7 @@ def run(loaded: LoadedModel, options: Options) -> dict[str, Any]:
   decode = loaded.components.config.decode
   translators = Translators(loaded)
   start = time.perf_counter()
-  compiled = sum(translators.compile(kind) for kind in PRECOMPILED)
+  compiled = compile_all(translators, PRECOMPILED)
   # Loading and compiling left many long-lived Python objects (traced programs, the
   # config, the vocabulary); the collector would walk them all again at every full collection, a
   # pause in some request's latency. Frozen, they are no longer walked.

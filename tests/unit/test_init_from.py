@@ -26,7 +26,10 @@ def _fine_tune_config(source, **overrides):
     (dict(init_from="{tmp}/nothere"), "config.init_from={tmp}/nothere: not a trained workdir"),
     (dict(**{"model.num_layers": 3}), "trained with model.num_layers=1 where this config has 3"),
     (dict(**{"model.num_heads": 4}), "trained with model.num_heads=2 where this config has 4"),
-    (dict(**{"data.vocab_path": "{tmp}/other.model"}), "differs from this run's"),
+    (
+      dict(**{"data.vocab_path": "{tmp}/other.model"}),
+      "differs from {tmp}/other.model; a fine-tuned model and its source must share one vocabulary",
+    ),
   ],
   ids=["missing", "another size", "another head count", "another vocabulary"],
 )

@@ -38,16 +38,20 @@ def test_bad_config_values_fail_before_any_work(tmp_path, field, value, message)
 
 
 def test_average_and_translate_read_no_corpus(saved_run, tmp_path):
-  """Modes that need only the vocabulary and a checkpoint work with the corpus gone."""
+  """Modes that need only the vocabulary and a checkpoint work with the corpus gone: the run
+  says it trained on files in a folder that no longer exists."""
   _, workdir = saved_run
+  saved = json.loads((workdir / "config.json").read_text())
+  saved["data"].update(source="files", dir=str(tmp_path / "gone"))
+  (workdir / "config.json").write_text(json.dumps(saved, indent=2))
   overrides = {**helpers.saved_run_overrides(), "data.source": "files"}
   c = api.load_config("demo", {**overrides, "data.dir": str(tmp_path / "gone")})
   components = Components.load(c, Workdir(str(workdir)))
   assert components.tokenizer.vocab_size == c.data.vocab_size
-  modes.average(c, str(workdir), 2)
+  modes.average(None, str(workdir), 2)
   assert json.loads((workdir / "average_result.json").read_text())["steps"] == [8, 12]
   (tmp_path / "in.txt").write_text("three hundred and five\n\ntwelve\n")
-  modes.translate(c, str(workdir), "auto", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"))
+  modes.translate(None, str(workdir), "auto", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"))
   out = (tmp_path / "out.txt").read_text().split("\n")
   assert len(out) == 4 and out[1] == "" and out[3] == ""
   assert [out[0], out[2]] == api.translate(c, str(workdir), ["three hundred and five", "twelve"])
