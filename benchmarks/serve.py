@@ -116,7 +116,7 @@ class TranslateSide:
     loaded = loaded_model.load(config, Workdir(_WORKDIR.value), "auto")
     self.checkpoint = loaded.description
     self.lines = lines
-    self.translator = translator_lib.translator_for(
+    self.translator = translator_lib.make_translator(
       loaded.components, loaded.params, log_progress=False
     )
     for line in lines[: _LATENCY_LINES.value]:  # compiles every shape the timed calls use

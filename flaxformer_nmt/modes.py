@@ -148,7 +148,7 @@ def translate_hypotheses(
   config, run = _begin(config, workdir, "translate")
   outputs.check(config)
   loaded = loaded_model.load(config, run, which, outputs.members)
-  decoder = translator.translator_for(
+  decoder = translator.make_translator(
     loaded.components, loaded.params, nbest=outputs.nbest, alignments=outputs.alignments
   )
   hyps = decoder.translate_nbest(lines)

@@ -252,7 +252,7 @@ def _sharded_decoder(model: Any, search: decode.SearchConfig) -> Callable[[Any, 
   return parallel.pmap_rows(search_result)
 
 
-def make_decode_fn(
+def _decode_fn(
   model: Any, params: Any, search: decode.SearchConfig, *, replicated: bool = False
 ) -> BatchDecodeFn:
   """The model's batch decode over all devices as a numpy-in, numpy-out function.
@@ -267,12 +267,26 @@ def make_decode_fn(
   return lambda inputs, line_ids: run(params, inputs, line_ids)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+  """What a translator decodes with: the vocabulary, the model, config.decode's settings and the
+  longest source the model is given. A command's `Components` has them all (`of`); tests build
+  one around a stand-in tokenizer."""
+
+  tokenizer: TextTokenizer
+  model: Any
+  decode_config: ml_collections.ConfigDict
+  max_src_len: int
+
+  @classmethod
+  def of(cls, components: Components) -> ModelParts:
+    c = components
+    return cls(c.tokenizer, c.model, c.config.decode, c.max_src_len)
+
+
 def make_translator(
-  tokenizer: TextTokenizer,
-  model: Any,
+  parts: ModelParts | Components,
   params: Any,
-  decode_config: ml_collections.ConfigDict,
-  max_src_len: int,
   *,
   replicated: bool = False,
   beam_size: int | None = None,
@@ -281,10 +295,14 @@ def make_translator(
   log_progress: bool = True,
   rows_per_shard: Sequence[int] | None = None,
 ) -> Translator:
-  """A Translator for `model` with the search, length rule and batch size of config.decode
-  (`beam_size` overrides the beam and asks for beam search, e.g. greedy dev BLEU during
-  training). `params` may be a model_step.Ensemble. `nbest` hypotheses per line; `alignments`
+  """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
+  the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
+  asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
+  model_step.Ensemble; `replicated`: see `_decode_fn`. `nbest` hypotheses per line; `alignments`
   adds word alignments from config.decode.alignment_layer's cross-attention."""
+  if not isinstance(parts, ModelParts):
+    parts = ModelParts.of(parts)
+  decode_config, model = parts.decode_config, parts.model
   layer = -1
   if alignments:
     setting = int(decode_config.get("alignment_layer", -1))
@@ -293,10 +311,10 @@ def make_translator(
     decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
   )
   return Translator(
-    tokenizer,
-    make_decode_fn(model, params, search, replicated=replicated),
+    parts.tokenizer,
+    _decode_fn(model, params, search, replicated=replicated),
     batch_size=int(decode_config.batch_size),
-    max_src_len=max_src_len,
+    max_src_len=parts.max_src_len,
     num_shards=jax.device_count(),
     nbest=nbest,
     alignments=alignments,
@@ -305,52 +323,11 @@ def make_translator(
   )
 
 
-def translator_for(
-  components: Components,
-  params: Any,
-  *,
-  replicated: bool = False,
-  beam_size: int | None = None,
-  nbest: int = 1,
-  alignments: bool = False,
-  log_progress: bool = True,
-  rows_per_shard: Sequence[int] | None = None,
-) -> Translator:
-  """`make_translator` with the command's Components: its tokenizer, model and config."""
-  return make_translator(
-    components.tokenizer,
-    components.model,
-    params,
-    components.config.decode,
-    components.max_src_len,
-    replicated=replicated,
-    beam_size=beam_size,
-    nbest=nbest,
-    alignments=alignments,
-    log_progress=log_progress,
-    rows_per_shard=rows_per_shard,
-  )
-
-
-def translate_lines(
-  lines: Sequence[str],
-  components: Components,
-  params: Any,
-  *,
-  replicated: bool = False,
-  beam_size: int | None = None,
-) -> list[str]:
-  """One translation of each of `lines`, with config.decode's settings (`beam_size` overrides
-  the beam); see the module docstring. `replicated`: see `make_decode_fn`."""
-  translator = translator_for(components, params, replicated=replicated, beam_size=beam_size)
-  return translator.translate(lines)
-
-
 def translate_fn(
   components: Components, params: Any, *, replicated: bool
 ) -> Callable[[Sequence[str], int], list[str]]:
   """`(sources, beam_size) -> translations`: how evaluation asks a model to translate, on every
   device of every process (`params` replicated over the local devices, or one host copy)."""
-  return lambda sources, beam_size: translate_lines(
-    list(sources), components, params, replicated=replicated, beam_size=beam_size
-  )
+  return lambda sources, beam_size: make_translator(
+    components, params, replicated=replicated, beam_size=beam_size
+  ).translate(list(sources))

@@ -83,7 +83,7 @@ class Translators:
     with self._lock:
       if kind not in self._made:
         start = time.perf_counter()
-        self._made[kind] = translator_lib.translator_for(
+        self._made[kind] = translator_lib.make_translator(
           self._loaded.components,
           self._replicated,
           replicated=True,

@@ -44,7 +44,7 @@ def exported(trained_demo, tmp_path_factory):
 
 
 def _ours(run, params, sources, beam):
-  return translator.translate_lines(sources, run.components, params, beam_size=beam)
+  return translator.make_translator(run.components, params, beam_size=beam).translate(sources)
 
 
 def _caps(run, sources):

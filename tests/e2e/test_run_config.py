@@ -83,7 +83,7 @@ def test_eval_with_the_workdir_alone_gives_trainings_test_figures(files_run, tmp
   assert proc.returncode == 0, proc.stderr[-3000:]
   scored = json.loads(proc.stdout.strip().splitlines()[-1])
   assert {k: scored[k] for k in TEST_KEYS} == {k: trained[k] for k in TEST_KEYS}
-  assert scored["test_set"] == "files test"
+  assert scored["test_set"] == "test"  # the files source names it by its prefix
   # Training wrote these files for the same test set and parameters; eval wrote them again, the
   # same bytes, and nothing else.
   names = sorted(p.name for p in (work / "eval").iterdir())

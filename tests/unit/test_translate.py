@@ -105,9 +105,8 @@ def test_translating_lines_with_the_tiny_model(tmp_path):
   lines = ["Grüße", "", "東京 und Zürich", "ab", "   ", "eine sehr lange Zeile!", "c", "naïve"]
 
   def translate_lines(lines, beam_size=None):
-    return translate.make_translator(
-      tokenizer, model, params, decode_config, max_src_len=8, beam_size=beam_size
-    ).translate(lines)
+    parts = translate.ModelParts(tokenizer, model, decode_config, 8)
+    return translate.make_translator(parts, params, beam_size=beam_size).translate(lines)
 
   out = translate_lines(lines)
   assert len(out) == len(lines)
@@ -120,7 +119,8 @@ def test_translating_lines_with_the_tiny_model(tmp_path):
   shuffled = translate_lines([lines[i] for i in perm])
   assert shuffled == [out[i] for i in perm]
 
-  translator = translate.make_translator(tokenizer, model, params, decode_config, max_src_len=8)
+  parts = translate.ModelParts(tokenizer, model, decode_config, max_src_len=8)
+  translator = translate.make_translator(parts, params)
   assert translator.translate(lines) == out
   stats = translator.stats.as_dict()
   assert stats["num_lines"] == 8 and stats["num_empty"] == 2 and stats["num_truncated"] == 2
