@@ -45,6 +45,20 @@ def load_config(
   return config
 
 
+def load_run_config(
+  workdir: str, overrides: Mapping[str, Any] | None = None
+) -> ml_collections.ConfigDict:
+  """The config a trained run saved (`<workdir>/config.json`, with its types), with `overrides`
+  ({"decode.beam_size": 8}); every mode then holds it to the run's rules (docs/runs.md), so only
+  what a command may change should differ. ConfigError if the run saved none."""
+  from flaxformer_nmt.config import saved_run  # pylint: disable=g-import-not-at-top
+
+  config = saved_run.get_config(workdir)
+  for path, value in (overrides or {}).items():
+    builders.set_field(config, path, value)
+  return config
+
+
 def _members(ensemble: Sequence[str] | str) -> tuple[str, ...]:
   """The ensemble's other workdirs; one string is one workdir (not its characters)."""
   return (ensemble,) if isinstance(ensemble, str) else tuple(ensemble)

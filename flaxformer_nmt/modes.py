@@ -36,7 +36,7 @@ def _begin(
   run = Workdir(workdir)
   run.check()
   saved = run_config.saved(run.path)
-  if saved is not None and (mode != "train" or run.training_steps()):
+  if saved is not None and (config is None or mode != "train" or run.training_steps()):
     config = run_config.reconcile(
       config if config is not None else saved, saved, mode, run.config_path
     )
@@ -46,7 +46,7 @@ def _begin(
     )
   checks.validate(config)
   compile_cache.check(config.get("compile_cache", "auto"))
-  if mode in ("train", "prepare"):
+  if mode == "train":
     run.create()  # one line if it cannot be, before anything is compiled or read
   accelerators.warn_if_unused()
   compile_cache.enable(config.get("compile_cache", "auto"))
@@ -78,7 +78,7 @@ def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, A
 
 
 def evaluate(
-  config: ml_collections.ConfigDict, workdir: str, which: str, members: Sequence[str] = ()
+  config: ml_collections.ConfigDict | None, workdir: str, which: str, members: Sequence[str] = ()
 ) -> dict[str, Any]:
   """BLEU and chrF of the test set (greedy and the configured beam); last line JSON. With
   `members` (--ensemble), of the ensemble of --workdir's model and theirs."""

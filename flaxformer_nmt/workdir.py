@@ -31,6 +31,7 @@ import ml_collections
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import reader
+from flaxformer_nmt.config import run_config
 from flaxformer_nmt.runtime import files, records
 
 VOCABULARY = "spm.model"
@@ -110,7 +111,7 @@ class Workdir:
 
   @property
   def config_path(self) -> str:
-    return self.join("config.json")
+    return self.join(run_config.CONFIG_FILE)
 
   def metrics_path(self, split: str) -> str:
     """`<split>_metrics.jsonl`: train figures at each log step, dev at each evaluation."""

@@ -216,9 +216,7 @@ def mode_on_a_copy(
   work, out = folder / "workdir", folder / "out"
   shutil.copytree(trained, work)
   proc = run_main(
-    "--config=configs/demo.py",
-    f"--workdir={work}",
-    "--config.model.dtype=float32",
+    f"--workdir={work}",  # the run's own config (float32, recorded when it trained)
     f"--mode={mode}",
     *args,
     f"--output={out}",

@@ -10,9 +10,10 @@ of every installed config has one):
              the training data's identity (source, folder, training prefix, languages, batch),
              dev set, seed, label smoothing, the best metric. A command that disagrees is refused
              before any work, with one line naming the field and both values.
-  DECODING   implementation choices that compute the same function: the attention
-             implementation, the compute dtype, how dropout masks are drawn. Free for decoding
-             commands; fixed when training resumes (a run keeps its precision and its masks).
+  DECODING   implementation choices that compute the same function (the attention
+             implementation, the compute dtype, how dropout masks are drawn) and the longest
+             source (data.max_len: training's length filter, decoding's cut). Free for decoding
+             commands; fixed when training resumes (a run keeps its precision, masks and data).
   RESUME     the length of training, evaluation and checkpoint cadence, checkpoints kept,
              early-stopping patience, the optimizer (its own rule stays: the EMA cannot be
              switched on or off, training/state.py), rematerialisation, fine-tuning's source
@@ -37,9 +38,8 @@ import ml_collections
 from flaxformer_nmt import errors
 
 FIXED, DECODING, RESUME, FREE = "fixed", "decoding", "resume", "free"
-TRAIN_MODES = ("train",)
-# The modes that read a trained run: every one but train and prepare.
-CONFIG_FILE = "config.json"
+TRAIN_MODES = ("train",)  # where DECODING fields are fixed: a resumed run keeps how it computes
+CONFIG_FILE = "config.json"  # in the run's folder (workdir.Workdir.config_path)
 
 # config.model fields that decide what a set of parameters computes: another run's parameters (an
 # ensemble member, a fine-tuning source) must agree on each (checkpoints/selection.py). Shapes
@@ -74,6 +74,8 @@ KINDS: dict[str, str] = {
   "model.dtype": DECODING,
   "model.attention": DECODING,
   "model.dropout_rng": DECODING,
+  # Training kept the pairs no longer than this; a decoding command cuts its sources to it.
+  "data.max_len": DECODING,
   "model.remat": RESUME,
   # --- the optimizer: today's rules (training/state.check_resume_fits)
   "optim": RESUME,
@@ -114,9 +116,8 @@ def may_change(path: str, mode: str) -> bool:
 
 def flatten(config: ml_collections.ConfigDict | dict[str, Any], prefix: str = "") -> dict[str, Any]:
   """{dotted path: value} of every leaf field."""
-  items = config.items() if isinstance(config, dict) else config.items()
   out: dict[str, Any] = {}
-  for key, value in items:
+  for key, value in config.items():
     path = f"{prefix}{key}"
     if isinstance(value, (ml_collections.ConfigDict, dict)):
       out.update(flatten(value, path + "."))

@@ -79,8 +79,14 @@ def enable(setting: str) -> str | None:
   jax.config.update("jax_compilation_cache_dir", path)
   # Every program, however quick to compile: a CPU run's are small, and many.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+  for name, value in (
+    ("jax_persistent_cache_min_entry_size_bytes", 0),
+    ("jax_compilation_cache_max_size", MAX_BYTES),
+  ):
+    try:
+      jax.config.update(name, value)
+    except AttributeError:  # an older JAX without the option: its default stands
+      logging.info("This JAX has no %s; its default stands.", name)
   _enabled = path
   logging.info("Compilation cache: %s (config.compile_cache=%s).", path, setting)
   return path

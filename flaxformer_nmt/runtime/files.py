@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -45,18 +44,6 @@ def same_bytes(a: str, b: str) -> bool:
       return hashlib.sha256(f.read()).hexdigest()
 
   return digest(a) == digest(b)
-
-
-SAVED_CONFIG = "config.json"  # the config a training run saved into its workdir
-
-
-def saved_config(workdir: str) -> dict:
-  """The config a training run saved in `workdir` (as JSON), or {} if it saved none."""
-  path = os.path.join(workdir, SAVED_CONFIG)
-  if not os.path.isfile(path):
-    return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
 
 
 def check_output_file(path: str, flag: str) -> None:

@@ -28,7 +28,7 @@ def test_main_py_nbest_alignments_sampling_and_an_ensemble(
   source = tmp_path / "in.txt"
   lines = ["three hundred and five", "", "forty-two chairs"]
   source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-  common = [f"--workdir={work}", "--config=configs/demo.py", "--mode=translate"]
+  common = [f"--workdir={work}", "--mode=translate"]
   common += [f"--input={source}", "--config.decode.beam_size=2"]
   out = tmp_path / "nbest.tsv"
   helpers.run_main(*common, f"--output={out}", "--nbest=2", "--alignments")
@@ -39,7 +39,7 @@ def test_main_py_nbest_alignments_sampling_and_an_ensemble(
 
   sampled = tmp_path / "sampled.txt"
   helpers.run_main(*common, f"--output={sampled}", "--config.decode.method=sample", "--nbest=1")
-  sample_config = api.load_config("demo", {"decode.beam_size": 2, "decode.method": "sample"})
+  sample_config = api.load_run_config(str(work), {"decode.method": "sample"})
   again = api.translate(sample_config, str(work), lines)  # the same seed: the same samples
   assert sampled.read_text(encoding="utf-8").splitlines() == again and again[0] and again[2]
 
@@ -48,7 +48,9 @@ def test_main_py_nbest_alignments_sampling_and_an_ensemble(
   pair = api.evaluate(config, str(work), checkpoint="latest", ensemble=[str(seed1)])
   assert pair["checkpoint"].startswith("ensemble of 2 models") and str(seed1) in pair["checkpoint"]
   assert pair["test_sentences"] == alone["test_sentences"]
-  written = sorted(p.name for p in (work / "eval").glob("test_ensemble2_latest_*_beam2.hyp.txt"))
+  written = sorted(
+    p.name for p in (work / "eval").glob("test_demo.test40_ensemble2_latest_*_beam2-*.hyp.txt")
+  )
   assert len(written) == 1, written  # named by what was loaded, beside step60's own files
   both = api.translate_nbest(config, str(work), ["three hundred"], 2, "latest", [str(seed1)], True)
   assert len(both[0]) == 2 and dataclasses.is_dataclass(both[0][0])

@@ -200,7 +200,8 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   source = tmp_path / "in.txt"
   source.write_text("\n".join(lines) + "\n", encoding="utf-8")
   trained = json.loads((reference / "train_result.json").read_text())
-  names = [f"test_step{TOTAL}_{search}.hyp.txt" for search in ("greedy", "beam2")]
+  searches = ("greedy-len5", "beam2-shrinking-a0.6-len5")  # TINY's max_len_offset=5
+  names = [f"test_demo.test16_step{TOTAL}_{search}.hyp.txt" for search in searches]
   want_hyps = [(reference / "eval" / name).read_text() for name in names]
   sample = {"decode.method": "sample", "decode.seed": 3}
   spec = {

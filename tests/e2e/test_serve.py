@@ -35,9 +35,7 @@ from cluster import free_port
 pytestmark = pytest.mark.xdist_group("serve")
 
 # Small batches and short buckets: the server compiles (2 row sizes x 4 lengths) x 2 searches.
-SMALL = [
-  "--config=configs/demo.py",
-  "--config.model.dtype=float32",
+SMALL = [  # on the run's own config, with what a decoding command may change
   "--config.decode.batch_size=4",
   "--config.data.max_len=24",
 ]

@@ -42,7 +42,7 @@ def test_short_demo_run_lowers_loss_and_writes_checkpoints(trained_demo):
     "train_minutes",
   ):
     assert key in result, result
-  assert os.path.exists(tmp_path / "eval" / "test_step60_beam2.hyp.txt")
+  assert os.path.exists(tmp_path / "eval" / "test_demo.test40_step60_beam2-shrinking-a0.6.hyp.txt")
   json.dumps(result)  # the JSON line main.py prints
 
 

@@ -72,6 +72,7 @@ def test_every_listed_kind_names_a_real_field_or_group():
     # how it computes: free for decoding commands only
     ("model.dtype", DECODING),
     ("model.attention", DECODING),
+    ("data.max_len", DECODING),
     # the length and cadence of training, the optimizer
     *[
       (f, RESUME)
@@ -177,3 +178,12 @@ def test_a_trained_run_needs_no_config_and_refuses_a_conflict_untouched(saved_ru
   with pytest.raises(errors.ConfigError, match="disagrees with the run"):
     api.translate(api.load_config("demo"), str(work), ["one"])
   assert helpers.snapshot(work) == before
+
+
+def test_the_api_loads_a_runs_config_with_overrides(saved_run, tmp_path):
+  config, work = saved_run
+  loaded = api.load_run_config(str(work), {"decode.beam_size": 3})
+  assert loaded.decode.beam_size == 3 and loaded.model.num_heads == config.model.num_heads
+  assert api.evaluate(loaded, str(work), checkpoint="latest")["test_sentences"] == 8
+  with pytest.raises(errors.ConfigError, match="has no config.json; pass --config"):
+    api.load_run_config(str(tmp_path))
