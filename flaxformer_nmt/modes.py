@@ -40,6 +40,8 @@ def _begin(
     config = run_config.reconcile(
       config if config is not None else saved, saved, mode, run.config_path
     )
+    if mode == "eval":
+      _say_if_another_test_set(config, saved)
   elif config is None:
     raise errors.ConfigError(
       f"{run.config_path}: no such file; give the config {workdir} was trained with."
@@ -51,6 +53,20 @@ def _begin(
   accelerators.warn_if_unused()
   compile_cache.enable(config.get("compile_cache", "auto"))
   return config, run
+
+
+def _say_if_another_test_set(
+  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict
+) -> None:
+  """One warning line when eval scores a test set other than the run's own (free: docs/runs.md),
+  so a --config meant for another run is not taken for this run's figures."""
+  ours, theirs = evaluation.test_set_tag(config.data), evaluation.test_set_tag(saved.data)
+  if ours != theirs:
+    logging.warning(
+      "Scoring the test set %s, not the run's own (%s); its files in eval/ are named so.",
+      ours.removeprefix("test_"),
+      theirs.removeprefix("test_"),
+    )
 
 
 def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:

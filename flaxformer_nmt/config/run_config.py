@@ -7,13 +7,18 @@ of four kinds, listed here and nowhere else (tests/unit/test_run_config.py check
 of every installed config has one):
 
   FIXED      what the parameters compute or were trained on: the architecture, the vocabulary,
-             the training data's identity (source, folder, training prefix, languages, batch),
-             dev set, seed, label smoothing, the best metric. A command that disagrees is refused
-             before any work, with one line naming the field and both values.
+             the training data's identity (training prefix and split, languages, batch, the
+             demo's generator), seed, label smoothing, the best metric. A command that
+             disagrees is refused before any work, with one line naming the field and both
+             values.
   DECODING   implementation choices that compute the same function (the attention
-             implementation, the compute dtype, how dropout masks are drawn) and the longest
-             source (data.max_len: training's length filter, decoding's cut). Free for decoding
-             commands; fixed when training resumes (a run keeps its precision, masks and data).
+             implementation, the compute dtype, how dropout masks are drawn), the longest source
+             (data.max_len: training's length filter, decoding's cut), and where the evaluation
+             sets come from (data.source, dir, tfds_name, the dev split): eval scores the test
+             set they name, with the run's vocabulary (docs/wmt14.md scores the filtered
+             newstest2014 from text files with a TFDS-trained model). Free for decoding
+             commands, which say so when the test set is not the run's own; fixed when training
+             resumes (a run keeps its precision, masks and data).
   RESUME     the length of training, evaluation and checkpoint cadence, checkpoints kept,
              early-stopping patience, the optimizer (its own rule stays: the EMA cannot be
              switched on or off, training/state.py), rematerialisation, fine-tuning's source
@@ -76,6 +81,14 @@ KINDS: dict[str, str] = {
   "model.dropout_rng": DECODING,
   # Training kept the pairs no longer than this; a decoding command cuts its sources to it.
   "data.max_len": DECODING,
+  # Where the evaluation sets are read from; training's own data stays fixed (train_prefix,
+  # train_split, languages, vocabulary, batch, the demo's training size).
+  "data.source": DECODING,
+  "data.dir": DECODING,
+  "data.tfds_name": DECODING,
+  "data.dev_split": DECODING,
+  "data.dev_prefix": DECODING,
+  "data.demo_dev_size": DECODING,
   "model.remat": RESUME,
   # --- the optimizer: today's rules (training/state.check_resume_fits)
   "optim": RESUME,
@@ -211,7 +224,7 @@ def reconcile(
     if not may_change(path, mode):
       reason = {
         FIXED: "it decides what the parameters compute or were trained on",
-        DECODING: "a resumed run keeps how it computes",
+        DECODING: "a resumed run keeps how it computes and the data it reads",
       }[kind(path)]
       raise errors.ConfigError(
         f"config.{path}={value!r} disagrees with the run: {where} has {old!r}, and {reason}. "

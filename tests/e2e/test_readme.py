@@ -167,7 +167,8 @@ def _rescored(box: readme_sandbox.Sandbox, text: str, result: dict, name: str) -
   overrides = dict(w[len("--config.") :].split("=", 1) for w in words if w.startswith("--config."))
   config = api.load_config("demo", {k: _value(v) for k, v in overrides.items()})
   workdir = box.repo / re.search(r"--workdir=(\S+)", text).group(1)
-  hyp_file = max(workdir.glob(f"eval/*_{name}.hyp.txt"), key=lambda p: p.stat().st_mtime)
+  search = name if name == "greedy" else f"{name}-*"  # beam4-shrinking-a0.6 (evaluation.search_tag)
+  hyp_file = max(workdir.glob(f"eval/*_{search}.hyp.txt"), key=lambda p: p.stat().st_mtime)
   hyps = hyp_file.read_text(encoding="utf-8").splitlines()
   with contextlib.chdir(box.repo):  # a files source's data.dir is relative to it
     refs = [t for _, t in sources.make_source(config.data).iter_pairs("test")]

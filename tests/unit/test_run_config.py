@@ -55,17 +55,19 @@ def test_every_listed_kind_names_a_real_field_or_group():
     *[
       (f"data.{f}", FIXED)
       for f in (
-        "source",
-        "dir",
         "train_prefix",
+        "train_split",
         "src_lang",
         "tgt_lang",
         "vocab_size",
         "vocab_path",
-        "tfds_name",
         "tokens_per_batch",
+        "demo_train_size",
+        "demo_seed",
       )
     ],
+    # where the evaluation sets come from: free for decoding, fixed for training
+    *[(f"data.{f}", DECODING) for f in ("source", "dir", "tfds_name", "dev_prefix")],
     ("seed", FIXED),
     ("label_smoothing", FIXED),
     ("a_users_own_field", FIXED),
@@ -144,7 +146,9 @@ def test_reconcile_takes_what_the_mode_may_change_and_refuses_the_rest():
     assert (out.decode.beam_size, out.num_train_steps, out.model.dtype) == (8, 900, "float32")
   given.model.dtype = "bfloat16"
   assert run_config.reconcile(given, saved, "translate", "w").model.dtype == "bfloat16"
-  with pytest.raises(errors.ConfigError, match="a resumed run keeps how it computes"):
+  with pytest.raises(
+    errors.ConfigError, match="a resumed run keeps how it computes and the data it reads"
+  ):
     run_config.reconcile(given, saved, "train", "w")
   given = loading.load("demo")
   given.model.num_heads = 2
