@@ -7,18 +7,19 @@ of four kinds, listed here and nowhere else (tests/unit/test_run_config.py check
 of every installed config has one):
 
   FIXED      what the parameters compute or were trained on: the architecture, the vocabulary,
-             the training data's identity (training prefix and split, languages, batch, the
-             demo's generator), seed, label smoothing, the best metric. A command that
-             disagrees is refused before any work, with one line naming the field and both
-             values.
+             the training data's identity (training prefix and split, languages, the demo's
+             generator), the seed. A command that disagrees is refused before any work, with one
+             line naming the field and both values.
   DECODING   implementation choices that compute the same function (the attention
              implementation, the compute dtype, how dropout masks are drawn), the longest source
              (data.max_len: training's length filter, decoding's cut), and where the evaluation
              sets come from (data.source, dir, tfds_name, the dev split): eval scores the test
              set they name, with the run's vocabulary (docs/wmt14.md scores the filtered
-             newstest2014 from text files with a TFDS-trained model). Free for decoding
-             commands, which say so when the test set is not the run's own; fixed when training
-             resumes (a run keeps its precision, masks and data).
+             newstest2014 from text files with a TFDS-trained model), and how training trains
+             (dropout, label smoothing, the batch, the best metric), which no decoding command
+             reads. Free for decoding commands (eval says so when its test set is not the
+             run's own); fixed when training resumes (a run keeps its precision, masks, data and
+             objective).
   RESUME     the length of training, evaluation and checkpoint cadence, checkpoints kept,
              early-stopping patience, the optimizer (its own rule stays: the EMA cannot be
              switched on or off, training/state.py), rematerialisation, fine-tuning's source
@@ -89,6 +90,13 @@ KINDS: dict[str, str] = {
   "data.dev_split": DECODING,
   "data.dev_prefix": DECODING,
   "data.demo_dev_size": DECODING,
+  # How training trains: decoding commands never read these; a resumed run keeps them.
+  "label_smoothing": DECODING,
+  "best_metric": DECODING,
+  "model.dropout_rate": DECODING,
+  "model.attention_dropout_rate": DECODING,
+  "model.relu_dropout_rate": DECODING,
+  "data.tokens_per_batch": DECODING,
   "model.remat": RESUME,
   # --- the optimizer: today's rules (training/state.check_resume_fits)
   "optim": RESUME,
@@ -224,7 +232,7 @@ def reconcile(
     if not may_change(path, mode):
       reason = {
         FIXED: "it decides what the parameters compute or were trained on",
-        DECODING: "a resumed run keeps how it computes and the data it reads",
+        DECODING: "a resumed run keeps how it computes, the data it reads and how it trains",
       }[kind(path)]
       raise errors.ConfigError(
         f"config.{path}={value!r} disagrees with the run: {where} has {old!r}, and {reason}. "
