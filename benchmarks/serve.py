@@ -1,7 +1,7 @@
 r"""The translation server under load, against --mode=translate on the same lines.
 
   python benchmarks/serve.py                          # the quick start's runs/demo, 512 test lines
-  python benchmarks/serve.py --workdir=runs/m30k --config=multi30k --lines_file=data/x.en
+  python benchmarks/serve.py --workdir=runs/m30k --lines_file=data/x.en   # the run's own config
 
 1. `--mode=translate`'s own code on a warm model, in this process: the lines as one call
    (sentences/s), and each of the first `--latency_lines` lines as a call of its own (the latency
@@ -51,7 +51,12 @@ from flaxformer_nmt.data import demo
 from flaxformer_nmt.decoding import translator as translator_lib
 from flaxformer_nmt.workdir import Workdir
 
-_CONFIG = flags.DEFINE_string("config", "demo", "The workdir's config (name or file).")
+_CONFIG = flags.DEFINE_string(
+  "config",
+  "",
+  "The workdir's config (name or file); '' = the run's own config.json (docs/runs.md), which both "
+  "sides then use, with --set's changes.",
+)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "A trained workdir.")
 _SET = flags.DEFINE_multi_string("set", [], "Config overrides for both sides: path=value.")
 _LINES_FILE = flags.DEFINE_string(
@@ -112,7 +117,10 @@ class TranslateSide:
   machine speeding up or slowing down during the run moves both sides alike."""
 
   def __init__(self, lines: list[str]) -> None:
-    config = api.load_config(_CONFIG.value, _overrides())
+    if _CONFIG.value:
+      config = api.load_config(_CONFIG.value, _overrides())
+    else:
+      config = api.load_run_config(_WORKDIR.value, _overrides())
     loaded = loaded_model.load(config, Workdir(_WORKDIR.value), "auto")
     self.checkpoint = loaded.description
     self.lines = lines
@@ -160,7 +168,8 @@ def _free_port() -> int:
 def start_server(port: int, log: Any) -> subprocess.Popen:
   checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   command = [sys.executable, os.path.join(checkout, "main.py"), "--mode=serve"]
-  command += [f"--config={_CONFIG.value}", f"--workdir={_WORKDIR.value}", f"--port={port}"]
+  command += [f"--config={_CONFIG.value}"] if _CONFIG.value else []
+  command += [f"--workdir={_WORKDIR.value}", f"--port={port}"]
   command += [f"--max_wait_ms={_MAX_WAIT_MS.value:g}", *(f"--config.{s}" for s in _SET.value)]
   logging.info("Starting: %s (its log: %s)", " ".join(command[1:]), log.name)
   return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -146,9 +146,7 @@ def test_reconcile_takes_what_the_mode_may_change_and_refuses_the_rest():
     assert (out.decode.beam_size, out.num_train_steps, out.model.dtype) == (8, 900, "float32")
   given.model.dtype = "bfloat16"
   assert run_config.reconcile(given, saved, "translate", "w").model.dtype == "bfloat16"
-  with pytest.raises(
-    errors.ConfigError, match="a resumed run keeps how it computes"
-  ):
+  with pytest.raises(errors.ConfigError, match="a resumed run keeps how it computes"):
     run_config.reconcile(given, saved, "train", "w")
   given = loading.load("demo")
   given.model.num_heads = 2
