@@ -34,7 +34,7 @@ def version() -> str:
 
 # One line per flag for `--help` (the flags' own help, longer, is what `--helpfull` shows).
 FLAG_LINES = {
-  "config": "experiment config: an installed config's name or a config file's path",
+  "config": "experiment config: a name or a file (default: a trained workdir's own)",
   "workdir": "the run's folder: checkpoints, vocabulary, records, results",
   "mode": "what to do (above; default train)",
   "checkpoint": "which parameters: auto, latest, averaged, best or ema (default auto)",
@@ -73,7 +73,7 @@ def usage(program: str) -> str:
       "JAX/Flax for machine translation: prepare data, train and resume, evaluate with BLEU,",
       "average checkpoints, translate, export.",
       "",
-      f"usage: {program} --config=CONFIG --workdir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]",
+      f"usage: {program} [--config=CONFIG] --workdir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]",
       "",
       "modes:",
       *(f"  {name:<11}{text}" for name, text in MODES.items()),
@@ -86,11 +86,11 @@ def usage(program: str) -> str:
       "",
       "examples:",
       f"  {program} --config=demo --workdir=runs/demo",
-      f"  {program} --config=demo --workdir=runs/demo --mode=translate --input=in.txt "
-      "--output=out.txt",
-      f"  {program} --config=wmt14_ende_base --workdir=runs/base --mode=average "
-      "--num_checkpoints=5",
+      f"  {program} --workdir=runs/demo --mode=translate --input=in.txt --output=out.txt",
+      f"  {program} --workdir=runs/base --mode=average --num_checkpoints=5",
       "",
-      "Rerunning a training command on its workdir resumes it. Guides: README.md and docs/.",
+      "Rerunning a training command on its workdir resumes it; a trained workdir needs no "
+      "--config.",
+      "Guides: README.md and docs/.",
     ]
   )
