@@ -41,7 +41,8 @@ def load(
   config: ml_collections.ConfigDict, run: Workdir, which: str, members: Sequence[str] = ()
 ) -> LoadedModel:
   """The parameters `which` names (and, with `members`, each member's by the same rule in its
-  own workdir), checked against the model before any of them is read."""
+  own workdir), checked against the model before any of them is read. `config` is the command's,
+  already held to the run's rules (modes._begin; api.load_run_config gives the run's own)."""
   location = selection.resolve(run, which)
   resolved = selection.resolve_members(run, members, which, config) if members else []
   components = Components.load(config, run)
