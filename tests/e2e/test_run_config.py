@@ -105,7 +105,7 @@ def test_eval_with_the_workdir_alone_gives_trainings_test_figures(files_run, tmp
 @pytest.mark.parametrize(
   "args,culprit",
   [
-    (["--config=configs/demo.py", "--mode=eval"], "config.model.num_layers=2 disagrees"),
+    (["--config=configs/demo.py", "--mode=eval"], "disagrees with the run: "),  # vocab_sample_size
     (["--config.data.dir=elsewhere"], "a resumed run keeps how it computes"),  # a resume
     (["--mode=eval", "--config.model.num_heads=2"], "config.model.num_heads=2 disagrees"),
     (["--mode=translate", "--config.model.num_heads=2"], "config.model.num_heads=2 disagrees"),
