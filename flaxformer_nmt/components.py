@@ -13,14 +13,14 @@ import functools
 import os
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data.tokenizer import Tokenizer
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
+from flaxformer_nmt.model.transformer import abstract_params as model_abstract_params
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.workdir import Workdir
 
@@ -62,7 +62,7 @@ class Components:
   @functools.cached_property
   def abstract_params(self) -> Any:
     """The parameters' tree of jax.ShapeDtypeStruct: the template every restore reads into."""
-    return jax.eval_shape(lambda rng: init_params(self.model_cfg, rng), jax.random.PRNGKey(0))
+    return model_abstract_params(self.model_cfg)
 
   @property
   def max_src_len(self) -> int:

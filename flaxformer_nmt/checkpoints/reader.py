@@ -186,6 +186,21 @@ def _with_retries(path: epath.Path, read: Callable[[], Any]) -> Any:
   raise AssertionError("unreachable")
 
 
+# Each step's flattened array metadata, by the identity of its _METADATA file: the checks before
+# a restore (`check_fits`, then `read`) read it once per command, not once each (~0.15 s).
+_METADATA_SEEN: dict[tuple[str, int, int, int], dict[str, Any]] = {}
+
+
+def _metadata_identity(step_path: epath.Path) -> tuple[str, int, int, int] | None:
+  """(path, inode, size, mtime) of a step's state/_METADATA; None if it cannot be stat-ed."""
+  metadata = os.path.join(os.fspath(step_path), STATE_ITEM, "_METADATA")
+  try:
+    st = os.stat(metadata)
+  except (OSError, TypeError):
+    return None
+  return (metadata, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class CheckpointDir:
   """Reads the orbax step directories under one folder (training checkpoints, or averaged ones).
 
@@ -251,15 +266,20 @@ class CheckpointDir:
     stops before any data is read. Unreadable if the metadata cannot be read.
     """
     path = self.path(step)
+    identity = _metadata_identity(path)
+    saved = _METADATA_SEEN.get(identity) if identity is not None else None
+    if saved is None:
 
-    def read_metadata() -> Any:
-      metadata = self.manager.item_metadata(step)[STATE_ITEM]
-      if metadata is None:
-        raise FileNotFoundError("its array metadata (state/_METADATA) is missing")
-      return metadata
+      def read_metadata() -> Any:
+        metadata = self.manager.item_metadata(step)[STATE_ITEM]
+        if metadata is None:
+          raise FileNotFoundError("its array metadata (state/_METADATA) is missing")
+        return metadata
 
-    metadata = _with_retries(path, read_metadata)
-    saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
+      metadata = _with_retries(path, read_metadata)
+      saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
+      if identity is not None:
+        _METADATA_SEEN[identity] = saved
     wanted = _flatten(template)
     prefixes = {p.split("/")[0] for p in wanted}
     saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}

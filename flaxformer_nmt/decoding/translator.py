@@ -249,7 +249,7 @@ def _sharded_decoder(model: Any, search: decode.SearchConfig) -> Callable[[Any, 
     result = decode.decode_batch(model, params, inputs, search, line_ids=line_ids)
     return result._replace(lengths=None, scores=None, num_steps=None)  # what the host reads
 
-  return parallel.pmap_rows(search_result)
+  return parallel.pmap_rows(search_result, name=f"decode {model.cfg!r} {search!r}")
 
 
 def _decode_fn(

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_nmt.model.layers import dropout, einsum_f32
+from flaxformer_nmt.model.layers import Module, dropout, einsum_f32
 
 Array = jax.Array
 Dtype = Any
@@ -142,7 +142,7 @@ def _attention_bwd(rate: float, kind: str, residuals, d_out: Array):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(Module):
   """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
 
   Projections are bias-free matrices, as the paper writes them (W^Q, W^K, W^V, W^O), stored as

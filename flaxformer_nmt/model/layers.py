@@ -22,11 +22,49 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.core import meta
 
 from flaxformer_nmt.config import choices
 
 Array = jax.Array
 Dtype = Any
+
+
+class StoredParams:
+  """A mixin for linen modules: `param` returns a stored parameter without tracing its initializer.
+
+  Linen's `param` checks a stored parameter's shape against `jax.eval_shape` of its initializer at
+  every `apply`: 99 traced initializers per decoder trace of the demo model, about a second of a
+  two-line `--mode=translate` (a fifth of it once compilation is cached), and of every batch shape
+  a server compiles. The shapes are checked anyway where they come from: a restore reads into the
+  template of `init` (`Components.abstract_params`), and the run's architecture is reconciled
+  with its `config.json` before that. Values, names and the tree are linen's own.
+  """
+
+  @nn.nowrap
+  def param(self, name: str, init_fn: Any, *init_args: Any, unbox: bool = True, **init_kwargs: Any):
+    scope = self.scope  # type: ignore[attr-defined]
+    if scope is not None and scope.has_variable("params", name):
+      scope.reserve(name, "params")
+      value = scope.get_variable("params", name)
+      return meta.unbox(value) if unbox else value
+    return super().param(name, init_fn, *init_args, unbox=unbox, **init_kwargs)  # type: ignore[misc]
+
+
+class Dense(StoredParams, nn.Dense):
+  """`nn.Dense` (same parameters and arithmetic) without the per-apply initializer trace."""
+
+
+class Embed(StoredParams, nn.Embed):
+  """`nn.Embed` (same parameters and arithmetic) without the per-apply initializer trace."""
+
+
+class LayerNorm(StoredParams, nn.LayerNorm):
+  """`nn.LayerNorm` (same parameters and arithmetic) without the per-apply initializer trace."""
+
+
+class Module(StoredParams, nn.Module):
+  """The base of this package's modules that own parameters (see `StoredParams`)."""
 
 
 def _upcast_on_cpu(*xs: Array) -> tuple[Array, ...]:
@@ -165,7 +203,7 @@ def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
   return pe.reshape(*positions.shape, d_model)
 
 
-class PositionalEncoding(nn.Module):
+class PositionalEncoding(Module):
   """Adds sinusoidal (the paper) or learned (Table 3, row E) position encodings.
 
   In decode mode the position is the number of tokens fed so far, kept in the cache, so the
@@ -201,7 +239,7 @@ class PositionalEncoding(nn.Module):
 # Feed-forward.
 
 
-class FeedForward(nn.Module):
+class FeedForward(Module):
   """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2)."""
 
   d_model: int
@@ -214,7 +252,7 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
     # x: [B, T, D]
     init = nn.initializers.xavier_uniform()
-    h = nn.Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
+    h = Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
     h = nn.relu(h)  # [B, T, F]
     h = Dropout(self.relu_dropout_rate, self.dropout_kind)(h, deterministic=deterministic)
-    return nn.Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)
+    return Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)

@@ -27,6 +27,7 @@ import ml_collections
 
 from flaxformer_nmt.model import attention as attention_layers
 from flaxformer_nmt.model import layers
+from flaxformer_nmt.runtime import executables
 
 Array = jax.Array
 
@@ -70,9 +71,9 @@ class TransformerConfig:
     return cls(vocab_size=vocab_size, dtype=_DTYPES[dtype], **{k: model[k] for k in copied})
 
 
-def _layer_norm(name: str) -> nn.LayerNorm:
+def _layer_norm(name: str) -> layers.LayerNorm:
   # Always float32 (statistics and output), whatever the matmul dtype: see the module docstring.
-  return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
+  return layers.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
 
 
 def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadAttention:
@@ -178,14 +179,14 @@ class Transformer(nn.Module):
 
   def setup(self) -> None:
     cfg = self.cfg
-    self.embedding = nn.Embed(
+    self.embedding = layers.Embed(
       cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model), name="embedding"
     )
     if not cfg.share_embeddings:
-      self.target_embedding = nn.Embed(
+      self.target_embedding = layers.Embed(
         cfg.vocab_size, cfg.d_model, embedding_init=_embed_init(cfg.d_model)
       )
-      self.logits_dense = nn.Dense(
+      self.logits_dense = layers.Dense(
         cfg.vocab_size,
         use_bias=False,
         dtype=cfg.dtype,
@@ -202,7 +203,7 @@ class Transformer(nn.Module):
       self.encoder_norm = _layer_norm("encoder_norm")
       self.decoder_norm = _layer_norm("decoder_norm")
 
-  def _embed(self, table: nn.Embed, tokens: Array) -> Array:
+  def _embed(self, table: layers.Embed, tokens: Array) -> Array:
     # tokens: [B, T] -> [B, T, D] float32, scaled by sqrt(d_model) (3.4).
     return table(tokens) * jnp.sqrt(self.cfg.d_model).astype(jnp.float32)
 
@@ -328,6 +329,17 @@ def init_params(cfg: TransformerConfig, rng: Array, src_len: int = 8, tgt_len: i
   return model.init(rng, dummy_src, dummy_tgt)["params"]
 
 
+@functools.lru_cache(maxsize=16)
+def abstract_params(cfg: TransformerConfig) -> Any:
+  """The parameters' tree of jax.ShapeDtypeStruct (`init_params` traced, never run), once per
+  config in a process and kept with the compiled programs (`executables.traced`): the template
+  restores read into, and the decode cache's layout uses it."""
+  return executables.traced(
+    f"abstract params {cfg!r}",
+    lambda: jax.eval_shape(lambda rng: init_params(cfg, rng), jax.random.PRNGKey(0)),
+  )
+
+
 def init_decode_cache(
   model: Transformer,
   batch_size: int,
@@ -378,17 +390,25 @@ def _cache_layout(model: Transformer) -> Any:
 def _traced_cache_shapes(
   model: Transformer, batch_size: int, max_decode_len: int, src_len: int, num_sentences: int
 ) -> Any:
-  """The decode cache's tree of jax.ShapeDtypeStruct, from tracing the decoder's init."""
-  dummy_src = jnp.ones((num_sentences, src_len), jnp.int32)
-  dummy_tgt = jnp.ones((batch_size, max_decode_len), jnp.int32)
+  """The decode cache's tree of jax.ShapeDtypeStruct, from tracing one decoder call that creates
+  it (an `apply` on the abstract parameters: no initializer is traced)."""
+  dummy_src = jax.ShapeDtypeStruct((num_sentences, src_len), jnp.int32)
+  dummy_tgt = jax.ShapeDtypeStruct((batch_size, max_decode_len), jnp.int32)
 
-  def make(src, tgt):
+  def make(params, src, tgt):
     encoded = jnp.zeros((num_sentences, src_len, model.cfg.d_model), jnp.float32)  # as encode()
-    return model.init(
-      jax.random.PRNGKey(0), encoded, src, tgt, decode=True, method=Transformer.decode
-    )["cache"]
+    _, variables = model.apply(
+      {"params": params},
+      encoded,
+      src,
+      tgt,
+      decode=True,
+      method=Transformer.decode,
+      mutable=["cache", "cross_cache"],
+    )
+    return variables["cache"]
 
-  return jax.eval_shape(make, dummy_src, dummy_tgt)
+  return jax.eval_shape(make, abstract_params(model.cfg), dummy_src, dummy_tgt)
 
 
 def count_params(params: Any) -> int:

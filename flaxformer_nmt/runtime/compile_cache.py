@@ -52,9 +52,12 @@ def enable(setting: str) -> str | None:
   global _enabled
   import jax  # pylint: disable=g-import-not-at-top
 
+  from flaxformer_nmt.runtime import executables  # pylint: disable=g-import-not-at-top
+
   path = folder(setting)
   if path is None:
     jax.config.update("jax_enable_compilation_cache", False)
+    executables.enable(None)
     return None
   if _enabled is not None:
     return _enabled
@@ -88,6 +91,7 @@ def enable(setting: str) -> str | None:
     except AttributeError:  # an older JAX without the option: its default stands
       logging.info("This JAX has no %s; its default stands.", name)
   _enabled = path
+  executables.enable(path)
   logging.info("Compilation cache: %s (config.compile_cache=%s).", path, setting)
   return path
 

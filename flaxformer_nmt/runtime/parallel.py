@@ -23,6 +23,7 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.runtime import executables
 
 AXIS = "batch"
 DISTRIBUTED_MODES = ("auto", "on", "off")
@@ -150,7 +151,7 @@ def pmap_eval_step(step_fn: Callable[..., Any], **static: Any) -> Callable[..., 
   return jax.pmap(functools.partial(step_fn, axis_name=AXIS, **static), axis_name=AXIS)
 
 
-def pmap_rows(fn: Callable[..., Any]) -> Callable[..., Any]:
+def pmap_rows(fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
   """Runs a per-device `fn(replicated, rows [b, ...], ...) -> [b, ...]` over every device.
 
   The returned host function takes the *global* batch, [devices * b, ...] numpy, on every process
@@ -160,8 +161,13 @@ def pmap_rows(fn: Callable[..., Any]) -> Callable[..., Any]:
   each process computes its devices' rows and the results are exchanged with one all-gather per
   array. `fn` must not use collectives: each device runs its own program (a decoding loop ends on
   each device when its own rows are done).
+
+  With a `name` (unique to `fn` and everything it closes over), its compiled programs are kept
+  on disk for later commands (`executables.Program`).
   """
   p_fn = jax.pmap(fn, axis_name=AXIS)
+  if name is not None:
+    p_fn = executables.Program(p_fn, name)
 
   def run(replicated: Any, *batches: np.ndarray) -> Any:
     devices, local = jax.device_count(), jax.local_device_count()

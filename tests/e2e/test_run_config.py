@@ -136,8 +136,9 @@ def test_training_recorded_its_dtype_and_logs_epochs_in_its_line(files_run):
 
 
 def test_a_second_translate_reads_the_first_ones_programs(files_run, tmp_path):
-  """With a cache of its own: the first translate fills it, the second adds nothing (every
-  program found), and both write the same lines."""
+  """With a cache of its own: the first translate fills it and saves its decoding program and
+  the parameters' shapes (executables/), the second adds nothing (every program found, nothing
+  traced again), and both write the same lines."""
   work = _copy(files_run, tmp_path)
   cache = tmp_path / "cache"
   env = {"FLAXFORMER_NMT_COMPILE_CACHE": str(cache), "JAX_COMPILATION_CACHE_DIR": ""}
@@ -149,10 +150,13 @@ def test_a_second_translate_reads_the_first_ones_programs(files_run, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     outputs.append(out.read_text())
+    saved = sorted(os.listdir(cache / "executables"))
     if i == 1:
-      first = sorted(os.listdir(cache))
+      first, first_saved = sorted(os.listdir(cache)), saved
       assert first and oct(cache.stat().st_mode & 0o777) == "0o700"
+      assert len(first_saved) == 2, first_saved  # the decoder, and the parameters' shapes
   assert sorted(os.listdir(cache)) == first
+  assert saved == first_saved
   assert outputs[0] == outputs[1]
 
 

@@ -1,0 +1,214 @@
+"""Compiled decoding programs kept on disk: a second command skips tracing as well as compiling.
+
+JAX's persistent compilation cache (compile_cache.py) saves the compile, but every command still
+traces and lowers each program to find its cache key: on a CPU that is about a second per
+decoding shape, more than the compile it saves for the demo's model, and a server traces 56
+shapes. Here a decoder's compiled program is serialized with `jax.experimental.serialize_executable`
+into `<compile cache>/executables/`, keyed by everything that decides it (below); a later command
+with the same key loads it and runs it without tracing.
+
+The key: the caller's name for the function and its static settings (the model config and the
+search settings), each argument's shape, dtype and placement, this package's source (every .py
+file), the versions of jax, jaxlib and flax, the devices, XLA_FLAGS and the JAX options that
+change a program. Anything else a program depends on is an argument. A file that cannot be read
+or loaded is ignored (compiled anew and rewritten): the store only ever saves time. Programs are
+loaded as the user's own code, from the user's 0700 cache folder, as JAX's cache is. Single-
+process runs only: a multi-process program's placement spans other hosts.
+
+The folder is capped at MAX_BYTES, least recently used first out. Clearing the compile cache's
+folder clears it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+SUBFOLDER = "executables"
+MAX_BYTES = 1 << 30  # 1 GiB: a demo program is ~1 MB, a big model's decoder tens of MB
+_SUFFIX = ".pickle"
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_folder: str | None = None
+
+
+def enable(cache_folder: str | None) -> None:
+  """Keeps programs under `cache_folder` (the compilation cache's), or nowhere when None."""
+  global _folder
+  _folder = os.path.join(cache_folder, SUBFOLDER) if cache_folder else None
+
+
+def folder() -> str | None:
+  return _folder
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> str:
+  """What every key shares: source, versions, devices, flags."""
+  import flax  # pylint: disable=g-import-not-at-top
+  import jaxlib  # pylint: disable=g-import-not-at-top
+
+  source = hashlib.sha256()
+  for root, dirs, files in os.walk(_PACKAGE):
+    dirs.sort()
+    for name in sorted(files):
+      if name.endswith(".py"):
+        path = os.path.join(root, name)
+        source.update(os.path.relpath(path, _PACKAGE).encode())
+        with open(path, "rb") as f:
+          source.update(f.read())
+  options = (
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_threefry_partitionable",
+    "jax_default_prng_impl",
+  )
+  return repr(
+    (
+      source.hexdigest(),
+      jax.__version__,
+      getattr(jaxlib, "__version__", ""),
+      flax.__version__,
+      [(d.platform, d.device_kind, d.id) for d in jax.devices()],
+      os.environ.get("XLA_FLAGS", ""),
+      [(name, getattr(jax.config, name, None)) for name in options],
+    )
+  )
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+  """The arguments' tree, and each leaf's shape, dtype, kind and placement."""
+  leaves, tree = jax.tree.flatten(args)
+
+  def leaf(x: Any) -> tuple[Any, ...]:
+    sharding = getattr(x, "sharding", None)
+    return (np.shape(x), str(np.result_type(x)), type(x).__name__, str(sharding))
+
+  return (str(tree), tuple(leaf(x) for x in leaves))
+
+
+class Program:
+  """`fn` (a `jax.pmap`-ed or jitted function) run from compiled programs: in memory per argument
+  signature, loaded from the store, or compiled (`lower(...).compile()`, through JAX's cache) and
+  saved. Falls back to calling `fn` where compiling ahead fails or runs span several processes."""
+
+  def __init__(self, fn: Callable[..., Any], name: str) -> None:
+    self._fn = fn
+    self._name = name
+    self._compiled: dict[tuple[Any, ...], Any] = {}
+    self._lock = threading.Lock()
+
+  def __call__(self, *args: Any) -> Any:
+    if jax.process_count() > 1:
+      return self._fn(*args)
+    signature = _signature(args)
+    compiled = self._compiled.get(signature)
+    if compiled is None:
+      with self._lock:
+        compiled = self._compiled.get(signature) or self._load_or_compile(signature, args)
+        self._compiled[signature] = compiled
+    return compiled(*args)
+
+  def _path(self, signature: tuple[Any, ...]) -> str | None:
+    if _folder is None:
+      return None
+    key = hashlib.sha256(repr((self._name, signature, _environment())).encode()).hexdigest()
+    return os.path.join(_folder, key + _SUFFIX)
+
+  def _load_or_compile(self, signature: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+    path = self._path(signature)
+    if path is not None and os.path.isfile(path):
+      try:
+        with open(path, "rb") as f:
+          payload, in_tree, out_tree = pickle.load(f)
+        compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        os.utime(path)  # recently used
+        return compiled
+      except Exception as e:  # pylint: disable=broad-except
+        logging.info("Saved program %s unusable (%s); compiling it again.", path, e)
+    try:
+      compiled = self._fn.lower(*args).compile()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.info("Compiling %s ahead of time failed (%s); running it as it is.", self._name, e)
+      return self._fn
+    if path is not None:
+      _save(path, compiled)
+    return compiled
+
+
+def traced(name: str, fn: Callable[[], Any]) -> Any:
+  """`fn()`, kept in the store: for what tracing alone computes from this package's code and the
+  settings `name` spells out, such as the parameters' shapes (`jax.eval_shape` of `init`, ~0.4 s
+  on a CPU). The result must pickle (trees of jax.ShapeDtypeStruct do)."""
+  if _folder is None or jax.process_count() > 1:
+    return fn()
+  key = hashlib.sha256(repr(("traced", name, _environment())).encode()).hexdigest()
+  path = os.path.join(_folder, key + _SUFFIX)
+  if os.path.isfile(path):
+    try:
+      with open(path, "rb") as f:
+        value = pickle.load(f)
+      os.utime(path)
+      return value
+    except Exception as e:  # pylint: disable=broad-except
+      logging.info("Saved result %s unusable (%s); tracing it again.", path, e)
+  value = fn()
+  _write(path, pickle.dumps(value))
+  return value
+
+
+def _save(path: str, compiled: Any) -> None:
+  """Writes `compiled`'s serialized program to `path`."""
+  from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+  try:
+    blob = pickle.dumps(serialize_executable.serialize(compiled))
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info("Could not serialize the compiled program for %s (%s).", path, e)
+    return
+  _write(path, blob)
+
+
+def _write(path: str, blob: bytes) -> None:
+  """Writes `blob` to `path` atomically; a failure is one info line (the run goes on)."""
+  try:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    scratch = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(scratch, "wb") as f:
+      f.write(blob)
+    os.replace(scratch, path)
+    _evict(os.path.dirname(path))
+  except OSError as e:
+    logging.info("Could not save %s (%s).", path, e)
+
+
+def _evict(directory: str) -> None:
+  """Deletes the least recently used programs until the folder holds at most MAX_BYTES."""
+  entries = []
+  for name in os.listdir(directory):
+    if name.endswith(_SUFFIX):
+      try:
+        st = os.stat(os.path.join(directory, name))
+      except FileNotFoundError:
+        continue
+      entries.append((st.st_mtime, st.st_size, name))
+  total = sum(size for _, size, _ in entries)
+  for _, size, name in sorted(entries):
+    if total <= MAX_BYTES:
+      break
+    try:
+      os.remove(os.path.join(directory, name))
+    except FileNotFoundError:
+      pass
+    total -= size
