@@ -185,9 +185,12 @@ async def _wait_ready(url: str, server: subprocess.Popen) -> dict[str, Any]:
         async with session.get(f"{url}/health") as response:
           if response.status != 200:
             raise RuntimeError(f"/health answered {response.status}: {await response.text()}")
-          return await response.json()
+          health = await response.json()
+        if health["status"] != "starting":  # it listens while it loads and compiles
+          return health
       except aiohttp.ClientConnectionError:
-        await asyncio.sleep(0.5)
+        pass
+      await asyncio.sleep(0.5)
   raise RuntimeError("the server did not become ready")
 
 

@@ -6,7 +6,7 @@ For each command, the compilation cache (a fresh folder of this run's, through
 FLAXFORMER_NMT_COMPILE_CACHE) is cleared, then the command runs twice as a user types it, with the
 run's own config (`--workdir` alone):
 1. `--mode=translate` of two lines, from start to exit;
-2. `--mode=serve` on a free port, from start until `/health` answers 200, then SIGTERM.
+2. `--mode=serve` on a free port, from start until `/health` says "ok" (ready), then SIGTERM.
 The second run of each finds the first's programs in the cache. Each figure is the wall-clock time
 of the whole command, JAX's start-up included (what a user waits for); `ratio` is warm / cold.
 Last line JSON, recorded in benchmarks/results/<--record>.json (default warm_start).
@@ -14,6 +14,7 @@ Last line JSON, recorded in benchmarks/results/<--record>.json (default warm_sta
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -65,8 +66,9 @@ def _free_port() -> int:
 
 
 def _serve(env: dict[str, str], scratch: str) -> float:
-  """Seconds from starting `--mode=serve` until /health answers 200; the server is then stopped
-  with SIGTERM and must exit 0."""
+  """Seconds from starting `--mode=serve` until /health says it is ready ("ok": it answers
+  "starting" while it loads and compiles); the server is then stopped with SIGTERM and must exit
+  0."""
   port = _free_port()
   with open(os.path.join(scratch, f"serve_{port}.log"), "w", encoding="utf-8") as log:
     start = time.perf_counter()
@@ -81,7 +83,7 @@ def _serve(env: dict[str, str], scratch: str) -> float:
           raise RuntimeError(f"the server was not ready in {_TIMEOUT_S.value} s")
         try:
           with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
-            if reply.status == 200:
+            if reply.status == 200 and json.load(reply)["status"] == "ok":
               break
         except (urllib.error.URLError, ConnectionError, TimeoutError):
           pass

@@ -21,7 +21,7 @@ import difflib
 import logging as pylogging
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import ml_collections
 from absl import app, flags, logging
@@ -96,8 +96,9 @@ flags.DEFINE_enum(
 flags.DEFINE_string(
   "host",
   "127.0.0.1",
-  "serve: the address to listen on. 127.0.0.1 (the default) answers this machine only; 0.0.0.0 "
-  "answers anyone who can reach it, with no authentication (docs/serving.md).",
+  "serve: the address to listen on. 127.0.0.1 (the default) answers this machine only, and only "
+  "requests naming it as their Host; any other address (0.0.0.0) asks every request for the "
+  "token (--token, or one printed at start; docs/serving.md).",
 )
 flags.DEFINE_integer("port", 8080, "serve: the TCP port to listen on.")
 flags.DEFINE_float(
@@ -109,7 +110,39 @@ flags.DEFINE_integer(
   "max_request_bytes", 1 << 20, "serve: the largest request body accepted (larger: 413)."
 )
 flags.DEFINE_integer(
+  "max_request_lines", 10_000, "serve: the most lines one request may hold (more: 413)."
+)
+flags.DEFINE_integer(
   "queue_size", 256, "serve: requests that may wait for the device; one more is answered 503."
+)
+flags.DEFINE_integer(
+  "queue_lines",
+  50_000,
+  "serve: lines that may wait for the device, all requests together; a request that would "
+  "pass it is answered 503.",
+)
+flags.DEFINE_float(
+  "grace_s",
+  25.0,
+  "serve: after SIGTERM, how long the decoding in flight may take before the server exits "
+  "(uploads not yet received are dropped at once).",
+)
+flags.DEFINE_list(
+  "allowed_hosts",
+  [],
+  "serve: Host names (name or name:port) accepted besides localhost, 127.0.0.1 and [::1], e.g. "
+  "the name a reverse proxy forwards.",
+)
+flags.DEFINE_list(
+  "allowed_origins",
+  [],
+  "serve: web origins (scheme://host[:port]) whose pages may call the server (CORS); * for any.",
+)
+flags.DEFINE_string(
+  "token",
+  "",
+  "serve: the token every request must carry (Authorization: Bearer <token>, or ?token=). "
+  "Required on a non-loopback --host, where one is generated and printed if none is given.",
 )
 flags.DEFINE_enum(
   "distributed",
@@ -223,7 +256,20 @@ _MODE_ONLY_FLAGS = {
   "alignments": ("translate",),
   "ensemble": ("eval", "translate", "serve"),
   **{
-    name: ("serve",) for name in ("host", "port", "max_wait_ms", "max_request_bytes", "queue_size")
+    name: ("serve",)
+    for name in (
+      "host",
+      "port",
+      "max_wait_ms",
+      "max_request_bytes",
+      "max_request_lines",
+      "queue_size",
+      "queue_lines",
+      "grace_s",
+      "allowed_hosts",
+      "allowed_origins",
+      "token",
+    )
   },
 }
 
@@ -291,15 +337,17 @@ class _QuietLibraries(pylogging.Filter):
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _user_error(f"Unexpected arguments: {' '.join(argv[1:])} (flags are --name=value).")
-  # Imported here so `--help` and flag errors are instant (jax start-up takes seconds).
-  from flaxformer_nmt import modes
-  from flaxformer_nmt.runtime import parallel
-
   if flags.FLAGS.verbosity < 1 and not flags.FLAGS.alsologtostderr:
     logging.get_absl_handler().addFilter(_QuietLibraries())
-
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
+    if flags.FLAGS.mode == "serve":  # listens before JAX is imported (serving/launch.py)
+      _serve(config, workdir)
+      return
+    # Imported here so `--help` and flag errors are instant (jax start-up takes seconds).
+    from flaxformer_nmt import modes
+    from flaxformer_nmt.runtime import parallel
+
     parallel.maybe_initialize_distributed(flags.FLAGS.distributed)
     if flags.FLAGS.mode == "prepare":
       modes.prepare(config, workdir)
@@ -319,16 +367,31 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "export":
       f = flags.FLAGS
       modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
-    elif flags.FLAGS.mode == "serve":
-      from flaxformer_nmt.serving.options import Options  # no aiohttp or jax needed for these
-
-      f = flags.FLAGS
-      options = Options(f.host, f.port, f.max_wait_ms, f.max_request_bytes, f.queue_size)
-      modes.serve(config, workdir, f.checkpoint, tuple(f.ensemble), options)
   except errors.UserError as e:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
     # Anything else is a bug and keeps its traceback.
     _user_error(e)
+
+
+def _serve(config: Any, workdir: str) -> None:
+  from flaxformer_nmt.serving import launch  # no JAX: the server listens first
+  from flaxformer_nmt.serving.options import Options
+
+  f = flags.FLAGS
+  options = Options(
+    host=f.host,
+    port=f.port,
+    max_wait_ms=f.max_wait_ms,
+    max_request_bytes=f.max_request_bytes,
+    queue_size=f.queue_size,
+    max_request_lines=f.max_request_lines,
+    queue_lines=f.queue_lines,
+    grace_s=f.grace_s,
+    allowed_hosts=tuple(f.allowed_hosts),
+    allowed_origins=tuple(f.allowed_origins),
+    token=f.token,
+  )
+  launch.run(config, workdir, f.checkpoint, tuple(f.ensemble), options, f.distributed)
 
 
 def full_help() -> str:

@@ -206,35 +206,23 @@ def translate(
   return result
 
 
-def serve(
+def serving_model(
   config: ml_collections.ConfigDict | None,
   workdir: str,
   which: str,
   members: Sequence[str],
-  options: Any,
-) -> dict[str, Any]:
-  """Loads the model once and serves translations over HTTP until SIGTERM (serving/): the same
-  search as --mode=translate, with concurrent requests decoded together. `options`:
-  serving.service.Options."""
-  try:
-    import aiohttp  # noqa: F401  (the [serve] extra)
-  except ImportError as e:
-    raise errors.ConfigError(
-      f"--mode=serve needs aiohttp ({e}); install it with pip install -e '.[serve]'."
-    ) from None
-  from flaxformer_nmt.serving import service
-
-  options.check()
+  distributed: str = "auto",
+) -> loaded_model.LoadedModel:
+  """--mode=serve's model: the run checked as every mode checks it, in one process, loaded once
+  (serving/launch.py calls this on its loader thread, while the server already listens)."""
+  parallel.maybe_initialize_distributed(distributed)
   config, run = _begin(config, workdir, "serve")
   if jax.process_count() > 1:
     raise errors.ConfigError(
       f"--mode=serve runs as one process (this job has {jax.process_count()}); start it on "
       "one host without JAX_COORDINATOR_ADDRESS, or with --distributed=off."
     )
-  loaded = loaded_model.load(config, run, which, members)
-  result = service.run(loaded, options)
-  run.write_result(result)
-  return result
+  return loaded_model.load(config, run, which, members)
 
 
 def export(

@@ -372,17 +372,11 @@ def run_mode(args: list[str]) -> None:
     modes.prepare(config, workdir)
   elif mode == "serve":
     from flaxformer_nmt.serving import options as serve_options  # noqa: PLC0415
-    from flaxformer_nmt.serving import service  # noqa: PLC0415
 
-    def served(*args: object) -> None:  # a check that let it through would serve forever
-      raise AssertionError("--mode=serve got past its checks and would have served")
-
-    options = serve_options.Options(port=int(flag.get("port", 8080)))
-    original, service.run = service.run, served
-    try:
-      modes.serve(config, workdir, which, members, options)
-    finally:
-      service.run = original
+    # What serving/launch.py checks before it listens, then what its loader checks.
+    serve_options.Options(port=int(flag.get("port", 8080))).check()
+    modes.serving_model(config, workdir, which, members)
+    raise AssertionError("--mode=serve got past its checks and would have served")
   elif mode == "export":
     fmt, quantization = flag.get("format", "ctranslate2"), flag.get("quantization", "float32")
     modes.export(config, workdir, which, fmt, flag["output"], quantization)

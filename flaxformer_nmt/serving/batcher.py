@@ -9,17 +9,23 @@ held more than one request, or more than one is queued), and only until as many 
 the largest of those batches answered (clients answered together come back together): a lone
 client's request is decoded at once (after a burst of several clients, once those few batches have
 passed), four clients are served four at a time without waiting for a fifth, and requests that
-arrive while a batch is decoding form the next batch whatever the wait. A request longer than a
-batch is split into chunks of `max_rows` lines and answered when its last chunk is
-done. Each line keeps its number within its own request (what sampling keys its draws by), so a
-request's lines are decoded as a `--mode=translate` of the same lines decodes them; only the batch
-around them differs, which can move a score in its last digits.
+arrive while a batch is decoding form the next batch whatever the wait.
 
-`max_queue` bounds the requests waiting for the device: one more is refused at once (`QueueFull`,
-the server's 503) instead of waiting behind a queue it cannot see the end of. `close(timeout)`
-stops taking requests and returns once every accepted one is answered (or the timeout passes).
-If the worker itself ever fails, every waiting request fails with it and `alive` turns False
-(/health reports it), rather than waiting for a worker that is gone.
+Lines, not requests, are the unit of work. A batch holds `max_rows` lines, shared in turns among
+the waiting requests of its kind: each gets an equal part (a request with fewer lines left gives
+the rest of its part to the others), in arrival order. A one-line request that arrives beside a
+400-line one is in the next batch, not behind the 400 lines. Each line keeps its number within its
+own request (what sampling keys its draws by), so a request's lines are decoded as a
+`--mode=translate` of the same lines decodes them; only the batch around them differs, which can
+move a score in its last digits.
+
+The queue is bounded twice: `max_queue` requests and `max_queue_lines` lines waiting for the
+device. One more is refused at once (`QueueFull`, the server's 503) instead of waiting behind a
+queue it cannot see the end of. If a batch of several requests fails, each request is decoded
+again alone, so that only the faulty one fails. `close(timeout)` stops taking requests and returns
+once every accepted one is answered (or the timeout passes). If the worker itself ever fails,
+every waiting request fails with it and `alive` turns False (/health reports it), rather than
+waiting for a worker that is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,21 +76,28 @@ class Closed(Exception):
   """The batcher is shutting down and takes no new request."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Request:
   lines: list[str]
   kind: Kind
   future: concurrent.futures.Future
+  arrival: float
   answers: list[Line | None]
-  chunks_left: int
+  next_line: int = 0  # the first line not yet taken into a batch
+  answered: int = 0
+
+  @property
+  def untaken(self) -> int:
+    return len(self.lines) - self.next_line
 
 
 @dataclasses.dataclass
 class _Chunk:
+  """A request's consecutive lines in one batch."""
+
   request: _Request
   start: int  # the chunk's first line within its request
   lines: list[str]
-  arrival: float
 
 
 @dataclasses.dataclass
@@ -92,6 +106,8 @@ class Stats:
   lines: int = 0
   batches: int = 0
   refused: int = 0
+  failed_requests: int = 0
+  batches_retried_apart: int = 0
 
   def as_dict(self) -> dict[str, Any]:
     mean = self.lines / self.batches if self.batches else 0.0
@@ -102,21 +118,35 @@ class DynamicBatcher:
   """Gathers concurrent requests' lines into device batches; see the module docstring."""
 
   def __init__(
-    self, translate: TranslateFn, *, max_rows: int, max_wait_s: float, max_queue: int
+    self,
+    translate: TranslateFn,
+    *,
+    max_rows: int,
+    max_wait_s: float,
+    max_queue: int,
+    max_queue_lines: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
   ) -> None:
     self._translate = translate
     self.max_rows = max_rows
     self.max_wait_s = max_wait_s
     self.max_queue = max_queue
+    self.max_queue_lines = max_queue_lines
+    self._on_batch = on_batch
     self.stats = Stats()
-    self._chunks: collections.deque[_Chunk] = collections.deque()
-    self._waiting = 0  # requests with a chunk not yet taken into a batch
+    self._queue: collections.deque[_Request] = collections.deque()  # requests with lines untaken
+    self._queued_lines = 0
     self._cond = threading.Condition()
     self._closing = False
     # Requests in each of the last few batches: how many clients are about.
     self._recent_requests: collections.deque[int] = collections.deque(maxlen=_RECENT_BATCHES)
     self._worker = threading.Thread(target=self._run, name="batcher", daemon=True)
     self._worker.start()
+
+  @property
+  def queued_lines(self) -> int:
+    """Lines waiting for the device (not yet in a batch)."""
+    return self._queued_lines
 
   def submit(self, lines: Sequence[str], kind: Kind = Kind()) -> concurrent.futures.Future:
     """A future of `lines`' answers (a list of `Line`, in order); QueueFull or Closed at once."""
@@ -126,18 +156,21 @@ class DynamicBatcher:
     if not lines:
       future.set_result([])
       return future
-    starts = range(0, len(lines), self.max_rows)
-    request = _Request(lines, kind, future, [None] * len(lines), len(starts))
     with self._cond:
       if self._closing:
         raise Closed("the server is shutting down" if self.alive else "the batcher has failed")
-      if self._waiting >= self.max_queue:
+      if len(self._queue) >= self.max_queue:
         self.stats.refused += 1
-        raise QueueFull(f"{self._waiting} requests are waiting (the limit is {self.max_queue})")
-      now = time.monotonic()
-      for start in starts:
-        self._chunks.append(_Chunk(request, start, lines[start : start + self.max_rows], now))
-      self._waiting += 1
+        raise QueueFull(f"{len(self._queue)} requests are waiting (the limit is {self.max_queue})")
+      if self.max_queue_lines and self._queued_lines + len(lines) > self.max_queue_lines:
+        self.stats.refused += 1
+        raise QueueFull(
+          f"{self._queued_lines} lines are waiting and this request adds {len(lines)} (the "
+          f"limit is {self.max_queue_lines})"
+        )
+      request = _Request(lines, kind, future, time.monotonic(), [None] * len(lines))
+      self._queue.append(request)
+      self._queued_lines += len(lines)
       self.stats.requests += 1
       self._cond.notify_all()
     return future
@@ -156,14 +189,15 @@ class DynamicBatcher:
   def _next_batch(self) -> list[_Chunk] | None:
     """The chunks of the next batch (None: closed and nothing left), taken off the queue."""
     with self._cond:
-      while not self._chunks:
+      while not self._queue:
         if self._closing:
           return None
         self._cond.wait()
-      kind = self._chunks[0].request.kind
+      oldest = self._queue[0]
+      kind = oldest.kind
       company = max(self._recent_requests, default=0)  # the clients about, as far as we know
-      together = company > 1 or len({id(c.request) for c in self._chunks}) > 1
-      deadline = self._chunks[0].arrival + (self.max_wait_s if together else 0.0)
+      together = company > 1 or len(self._queue) > 1
+      deadline = oldest.arrival + (self.max_wait_s if together else 0.0)
       while not self._closing:
         left = deadline - time.monotonic()
         rows, requests = self._ready(kind)
@@ -174,30 +208,57 @@ class DynamicBatcher:
         if left <= 0 or rows >= self.max_rows or (company > 1 and requests >= company):
           break
         self._cond.wait(left)
-      batch, rows, keep = [], 0, collections.deque()
-      for chunk in self._chunks:
-        fits = not batch or rows + len(chunk.lines) <= self.max_rows
-        if chunk.request.kind == kind and fits:
-          batch.append(chunk)
-          rows += len(chunk.lines)
-        else:
-          keep.append(chunk)
-      self._chunks = keep
-      taken = {id(c.request) for c in batch} - {id(c.request) for c in keep}
-      self._waiting -= len(taken)
-      self._recent_requests.append(len({id(c.request) for c in batch}))
+      batch = self._take_in_turns(kind)
+      self._recent_requests.append(len(batch))
       return batch
+
+  def _take_in_turns(self, kind: Kind) -> list[_Chunk]:
+    """Up to `max_rows` lines of `kind`, an equal part from each waiting request of that kind
+    (what one does not need goes to the others), each request's part from its next untaken line.
+    Called with the lock held."""
+    taking: dict[int, int] = {}
+    active = [r for r in self._queue if r.kind == kind]
+    room = self.max_rows
+    while room > 0 and active:
+      share = max(1, room // len(active))
+      still = []
+      for request in active:
+        if room == 0:
+          break
+        n = min(share, request.untaken - taking.get(id(request), 0), room)
+        taking[id(request)] = taking.get(id(request), 0) + n
+        room -= n
+        if request.untaken > taking[id(request)]:
+          still.append(request)
+      active = still
+    batch = []
+    for request in [r for r in self._queue if id(r) in taking]:
+      n = taking[id(request)]
+      start = request.next_line
+      batch.append(_Chunk(request, start, request.lines[start : start + n]))
+      request.next_line += n
+      self._queued_lines -= n
+    self._queue = collections.deque(r for r in self._queue if r.untaken)
+    return batch
 
   def _ready(self, kind: Kind) -> tuple[int, int]:
     """Lines of `kind` queued (counted up to a full batch) and the requests they belong to."""
-    ready, requests = 0, set()
-    for chunk in self._chunks:
-      if chunk.request.kind == kind:
-        ready += len(chunk.lines)
-        requests.add(id(chunk.request))
+    ready, requests = 0, 0
+    for request in self._queue:
+      if request.kind == kind:
+        ready += request.untaken
+        requests += 1
         if ready >= self.max_rows:
           break
-    return ready, len(requests)
+    return ready, requests
+
+  def _drop(self, request: _Request) -> None:
+    """Takes a failed request's untaken lines off the queue."""
+    with self._cond:
+      if request in self._queue:
+        self._queue.remove(request)
+        self._queued_lines -= request.untaken
+        request.next_line = len(request.lines)
 
   def _run(self) -> None:
     batch: list[_Chunk] = []
@@ -211,37 +272,71 @@ class DynamicBatcher:
       logging.exception("The batcher's worker failed; failing every waiting request.")
       with self._cond:
         self._closing = True
-        waiting, self._chunks = [*batch, *self._chunks], collections.deque()
-      for chunk in waiting:
-        if not chunk.request.future.done():
-          chunk.request.future.set_exception(e)
+        waiting = [c.request for c in batch] + list(self._queue)
+        self._queue, self._queued_lines = collections.deque(), 0
+      for request in waiting:
+        if not request.future.done():
+          request.future.set_exception(e)
       raise
 
   def _decode(self, batch: list[_Chunk]) -> None:
-    """Decodes one batch and answers each request whose last chunk it held; a failure fails this
-    batch's requests only, and the worker goes on."""
-    lines = [line for chunk in batch for line in chunk.lines]
-    numbers = [chunk.start + j for chunk in batch for j in range(len(chunk.lines))]
-    try:
-      hypotheses, truncated = self._translate(batch[0].request.kind, lines, numbers)
-      if len(hypotheses) != len(lines):
-        raise RuntimeError(f"{len(hypotheses)} answers for a batch of {len(lines)} lines")
-      cut = set(truncated)
-      done = []
-      for chunk in batch:
-        request = chunk.request
-        for j in range(len(chunk.lines)):
-          at = len(done) + j
-          request.answers[chunk.start + j] = Line(hypotheses[at], at in cut)
-        done += chunk.lines
-        request.chunks_left -= 1
-        if request.chunks_left == 0 and not request.future.done():
-          request.future.set_result(list(request.answers))
-    except Exception as e:  # the requests of this batch fail; the server keeps serving
-      logging.exception("Decoding a batch of %d lines failed.", len(lines))
-      for chunk in batch:
-        if not chunk.request.future.done():
-          chunk.request.future.set_exception(e)
+    """Decodes one batch and answers each request whose last lines it held. If it fails, each
+    of its requests is decoded alone (when it held several), so a failure stays with the request
+    that caused it; the worker goes on."""
+    batch = [c for c in batch if not c.request.future.done()]  # e.g. failed in an earlier batch
+    if not batch:
       return
+    lines = [line for chunk in batch for line in chunk.lines]
+    try:
+      self._decode_chunks(batch)
+    except Exception:  # pylint: disable=broad-except
+      if len(batch) == 1:
+        logging.exception("Decoding a batch of %d lines failed.", len(lines))
+        self._fail(batch[0].request, sys.exc_info()[1])
+        return
+      logging.warning(
+        "Decoding a batch of %d lines from %d requests failed; decoding each request alone.",
+        len(lines),
+        len(batch),
+      )
+      self.stats.batches_retried_apart += 1
+      for chunk in batch:
+        try:
+          self._decode_chunks([chunk])
+        except Exception as e:  # pylint: disable=broad-except
+          logging.exception("Decoding a request's %d lines failed.", len(chunk.lines))
+          self._fail(chunk.request, e)
+      return
+
+  def _fail(self, request: _Request, error: BaseException | None) -> None:
+    self._drop(request)
+    self.stats.failed_requests += 1
+    if not request.future.done():
+      request.future.set_exception(error or RuntimeError("decoding failed"))
+
+  def _decode_chunks(self, chunks: list[_Chunk]) -> None:
+    """Decodes `chunks` as one batch and answers the requests it completes; raises on failure
+    (nothing answered then)."""
+    lines = [line for chunk in chunks for line in chunk.lines]
+    numbers = [chunk.start + j for chunk in chunks for j in range(len(chunk.lines))]
+    hypotheses, truncated = self._translate(chunks[0].request.kind, lines, numbers)
+    if len(hypotheses) != len(lines):
+      raise RuntimeError(f"{len(hypotheses)} answers for a batch of {len(lines)} lines")
+    cut = set(truncated)
+    at, complete = 0, []
+    for chunk in chunks:
+      request = chunk.request
+      for j in range(len(chunk.lines)):
+        request.answers[chunk.start + j] = Line(hypotheses[at], at in cut)
+        at += 1
+      request.answered += len(chunk.lines)
+      if request.answered == len(request.lines):
+        complete.append(request)
+    # Counted before anyone is answered: a client that reads /health after its answer sees it.
     self.stats.batches += 1
     self.stats.lines += len(lines)
+    if self._on_batch is not None:
+      self._on_batch(len(lines))
+    for request in complete:
+      if not request.future.done():
+        request.future.set_result(list(request.answers))

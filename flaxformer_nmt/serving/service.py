@@ -1,28 +1,29 @@
-"""`--mode=serve`: one loaded model behind the HTTP server, decoding as `--mode=translate` does.
+"""`--mode=serve`'s model side: one loaded model, decoding as `--mode=translate` does.
 
-The model and its parameters are loaded once (loaded_model.py: any --checkpoint, --ensemble).
-Each kind
-of search a request may ask for (n-best size, alignments) gets its own `Translator`, with the
-search, batch size, length buckets and per-device batching of `--mode=translate`, so the server
-runs the very programs the command line runs. The 1-best search (the page's, with alignments, and
-the API's, without) is compiled for every batch shape it can take before the server listens, and
-the "Ready" line says how long that took; an n-best size is compiled when first asked for.
+The model and its parameters are loaded once (loaded_model.py: any --checkpoint, --ensemble), on
+the loader's thread while the server already listens (launch.py). Each kind of search a request
+may ask for (n-best size, alignments) gets its own `Translator`, with the search, batch size,
+length buckets and per-device batching of `--mode=translate`, so the server runs the very programs
+the command line runs. The 1-best search (the page's, with alignments, and the API's, without) is
+compiled for every batch shape it can take before /translate is served (`start`, which reports
+its progress to /health), and the "Ready" line says how long that took; an n-best size is
+compiled when first asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import errors
 from flaxformer_nmt.decoding import translator as translator_lib
 from flaxformer_nmt.loaded_model import LoadedModel
 from flaxformer_nmt.model.tokens import PAD_ID
@@ -59,14 +60,21 @@ def search_description(decode: Any) -> str:
 
 
 def limits(decode: Any, options: Options) -> server.Limits:
-  """What n-best lists config.decode's search can give (as --nbest allows on the command line)."""
+  """What a request may ask: n-best lists as config.decode's search gives them (as --nbest allows
+  on the command line), and the flags' sizes."""
   if decode.method == "beam":
+    nbest = int(decode.beam_size)
     rule = f"beam search finds at most config.decode.beam_size={decode.beam_size} hypotheses"
-    return server.Limits(options.max_request_bytes, int(decode.beam_size), rule)
-  if decode.method == "sample":
-    rule = f"the server draws at most {MAX_SAMPLES} samples per line"
-    return server.Limits(options.max_request_bytes, MAX_SAMPLES, rule)
-  return server.Limits(options.max_request_bytes, 1, "greedy search finds one hypothesis")
+  elif decode.method == "sample":
+    nbest, rule = MAX_SAMPLES, f"the server draws at most {MAX_SAMPLES} samples per line"
+  else:
+    nbest, rule = 1, "greedy search finds one hypothesis"
+  return server.Limits(options.max_request_bytes, nbest, rule, options.max_request_lines)
+
+
+def public_description(description: str) -> str:
+  """`description` without the paths of the server's files (/health and the page show it)."""
+  return re.sub(r" in (/|[A-Za-z]:\\)[^;]*", "", description)
 
 
 class Translators:
@@ -115,84 +123,84 @@ class Translators:
     jax.block_until_ready(translator.decode_fn(inputs, np.full((rows,), -1, np.int32)))
 
 
-def compile_all(translators: Translators, kinds: Sequence[batcher_lib.Kind]) -> int:
+def compile_all(
+  translators: Translators,
+  kinds: Sequence[batcher_lib.Kind],
+  on_progress: Callable[[int, int], None] = lambda done, total: None,
+) -> int:
   """Compiles every batch shape of `kinds`, logging progress with an ETA about every 10 s (a
-  cold start compiles for minutes on a small CPU; the compilation cache makes the next one warm).
-  Returns how many shapes there were."""
+  cold start compiles for minutes on a small CPU; the compilation cache makes the next one warm)
+  and telling `on_progress(done, total)` after each. Returns how many shapes there were."""
   work = [(kind, shape) for kind in kinds for shape in translators.shapes(kind)]
   meter = progress.Progress(0, len(work))
   last_log = time.monotonic()
+  on_progress(0, len(work))
   for done, (kind, (rows, length)) in enumerate(work, 1):
     translators.compile(kind, rows, length)
+    on_progress(done, len(work))
     if time.monotonic() - last_log >= 10.0 or done == len(work):
       last_log = time.monotonic()
       logging.info("Compiled %d of %d batch shapes (ETA %s).", done, len(work), meter.eta(done))
   return len(work)
 
 
-def run(loaded: LoadedModel, options: Options) -> dict[str, Any]:
-  """Serves `loaded` (loaded_model.load's) until SIGTERM; the server's figures."""
+def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Started:
+  """Compiles the batch shapes (telling `backend` how far it is), starts the batcher and hands
+  both to `backend`: from then on /translate is served. Runs on the loader's thread."""
   decode = loaded.components.config.decode
   translators = Translators(loaded)
-  start = time.perf_counter()
-  compiled = compile_all(translators, PRECOMPILED)
+  began = time.perf_counter()
+  compiled = compile_all(translators, PRECOMPILED, backend.progress)
   # Loading and compiling left many long-lived Python objects (traced programs, the
   # config, the vocabulary); the collector would walk them all again at every full collection, a
   # pause in some request's latency. Frozen, they are no longer walked.
   gc.collect()
   gc.freeze()
-  ready_s = time.perf_counter() - start
   first = translators.get(PRECOMPILED[0])
   batcher = batcher_lib.DynamicBatcher(
     translators.translate,
     max_rows=first.batch_size * first.num_shards,
     max_wait_s=options.max_wait_ms / 1e3,
     max_queue=options.queue_size,
+    max_queue_lines=options.queue_lines,
+    on_batch=backend.batch_hook,
   )
   cfg = loaded.components.model_cfg
   allowed = limits(decode, options)
-  health = {
+  details = {
     "model": f"{loaded.components.config.model.size}: {cfg.num_layers} layers, d_model "
     f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_heads} heads"
     + (f", d_k {cfg.d_k}" if cfg.d_k else ""),
     "vocab_size": loaded.components.tokenizer.vocab_size,
     "max_source_tokens": loaded.components.max_src_len,
-    "checkpoint": loaded.description,
+    "checkpoint": public_description(loaded.description),
     "step": loaded.step,
     "search": search_description(decode),
     "devices": jax.local_device_count(),
     "max_nbest": allowed.max_nbest,
+    "max_request_lines": allowed.max_request_lines,
     "compiled_at_start": [dataclasses.asdict(kind) for kind in PRECOMPILED],
     "max_batch_lines": batcher.max_rows,
     "batch_shapes_compiled": compiled,
-    "ready_seconds": round(ready_s, 1),
   }
-  app = server.make_app(batcher, lambda: health, allowed)
-  began = time.time()
+  tokenizer = loaded.components.tokenizer
+  backend.ready(
+    batcher, allowed, details, lambda lines: server.check_encodable(lines, tokenizer.encode)
+  )
+  backend.details["ready_seconds"] = round(backend.ready_s or 0.0, 1)
+  logging.info(
+    "Ready: serving %s at %s (%d batch shapes compiled in %.1f s; %.1f s after the server "
+    "listened). SIGTERM or Ctrl-C stops.",
+    loaded.description,
+    backend.url,
+    compiled,
+    time.perf_counter() - began,
+    backend.ready_s,
+  )
+  return Started(batcher, compiled)
 
-  def ready(url: str) -> None:
-    logging.info(
-      "Ready: serving %s at %s (%d batch shapes compiled in %.1f s). SIGTERM or Ctrl-C stops.",
-      loaded.description,
-      url,
-      compiled,
-      ready_s,
-    )
 
-  try:
-    server.serve(app, options.host, options.port, ready)
-  except OSError as e:  # taken since Options.check_address looked
-    raise errors.ConfigError(
-      f"--host={options.host} --port={options.port}: cannot listen there ({e.strerror or e})."
-    ) from None
-  finally:
-    batcher.close(timeout=server.SHUTDOWN_TIMEOUT_S)
-  return {
-    "mode": "serve",
-    "checkpoint": loaded.description,
-    "url": f"http://{options.host}:{options.port}",
-    "ready_seconds": round(ready_s, 1),
-    "batch_shapes_compiled": compiled,
-    "served_seconds": round(time.time() - began, 1),
-    **batcher.stats.as_dict(),
-  }
+@dataclasses.dataclass
+class Started:
+  batcher: batcher_lib.DynamicBatcher
+  batch_shapes_compiled: int

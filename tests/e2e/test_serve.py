@@ -56,7 +56,12 @@ class Server:
     )
 
   def call(self, path: str, body: bytes | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(self.url + path, data=body, method="POST" if body else "GET")
+    request = urllib.request.Request(
+      self.url + path,
+      data=body,
+      method="POST" if body else "GET",
+      headers={"Content-Type": "application/json"} if body else {},
+    )
     try:
       with urllib.request.urlopen(request, timeout=120) as response:
         return response.status, json.loads(response.read())
@@ -71,9 +76,12 @@ class Server:
     while time.monotonic() < deadline:
       assert self.proc.poll() is None, self.log.read_text()[-4000:]
       try:
-        return self.call("/health")[1]
+        health = self.call("/health")[1]
+        if health["status"] != "starting":
+          return health
       except (urllib.error.URLError, ConnectionError):
-        time.sleep(0.5)
+        pass
+      time.sleep(0.5)
     raise AssertionError(f"not ready in {timeout} s: {self.log.read_text()[-4000:]}")
 
 

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from flaxformer_nmt import loaded_model, modes
 from flaxformer_nmt.decoding.translator import Hypothesis
 from flaxformer_nmt.serving import batcher as batcher_lib
+from flaxformer_nmt.serving import guard as guard_lib
 from flaxformer_nmt.serving import server, service
 from flaxformer_nmt.serving.batcher import Kind
 from flaxformer_nmt.workdir import Workdir
@@ -139,7 +140,7 @@ def test_a_full_queue_refuses_at_once_and_close_answers_every_accepted_request()
   echo.gate.clear()
   b = batcher_lib.DynamicBatcher(echo, max_rows=1, max_wait_s=0.0, max_queue=2)
   taken = b.submit(["busy"])
-  while b._waiting:  # the worker took it and waits at the gate
+  while b._queue:  # the worker took it and waits at the gate
     time.sleep(0.01)
   queued = [b.submit(["q1"]), b.submit(["q2"])]
   with pytest.raises(batcher_lib.QueueFull, match="2 requests are waiting"):
@@ -199,7 +200,8 @@ def _client_calls(app, calls):
     async with TestClient(TestServer(app)) as client:
       for method, path, body in calls:
         data = body if isinstance(body, bytes | None) else json.dumps(body)
-        response = await client.request(method, path, data=data)
+        headers = {"Content-Type": "application/json"} if method == "POST" else {}
+        response = await client.request(method, path, data=data, headers=headers)
         kind = response.headers.get("Content-Type", "")
         out.append(
           (response.status, await (response.json() if "json" in kind else response.text()))
@@ -209,9 +211,18 @@ def _client_calls(app, calls):
   return asyncio.run(run())
 
 
-def _app(echo: Echo, queue: int = 8):
+def _app(echo: Echo, queue: int = 8, guard: guard_lib.Guard | None = None, ready: bool = True):
+  """The routes around a batcher of `echo` (a Backend made ready, unless `ready` is False)."""
   b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=0.0, max_queue=queue)
-  return server.make_app(b, lambda: {"model": "echo", "step": 7}, LIMITS), b
+  backend = server.Backend("echo-run")
+  # aiohttp's test server picks its port: the loopback guard is told the name alone.
+  guard = guard or guard_lib.Guard(loopback=True, port=0, allowed_hosts=("127.0.0.1",))
+  app = server.make_app(backend, guard, LIMITS.max_request_bytes)
+  if ready:
+    backend.ready(
+      b, LIMITS, {"model": "echo", "step": 7}, lambda lines: server.check_encodable(lines, str)
+    )
+  return app, b
 
 
 def test_translate_answers_in_the_shape_asked_for():
@@ -285,19 +296,19 @@ def test_a_full_queue_is_503_and_a_failed_batch_500():
   echo.gate.clear()
   app, b = _app(echo, queue=1)
   b.submit(["holds the worker"])
-  while b._waiting:
+  while b._queue:
     time.sleep(0.01)
   b.submit(["fills the queue"])
 
   async def run():
     async with TestClient(TestServer(app)) as client:
-      busy = await client.post("/translate", data=json.dumps({"text": "refused"}))
+      busy = await client.post("/translate", json={"text": "refused"})
       refused = (busy.status, await busy.json(), busy.headers.get("Retry-After"))
       echo.gate.set()
       while b.stats.batches < 2:  # the two queued requests are served
         await asyncio.sleep(0.01)
       echo.fail_next = True
-      failed = await client.post("/translate", data=json.dumps({"text": "fails"}))
+      failed = await client.post("/translate", json={"text": "fails"})
       return refused, (failed.status, await failed.json())
 
   refused, failed = asyncio.run(run())

@@ -1,0 +1,133 @@
+"""`--mode=serve` from the command line: listen first, then load and compile on another thread.
+
+The HTTP server listens within a second or two of the command (aiohttp only; JAX is not imported
+on this thread), and answers /health with start-up's progress while the loader thread imports JAX,
+checks the run, loads the parameters and compiles the batch shapes (service.py). SIGTERM or
+Ctrl-C is handled at any time, since XLA compiles off the main thread: during start-up the server
+writes `serve_result.json` and exits 0 at once; when serving, it stops within --grace_s (server.py).
+A user error found by the loader (a config that disagrees with the run, a missing checkpoint) stops
+the server and is the command's one line, exit 2, as before it listened.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import logging
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.serving.options import Options
+
+
+def run(
+  config: Any,
+  workdir: str,
+  which: str,
+  members: Sequence[str],
+  options: Options,
+  distributed: str = "auto",
+) -> dict[str, Any]:
+  """Serves the run in `workdir` until SIGTERM; the figures it writes to serve_result.json."""
+  options.check()
+  try:
+    import aiohttp  # noqa: F401  (the [serve] extra)
+    import prometheus_client  # noqa: F401
+  except ImportError as e:
+    raise errors.ConfigError(
+      f"--mode=serve needs aiohttp and prometheus_client ({e}); install them with "
+      "pip install -e '.[serve]'."
+    ) from None
+  from flaxformer_nmt.serving import guard as guard_lib  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.serving import server  # pylint: disable=g-import-not-at-top
+
+  token = options.token or ("" if options.loopback else guard_lib.new_token())
+  name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+  backend = server.Backend(name)
+  guard = guard_lib.Guard(
+    options.loopback, options.port, options.allowed_hosts, options.allowed_origins, token
+  )
+  uploads = server.Uploads()
+  app = server.make_app(backend, guard, options.max_request_bytes, uploads)
+  loader = _Loader((config, workdir, which, members, distributed), options, backend)
+
+  def on_listening(url: str, fail: Callable[[BaseException], None]) -> None:
+    logging.info("Listening at %s; loading the model (GET /health shows start-up).", url)
+    if token and not options.token:  # generated: printed once, here
+      shown = url.replace("0.0.0.0", "<this host>").replace("[::]", "<this host>")
+      sys.stderr.write(
+        f"\nThe token for this server: {token}\nThe page: {shown}/?token={token}\n\n"
+      )
+      sys.stderr.flush()
+    loader.start(fail)
+
+  began = time.monotonic()
+  served = server.serve(
+    app, backend, options.host, options.port, options.grace_s, uploads, on_listening
+  )
+  result: dict[str, Any] = {
+    "mode": "serve",
+    "url": f"http://{options.host}:{options.port}",
+    "run": name,
+    "ready": served.ready,
+    "uploads_dropped": served.uploads_dropped,
+  }
+  if not served.ready:  # stopped during start-up: the loader may be deep in XLA
+    result["stopped"] = f"during start-up ({backend.starting()})"
+    result["served_seconds"] = round(time.monotonic() - began, 1)
+    _write(workdir, result)
+    logging.info("Stopped during start-up (%s).", backend.starting())
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access  (not waiting for a compile to end)
+  batcher = backend.batcher
+  assert batcher is not None and loader.loaded is not None
+  # The decoding in flight had the grace less a margin (server.serve); the queue's rest is done
+  # within what is left of it.
+  batcher.close(timeout=max(options.grace_s - served.shutdown_s - 2.0, 0.5))
+  result |= {
+    "checkpoint": loader.loaded.description,
+    "ready_seconds": round(backend.ready_s or 0.0, 1),
+    "batch_shapes_compiled": backend.details.get("batch_shapes_compiled"),
+    "shutdown_seconds": served.shutdown_s,
+    "served_seconds": round(time.monotonic() - began, 1),
+    **batcher.stats.as_dict(),
+  }
+  _write(workdir, result)
+  return result
+
+
+def _write(workdir: str, result: dict[str, Any]) -> None:
+  from flaxformer_nmt.workdir import Workdir  # pylint: disable=g-import-not-at-top
+
+  Workdir(workdir).write_result(result)
+
+
+class _Loader:
+  """The thread that imports JAX, loads the run and compiles (service.start)."""
+
+  def __init__(self, args: tuple[Any, ...], options: Options, backend: Any) -> None:
+    self._args = args  # modes.serving_model's
+    self._options = options
+    self._backend = backend
+    self.loaded: Any = None
+    self.thread: threading.Thread | None = None
+
+  def start(self, fail: Callable[[BaseException], None]) -> None:
+    self.thread = threading.Thread(target=self._run, args=(fail,), name="loader", daemon=True)
+    self.thread.start()
+
+  def _run(self, fail: Callable[[BaseException], None]) -> None:
+    try:
+      from flaxformer_nmt import modes  # pylint: disable=g-import-not-at-top  (JAX: seconds)
+      from flaxformer_nmt.serving import service  # pylint: disable=g-import-not-at-top
+
+      self.loaded = modes.serving_model(*self._args)
+      service.start(self.loaded, self._options, self._backend)
+    except BaseException as e:  # pylint: disable=broad-except  (raised on the main thread)
+      fail(e)
