@@ -47,11 +47,17 @@ FLAG_LINES = {
   "text": "attention: the sentence to draw",
   "format": "export: the target engine (ctranslate2)",
   "quantization": "export: weight type (float32, int8, float16, ...)",
-  "host": "serve: the address to listen on (default 127.0.0.1: this machine only)",
+  "host": "serve: the address (default 127.0.0.1, this machine; others need --token)",
   "port": "serve: the port (default 8080)",
   "max_wait_ms": "serve: how long a request waits for others to share its batch (default 5)",
   "max_request_bytes": "serve: the largest request body (default 1 MB; larger: 413)",
+  "max_request_lines": "serve: the most lines in one request (default 10000; more: 413)",
   "queue_size": "serve: requests that may wait; one more gets 503 (default 256)",
+  "queue_lines": "serve: lines that may wait, all requests together (default 50000)",
+  "grace_s": "serve: seconds the decoding in flight may take after SIGTERM (default 25)",
+  "allowed_hosts": "serve: Host names accepted besides localhost, 127.0.0.1, [::1]",
+  "allowed_origins": "serve: web pages (scheme://host[:port]) that may call it (CORS)",
+  "token": "serve: the token requests carry (generated on a non-loopback --host)",
   "distributed": "multi-process runs: auto (default), on or off",
 }
 

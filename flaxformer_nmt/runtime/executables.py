@@ -21,6 +21,7 @@ folder clears it too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -91,20 +92,28 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
   def leaf(x: Any) -> tuple[Any, ...]:
     sharding = getattr(x, "sharding", None)
-    return (np.shape(x), str(np.result_type(x)), type(x).__name__, str(sharding))
+    dtype = getattr(x, "dtype", None)
+    dtype = str(dtype) if dtype is not None else str(np.result_type(x))
+    return (np.shape(x), dtype, type(x).__name__, str(sharding))
 
   return (str(tree), tuple(leaf(x) for x in leaves))
 
 
 class Program:
   """`fn` (a `jax.pmap`-ed or jitted function) run from compiled programs: in memory per argument
-  signature, loaded from the store, or compiled (`lower(...).compile()`, through JAX's cache) and
-  saved. Falls back to calling `fn` where compiling ahead fails or runs span several processes."""
+  signature, loaded from the store, or compiled (`lower(...).compile()`) and saved. Falls back to
+  calling `fn` where compiling ahead fails or runs span several processes.
+
+  A program saved must come from the compiler itself: XLA:CPU's serialized form of a program that
+  JAX's persistent cache handed back lacks its code ("Function ... not found" when run), so these
+  compiles bypass that cache. A loaded program is checked by its first run; one that fails is
+  deleted and compiled again."""
 
   def __init__(self, fn: Callable[..., Any], name: str) -> None:
     self._fn = fn
     self._name = name
     self._compiled: dict[tuple[Any, ...], Any] = {}
+    self._unproven: set[tuple[Any, ...]] = set()  # loaded, not yet run
     self._lock = threading.Lock()
 
   def __call__(self, *args: Any) -> Any:
@@ -116,7 +125,20 @@ class Program:
       with self._lock:
         compiled = self._compiled.get(signature) or self._load_or_compile(signature, args)
         self._compiled[signature] = compiled
-    return compiled(*args)
+    if signature not in self._unproven:
+      return compiled(*args)
+    try:
+      return jax.block_until_ready(compiled(*args))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.info("A saved program for %s failed to run (%s); compiling it again.", self._name, e)
+      path = self._path(signature)
+      if path is not None and os.path.exists(path):
+        os.remove(path)
+      with self._lock:
+        compiled = self._compiled[signature] = self._compile(signature, args)
+      return compiled(*args)
+    finally:
+      self._unproven.discard(signature)
 
   def _path(self, signature: tuple[Any, ...]) -> str | None:
     if _folder is None:
@@ -134,17 +156,34 @@ class Program:
           payload, in_tree, out_tree = pickle.load(f)
         compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
         os.utime(path)  # recently used
+        self._unproven.add(signature)
         return compiled
       except Exception as e:  # pylint: disable=broad-except
         logging.info("Saved program %s unusable (%s); compiling it again.", path, e)
+    return self._compile(signature, args)
+
+  def _compile(self, signature: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    """Compiled by XLA (not read from JAX's cache: see the class docstring), and saved."""
     try:
-      compiled = self._fn.lower(*args).compile()
+      with _without_jax_cache():
+        compiled = self._fn.lower(*args).compile()
     except Exception as e:  # pylint: disable=broad-except
       logging.info("Compiling %s ahead of time failed (%s); running it as it is.", self._name, e)
       return self._fn
+    path = self._path(signature)
     if path is not None:
       _save(path, compiled)
     return compiled
+
+
+def _without_jax_cache() -> Any:
+  """A context in which this thread's compiles neither read nor write JAX's persistent cache."""
+  try:
+    from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
+
+    return jax_config.enable_compilation_cache(False)
+  except (ImportError, AttributeError, TypeError):  # another JAX: compile as configured
+    return contextlib.nullcontext()
 
 
 def traced(name: str, fn: Callable[[], Any]) -> Any:

@@ -111,3 +111,22 @@ def test_the_key_covers_the_environment(store, monkeypatch):
   monkeypatch.setattr(executables, "_environment", lambda: "edited source")
   np.testing.assert_allclose(executables.Program(jax.pmap(_times), "op")(w, x), x * 2.0)
   assert len(_files(store)) == 2
+
+
+def test_a_saved_program_that_fails_its_first_run_is_compiled_again(store, monkeypatch):
+  """XLA:CPU can serialize a program it cannot run again (one JAX's own cache handed back: its
+  code is missing, "Function ... not found"): the first run of a loaded program is checked."""
+  from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+  w, x = _inputs()
+  executables.Program(jax.pmap(_plus), "op")(w, x)
+  (name,) = _files(store)
+
+  def broken(*args):
+    raise RuntimeError("NOT_FOUND: Function add_fusion not found")
+
+  monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: broken)
+  program = executables.Program(jax.pmap(_plus), "op")
+  np.testing.assert_allclose(program(w, x), x + 2.0)
+  np.testing.assert_allclose(program(w, x), x + 2.0)
+  assert _files(store) == [name]  # written again, by a fresh compile
