@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import os
 import pickle
 import threading
@@ -72,15 +73,33 @@ def _environment() -> str:
     "jax_default_matmul_precision",
     "jax_threefry_partitionable",
     "jax_default_prng_impl",
+    "jax_optimization_level",
+    "jax_exec_time_optimization_effort",
+    "jax_memory_fitting_effort",
+    "jax_use_shardy_partitioner",
   )
+  devices = jax.devices()
+  try:
+    platform_version = devices[0].client.platform_version  # CUDA, driver, cuDNN; libtpu
+  except AttributeError:
+    platform_version = ""
+  plugins = []
+  for dist in ("jax-cuda12-plugin", "jax-cuda12-pjrt", "libtpu", "jax-rocm-plugin"):
+    try:
+      plugins.append((dist, importlib.metadata.version(dist)))
+    except importlib.metadata.PackageNotFoundError:
+      pass
   return repr(
     (
       source.hexdigest(),
       jax.__version__,
       getattr(jaxlib, "__version__", ""),
       flax.__version__,
-      [(d.platform, d.device_kind, d.id) for d in jax.devices()],
+      platform_version,
+      plugins,
+      [(d.platform, d.device_kind, d.id) for d in devices],
       os.environ.get("XLA_FLAGS", ""),
+      os.environ.get("LIBTPU_INIT_ARGS", ""),
       [(name, getattr(jax.config, name, None)) for name in options],
     )
   )
@@ -102,12 +121,14 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
 class Program:
   """`fn` (a `jax.pmap`-ed or jitted function) run from compiled programs: in memory per argument
   signature, loaded from the store, or compiled (`lower(...).compile()`) and saved. Falls back to
-  calling `fn` where compiling ahead fails or runs span several processes.
+  calling `fn` where compiling ahead fails, runs span several processes, or JAX is told not to
+  compile (jax_disable_jit) or to check every value (jax_debug_nans, jax_debug_infs).
 
-  A program saved must come from the compiler itself: XLA:CPU's serialized form of a program that
-  JAX's persistent cache handed back lacks its code ("Function ... not found" when run), so these
-  compiles bypass that cache. A loaded program is checked by its first run; one that fails is
-  deleted and compiled again."""
+  A program saved must come from the compiler itself: XLA:CPU serializes a program that JAX's
+  persistent cache handed back without its code, and it then fails to run ("Function ... not
+  found"). So these programs are kept out of JAX's cache (never written there), and one that JAX's
+  cache supplied anyway (written by an older version) is used but not saved. A loaded program is
+  also checked by its first run; one that fails is deleted and compiled again."""
 
   def __init__(self, fn: Callable[..., Any], name: str) -> None:
     self._fn = fn
@@ -117,28 +138,30 @@ class Program:
     self._lock = threading.Lock()
 
   def __call__(self, *args: Any) -> Any:
-    if jax.process_count() > 1:
+    if jax.process_count() > 1 or _jax_runs_op_by_op():
       return self._fn(*args)
     signature = _signature(args)
     compiled = self._compiled.get(signature)
-    if compiled is None:
+    if compiled is None or signature in self._unproven:
       with self._lock:
         compiled = self._compiled.get(signature) or self._load_or_compile(signature, args)
         self._compiled[signature] = compiled
-    if signature not in self._unproven:
-      return compiled(*args)
+        if signature in self._unproven:  # its first run, under the lock: checked once
+          self._unproven.discard(signature)
+          return self._first_run(signature, compiled, args)
+    return compiled(*args)
+
+  def _first_run(self, signature: tuple[Any, ...], compiled: Any, args: tuple[Any, ...]) -> Any:
     try:
       return jax.block_until_ready(compiled(*args))
     except Exception as e:  # pylint: disable=broad-except
       logging.info("A saved program for %s failed to run (%s); compiling it again.", self._name, e)
       path = self._path(signature)
-      if path is not None and os.path.exists(path):
-        os.remove(path)
-      with self._lock:
-        compiled = self._compiled[signature] = self._compile(signature, args)
+      if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(path)
+      compiled = self._compiled[signature] = self._compile(signature, args)
       return compiled(*args)
-    finally:
-      self._unproven.discard(signature)
 
   def _path(self, signature: tuple[Any, ...]) -> str | None:
     if _folder is None:
@@ -150,7 +173,7 @@ class Program:
     from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
 
     path = self._path(signature)
-    if path is not None and os.path.isfile(path):
+    if path is not None and os.path.isfile(path) and _private(os.path.dirname(path)):
       try:
         with open(path, "rb") as f:
           payload, in_tree, out_tree = pickle.load(f)
@@ -163,27 +186,72 @@ class Program:
     return self._compile(signature, args)
 
   def _compile(self, signature: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-    """Compiled by XLA (not read from JAX's cache: see the class docstring), and saved."""
+    """Compiled and saved, kept out of JAX's cache (see the class docstring)."""
+    _listen_for_cache_hits()
+    hits_before = getattr(_HITS, "count", 0)
     try:
-      with _without_jax_cache():
+      with _not_written_to_jax_cache():
         compiled = self._fn.lower(*args).compile()
     except Exception as e:  # pylint: disable=broad-except
       logging.info("Compiling %s ahead of time failed (%s); running it as it is.", self._name, e)
       return self._fn
     path = self._path(signature)
-    if path is not None:
+    if getattr(_HITS, "count", 0) > hits_before:
+      logging.info("%s came from JAX's compilation cache: used, not saved.", self._name)
+    elif path is not None:
       _save(path, compiled)
     return compiled
 
 
-def _without_jax_cache() -> Any:
-  """A context in which this thread's compiles neither read nor write JAX's persistent cache."""
+# Hits of JAX's persistent cache, counted per thread (jax.monitoring calls the listener on the
+# thread that compiles).
+_HITS = threading.local()
+_listening = False
+
+
+def _listen_for_cache_hits() -> None:
+  global _listening
+  if _listening:
+    return
+  _listening = True
+
+  def count(event: str, **kwargs: Any) -> None:
+    del kwargs
+    if event == "/jax/compilation_cache/cache_hits":
+      _HITS.count = getattr(_HITS, "count", 0) + 1
+
+  jax.monitoring.register_event_listener(count)
+
+
+def _not_written_to_jax_cache() -> Any:
+  """A context in which this thread's compiles are not written to JAX's persistent cache (its
+  minimum compile time for an entry, read per compile and per thread, set out of reach)."""
   try:
     from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
 
-    return jax_config.enable_compilation_cache(False)
-  except (ImportError, AttributeError, TypeError):  # another JAX: compile as configured
+    return jax_config.persistent_cache_min_compile_time_secs(1e12)
+  except (ImportError, AttributeError, TypeError):  # another JAX: hits are still detected
     return contextlib.nullcontext()
+
+
+def _jax_runs_op_by_op() -> bool:
+  return any(
+    bool(getattr(jax.config, name, False))
+    for name in ("jax_disable_jit", "jax_debug_nans", "jax_debug_infs")
+  )
+
+
+def _private(directory: str) -> bool:
+  """Whether `directory` is this user's and no one else can write it: programs are loaded from
+  there as code. One info line if not."""
+  try:
+    st = os.stat(directory)
+  except OSError:
+    return False
+  if st.st_uid != os.getuid() or st.st_mode & 0o022:
+    logging.info("Not loading saved programs from %s: others can write it.", directory)
+    return False
+  return True
 
 
 def traced(name: str, fn: Callable[[], Any]) -> Any:
@@ -194,7 +262,7 @@ def traced(name: str, fn: Callable[[], Any]) -> Any:
     return fn()
   key = hashlib.sha256(repr(("traced", name, _environment())).encode()).hexdigest()
   path = os.path.join(_folder, key + _SUFFIX)
-  if os.path.isfile(path):
+  if os.path.isfile(path) and _private(_folder):
     try:
       with open(path, "rb") as f:
         value = pickle.load(f)

@@ -140,6 +140,7 @@ class DynamicBatcher:
     self._closing = False
     # Requests in each of the last few batches: how many clients are about.
     self._recent_requests: collections.deque[int] = collections.deque(maxlen=_RECENT_BATCHES)
+    self._turn = 0  # where the next batch's turns start, when more requests wait than it holds
     self._worker = threading.Thread(target=self._run, name="batcher", daemon=True)
     self._worker.start()
 
@@ -178,6 +179,12 @@ class DynamicBatcher:
   @property
   def alive(self) -> bool:
     return self._worker.is_alive()
+
+  def refuse_new(self) -> None:
+    """Takes no new request (Closed); the accepted ones are still decoded."""
+    with self._cond:
+      self._closing = True
+      self._cond.notify_all()
 
   def close(self, timeout: float | None = None) -> None:
     """Takes no new request; returns when the accepted ones are answered (or after `timeout`)."""
@@ -218,6 +225,10 @@ class DynamicBatcher:
     Called with the lock held."""
     taking: dict[int, int] = {}
     active = [r for r in self._queue if r.kind == kind]
+    if len(active) > self.max_rows:  # more requests than lines: turns start further on each time
+      start = self._turn % len(active)
+      active = active[start:] + active[:start]
+      self._turn += self.max_rows
     room = self.max_rows
     while room > 0 and active:
       share = max(1, room // len(active))
@@ -335,8 +346,11 @@ class DynamicBatcher:
     # Counted before anyone is answered: a client that reads /health after its answer sees it.
     self.stats.batches += 1
     self.stats.lines += len(lines)
-    if self._on_batch is not None:
-      self._on_batch(len(lines))
     for request in complete:
       if not request.future.done():
         request.future.set_result(list(request.answers))
+    if self._on_batch is not None:
+      try:
+        self._on_batch(len(lines))
+      except Exception:  # pylint: disable=broad-except  (a figure is not worth a request)
+        logging.exception("Counting a batch failed.")

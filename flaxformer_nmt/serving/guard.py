@@ -58,7 +58,10 @@ class Guard:
       return True
     if not self.loopback:
       return True  # open: the token decides
-    return host in {f"{n}:{self.port}" for n in LOOPBACK_NAMES}
+    names = {f"{n}:{self.port}" for n in LOOPBACK_NAMES}
+    if self.port == 80:  # browsers leave the default port out
+      names |= set(LOOPBACK_NAMES)
+    return host in names
 
   def own_origin(self, origin: str, host: str) -> bool:
     """`origin` is the server's own page, as reached through `host`."""
@@ -89,7 +92,9 @@ class Guard:
     if method == "OPTIONS" or not self.token:
       return None
     given = query.get("token") or _bearer(headers.get("Authorization", ""))
-    if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
+    # Headers are decoded with surrogateescape: compare bytes as they came.
+    given_bytes = given.encode("utf-8", "surrogateescape")
+    if not given or not hmac.compare_digest(given_bytes, self.token.encode()):
       return Refusal(
         401,
         "this server needs its token: send Authorization: Bearer <token> or ?token=<token> "

@@ -48,9 +48,8 @@ def run(
   token = options.token or ("" if options.loopback else guard_lib.new_token())
   name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
   backend = server.Backend(name)
-  guard = guard_lib.Guard(
-    options.loopback, options.port, options.allowed_hosts, options.allowed_origins, token
-  )
+  hosts = options.allowed_hosts + ((options.host,) if options.loopback else ())
+  guard = guard_lib.Guard(options.loopback, options.port, hosts, options.allowed_origins, token)
   uploads = server.Uploads()
   app = server.make_app(backend, guard, options.max_request_bytes, uploads)
   loader = _Loader((config, workdir, which, members, distributed), options, backend)
@@ -58,7 +57,7 @@ def run(
   def on_listening(url: str, fail: Callable[[BaseException], None]) -> None:
     logging.info("Listening at %s; loading the model (GET /health shows start-up).", url)
     if token and not options.token:  # generated: printed once, here
-      shown = url.replace("0.0.0.0", "<this host>").replace("[::]", "<this host>")
+      shown = url.replace("//0.0.0.0:", "//<this host>:").replace("//[::]:", "//<this host>:")
       sys.stderr.write(
         f"\nThe token for this server: {token}\nThe page: {shown}/?token={token}\n\n"
       )
@@ -71,7 +70,7 @@ def run(
   )
   result: dict[str, Any] = {
     "mode": "serve",
-    "url": f"http://{options.host}:{options.port}",
+    "url": f"http://{server.url_host(options.host)}:{options.port}",
     "run": name,
     "ready": served.ready,
     "uploads_dropped": served.uploads_dropped,
@@ -81,15 +80,13 @@ def run(
     result["served_seconds"] = round(time.monotonic() - began, 1)
     _write(workdir, result)
     logging.info("Stopped during start-up (%s).", backend.starting())
-    logging.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # pylint: disable=protected-access  (not waiting for a compile to end)
+    _exit_now()  # not waiting for a compile to end
   batcher = backend.batcher
   assert batcher is not None and loader.loaded is not None
   # The decoding in flight had the grace less a margin (server.serve); the queue's rest is done
   # within what is left of it.
   batcher.close(timeout=max(options.grace_s - served.shutdown_s - 2.0, 0.5))
+  still_decoding = batcher.alive  # lines of clients already gone: not worth overstaying for
   result |= {
     "checkpoint": loader.loaded.description,
     "ready_seconds": round(backend.ready_s or 0.0, 1),
@@ -99,7 +96,17 @@ def run(
     **batcher.stats.as_dict(),
   }
   _write(workdir, result)
+  if still_decoding:  # the worker is inside XLA: leave without waiting for it, as promised
+    logging.warning("Leaving with a batch still decoding (--grace_s=%g).", options.grace_s)
+    _exit_now()
   return result
+
+
+def _exit_now() -> None:
+  logging.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)  # pylint: disable=protected-access
 
 
 def _write(workdir: str, result: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from absl import logging
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import guard as guard_lib
@@ -123,7 +124,9 @@ def parse_request(body: bytes, limits: Limits) -> Asked:
     request = json.loads(body.decode("utf-8"))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise BadRequest(f"the body is not JSON: {' '.join(str(e).split())}") from None
-  except RecursionError:
+  except (RecursionError, ValueError) as e:  # ValueError: e.g. an integer of over 4300 digits
+    if not isinstance(e, RecursionError):
+      raise BadRequest(f"the body is not JSON we read: {' '.join(str(e).split())[:200]}") from None
     raise BadRequest('the body is nested too deeply; send {"text": "..." | ["...", ...]}') from None
   if not isinstance(request, dict):
     raise BadRequest('the body must be a JSON object, e.g. {"text": "..."}')
@@ -186,6 +189,20 @@ def answer(lines: list[batcher_lib.Line], asked: Asked) -> dict:
   else:
     translations = [line.hypotheses[0].text for line in lines]
   return {"translations": translations, "truncated": [line.truncated for line in lines]}
+
+
+def url_host(host: str) -> str:
+  """`host` as a URL names it ([::1] for an IPv6 address)."""
+  return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class _AccessLog(AbstractAccessLogger):
+  """aiohttp's access line, without the query string (it may hold the token)."""
+
+  def log(self, request: Any, response: Any, time: float) -> None:  # noqa: A002 (aiohttp's name)
+    self.logger.info(
+      '%s "%s %s" %s %.3f s', request.remote, request.method, request.path, response.status, time
+    )
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -342,6 +359,9 @@ def make_app(
           f"{e.reason}: {request.method} {request.path}{told}; the routes: {_ROUTES}",
           **allow,
         )
+      except Exception as e:  # pylint: disable=broad-except  (a bug of ours: logged, one line)
+        logging.exception("Answering %s %s failed.", request.method, request.path)
+        response = _error(500, f"the server failed: {type(e).__name__}: {e}")
       response.headers.update(guard.cors_headers(request.headers))
     if response.status >= 400:
       metrics.errors.labels(str(response.status)).inc()
@@ -401,7 +421,10 @@ def serve(
         failure.append(error)
         stop.set()
 
-      loop.call_soon_threadsafe(record)
+      try:
+        loop.call_soon_threadsafe(record)
+      except RuntimeError:  # the loop has ended (stopped during start-up): nothing to tell
+        pass
 
     for sig in signals:
       # Ours, not aiohttp's: its handler raises out of the event loop, which then cancels the
@@ -409,11 +432,16 @@ def serve(
       loop.add_signal_handler(sig, stopping)
     # What the requests in flight may take after a signal: the grace, less a margin for writing
     # the result and exiting.
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=max(grace_s - 3.0, 0.5))
+    runner = web.AppRunner(
+      app,
+      handle_signals=False,
+      shutdown_timeout=max(grace_s - 3.0, 0.5),
+      access_log_class=_AccessLog,  # no query strings: a token may be in one
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    backend.url = f"http://{host}:{port}"
+    backend.url = f"http://{url_host(host)}:{port}"
     on_listening(backend.url, fail)
     await stop.wait()
     start = time.monotonic()
@@ -424,6 +452,8 @@ def serve(
         "SIGTERM or Ctrl-C ends it now).",
         grace_s,
       )
+    if backend.batcher is not None:
+      backend.batcher.refuse_new()  # what is accepted is decoded; nothing more is
     dropped = uploads.drop()
     await runner.cleanup()  # closes the listener, waits for the handlers in flight
     took = time.monotonic() - start

@@ -32,7 +32,7 @@ from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import server
 from flaxformer_nmt.serving.options import Options
 
-# Kinds compiled before the server listens: the API's plain 1-best and the page's, which also
+# Kinds compiled before /translate is served: the API's plain 1-best and the page's, which also
 # draws the word alignment.
 PRECOMPILED = (batcher_lib.Kind(1, False), batcher_lib.Kind(1, True))
 # The sentences per device a server's batch may have (up to config.decode.batch_size): powers of

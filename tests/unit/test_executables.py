@@ -126,7 +126,35 @@ def test_a_saved_program_that_fails_its_first_run_is_compiled_again(store, monke
     raise RuntimeError("NOT_FOUND: Function add_fusion not found")
 
   monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: broken)
+  saved = []
+  real_save = executables._save
+  monkeypatch.setattr(
+    executables, "_save", lambda path, c: (saved.append(path), real_save(path, c))
+  )
   program = executables.Program(jax.pmap(_plus), "op")
   np.testing.assert_allclose(program(w, x), x + 2.0)
   np.testing.assert_allclose(program(w, x), x + 2.0)
-  assert _files(store) == [name]  # written again, by a fresh compile
+  assert saved == [str(store / name)] and _files(store) == [name]  # compiled again, rewritten
+
+
+def test_a_program_from_jax_cache_is_used_but_not_saved(store, monkeypatch):
+  """What JAX's persistent cache hands back cannot be serialized whole on XLA:CPU: not saved."""
+  executables._listen_for_cache_hits()
+  w, x = _inputs()
+  fn = jax.pmap(_plus)
+  real_lower = fn.lower
+
+  def lower_with_a_hit(*args):
+    executables._HITS.count = getattr(executables._HITS, "count", 0) + 1  # as JAX's listener
+    return real_lower(*args)
+
+  fn.lower = lower_with_a_hit
+  np.testing.assert_allclose(executables.Program(fn, "op")(w, x), x + 2.0)
+  assert _files(store) == []
+
+
+def test_a_folder_others_can_write_is_not_loaded_from(store):
+  w, x = _inputs()
+  executables.Program(jax.pmap(_plus), "op")(w, x)
+  store.chmod(0o777)
+  np.testing.assert_allclose(executables.Program(jax.pmap(_times), "op")(w, x), x * 2.0)
