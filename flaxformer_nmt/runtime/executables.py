@@ -135,10 +135,14 @@ class Program:
     self._name = name
     self._compiled: dict[tuple[Any, ...], Any] = {}
     self._unproven: set[tuple[Any, ...]] = set()  # loaded, not yet run
+    # Called as it is at least once: its programs may then come from JAX's in-memory caches,
+    # filled from the persistent one without a hit being counted later; none is saved.
+    self._ran_directly = False
     self._lock = threading.Lock()
 
   def __call__(self, *args: Any) -> Any:
     if jax.process_count() > 1 or _jax_runs_op_by_op():
+      self._ran_directly = True
       return self._fn(*args)
     signature = _signature(args)
     compiled = self._compiled.get(signature)
@@ -147,8 +151,10 @@ class Program:
         compiled = self._compiled.get(signature) or self._load_or_compile(signature, args)
         self._compiled[signature] = compiled
         if signature in self._unproven:  # its first run, under the lock: checked once
-          self._unproven.discard(signature)
-          return self._first_run(signature, compiled, args)
+          try:
+            return self._first_run(signature, compiled, args)
+          finally:
+            self._unproven.discard(signature)
     return compiled(*args)
 
   def _first_run(self, signature: tuple[Any, ...], compiled: Any, args: tuple[Any, ...]) -> Any:
@@ -194,9 +200,10 @@ class Program:
         compiled = self._fn.lower(*args).compile()
     except Exception as e:  # pylint: disable=broad-except
       logging.info("Compiling %s ahead of time failed (%s); running it as it is.", self._name, e)
+      self._ran_directly = True
       return self._fn
     path = self._path(signature)
-    if getattr(_HITS, "count", 0) > hits_before:
+    if getattr(_HITS, "count", 0) > hits_before or self._ran_directly:
       logging.info("%s came from JAX's compilation cache: used, not saved.", self._name)
     elif path is not None:
       _save(path, compiled)

@@ -361,7 +361,7 @@ def make_app(
         )
       except Exception as e:  # pylint: disable=broad-except  (a bug of ours: logged, one line)
         logging.exception("Answering %s %s failed.", request.method, request.path)
-        response = _error(500, f"the server failed: {type(e).__name__}: {e}")
+        response = _error(500, f"the server failed ({type(e).__name__}); its log says more")
       response.headers.update(guard.cors_headers(request.headers))
     if response.status >= 400:
       metrics.errors.labels(str(response.status)).inc()
