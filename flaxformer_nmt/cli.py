@@ -31,6 +31,7 @@ from flaxformer_nmt import errors, help_text
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.config import run_config, saved_run
 from flaxformer_nmt.config.choices import CHECKPOINTS
+from flaxformer_nmt.serving import flags as _serve_flags  # noqa: F401  (--host, --port, ...)
 
 config_flags.DEFINE_config_file(
   "config",
@@ -92,57 +93,6 @@ flags.DEFINE_enum(
   "last; best = config.best_metric's best evaluation (<workdir>/best); ema = the parameter "
   "average of the latest checkpoint (config.optim.ema_decay > 0). average: the K checkpoints up "
   "to the best step (best), or their parameter averages (ema).",
-)
-flags.DEFINE_string(
-  "host",
-  "127.0.0.1",
-  "serve: the address to listen on. 127.0.0.1 (the default) answers this machine only, and only "
-  "requests naming it as their Host; any other address (0.0.0.0) asks every request for the "
-  "token (--token, or one printed at start; docs/serving.md).",
-)
-flags.DEFINE_integer("port", 8080, "serve: the TCP port to listen on.")
-flags.DEFINE_float(
-  "max_wait_ms",
-  5.0,
-  "serve: how long the oldest waiting request may wait for others to fill its device batch.",
-)
-flags.DEFINE_integer(
-  "max_request_bytes", 1 << 20, "serve: the largest request body accepted (larger: 413)."
-)
-flags.DEFINE_integer(
-  "max_request_lines", 10_000, "serve: the most lines one request may hold (more: 413)."
-)
-flags.DEFINE_integer(
-  "queue_size", 256, "serve: requests that may wait for the device; one more is answered 503."
-)
-flags.DEFINE_integer(
-  "queue_lines",
-  50_000,
-  "serve: lines that may wait for the device, all requests together; a request that would "
-  "pass it is answered 503.",
-)
-flags.DEFINE_float(
-  "grace_s",
-  25.0,
-  "serve: after SIGTERM, how long the decoding in flight may take before the server exits "
-  "(uploads not yet received are dropped at once).",
-)
-flags.DEFINE_list(
-  "allowed_hosts",
-  [],
-  "serve: Host names (name or name:port) accepted besides localhost, 127.0.0.1 and [::1], e.g. "
-  "the name a reverse proxy forwards.",
-)
-flags.DEFINE_list(
-  "allowed_origins",
-  [],
-  "serve: web origins (scheme://host[:port]) whose pages may call the server (CORS); * for any.",
-)
-flags.DEFINE_string(
-  "token",
-  "",
-  "serve: the token every request must carry (Authorization: Bearer <token>, or ?token=). "
-  "Required on a non-loopback --host, where one is generated and printed if none is given.",
 )
 flags.DEFINE_enum(
   "distributed",

@@ -19,8 +19,8 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.model.shapes import abstract_params as model_abstract_params
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
-from flaxformer_nmt.model.transformer import abstract_params as model_abstract_params
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.workdir import Workdir
 

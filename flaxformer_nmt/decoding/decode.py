@@ -26,8 +26,9 @@ from flaxformer_nmt.decoding.model_step import (
   model_step_fn,
   source_positions,
 )
+from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import PAD_ID
-from flaxformer_nmt.model.transformer import Transformer, init_decode_cache
+from flaxformer_nmt.model.transformer import Transformer
 
 Array = jax.Array
 

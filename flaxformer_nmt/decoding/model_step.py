@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.model.transformer import Transformer, init_decode_cache
+from flaxformer_nmt.model.transformer import Transformer
 
 Array = jax.Array
 

@@ -35,6 +35,8 @@ import jax
 import numpy as np
 from absl import logging
 
+from flaxformer_nmt.runtime import files
+
 SUBFOLDER = "executables"
 MAX_BYTES = 1 << 30  # 1 GiB: a demo program is ~1 MB, a big model's decoder tens of MB
 _SUFFIX = ".pickle"
@@ -60,9 +62,9 @@ def _environment() -> str:
   import jaxlib  # pylint: disable=g-import-not-at-top
 
   source = hashlib.sha256()
-  for root, dirs, files in os.walk(_PACKAGE):
+  for root, dirs, names in os.walk(_PACKAGE):
     dirs.sort()
-    for name in sorted(files):
+    for name in sorted(names):
       if name.endswith(".py"):
         path = os.path.join(root, name)
         source.update(os.path.relpath(path, _PACKAGE).encode())
@@ -298,10 +300,8 @@ def _write(path: str, blob: bytes) -> None:
   """Writes `blob` to `path` atomically; a failure is one info line (the run goes on)."""
   try:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    scratch = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(scratch, "wb") as f:
+    with files.atomic_path(path) as scratch, open(scratch, "wb") as f:
       f.write(blob)
-    os.replace(scratch, path)
     _evict(os.path.dirname(path))
   except OSError as e:
     logging.info("Could not save %s (%s).", path, e)

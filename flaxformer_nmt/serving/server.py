@@ -1,4 +1,4 @@
-"""`--mode=serve`'s HTTP side: the routes, the checks of a request, start-up and shutdown.
+"""`--mode=serve`'s HTTP side: the routes, start-up and shutdown (protocol.py reads a body).
 
   POST /translate  {"text": "..." | ["...", ...], "nbest": K, "alignments": false}
                    -> {"translations": [...], "truncated": [...]} (input order; with "nbest"
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.resources
-import json
 import signal
 import threading
 import time
@@ -39,36 +38,9 @@ from aiohttp.abc import AbstractAccessLogger
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import guard as guard_lib
 from flaxformer_nmt.serving import metrics as metrics_lib
+from flaxformer_nmt.serving.protocol import BadRequest, Limits, TooLarge, answer, parse_request
 
-_FIELDS = ("text", "nbest", "alignments")
 _ROUTES = "POST /translate, GET /health, GET /metrics, GET /"
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-  """What a request may ask: the body's size, its lines, and the n-best lists the search gives."""
-
-  max_request_bytes: int = 1 << 20
-  max_nbest: int = 1  # beam: beam_size; sample: any number up to this; greedy: 1
-  nbest_rule: str = "greedy search finds one hypothesis"
-  max_request_lines: int = 10_000
-
-
-class BadRequest(ValueError):
-  """A request the server refuses with 400 (its message is the one line)."""
-
-
-class TooLarge(ValueError):
-  """A request the server refuses with 413."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Asked:
-  """A /translate request, checked."""
-
-  lines: list[str]
-  kind: batcher_lib.Kind
-  nbest_list: bool  # "nbest" was given: answer with lists of {"text", "score"}
 
 
 class Backend:
@@ -116,79 +88,6 @@ class Backend:
     if self.stage == "compiling":
       return f"compiling: {self.compiled} of {self.shapes} batch shapes"
     return self.stage
-
-
-def parse_request(body: bytes, limits: Limits) -> Asked:
-  """What a /translate body asks for; BadRequest (or TooLarge), naming the field, otherwise."""
-  try:
-    request = json.loads(body.decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise BadRequest(f"the body is not JSON: {' '.join(str(e).split())}") from None
-  except (RecursionError, ValueError) as e:  # ValueError: e.g. an integer of over 4300 digits
-    if not isinstance(e, RecursionError):
-      raise BadRequest(f"the body is not JSON we read: {' '.join(str(e).split())[:200]}") from None
-    raise BadRequest('the body is nested too deeply; send {"text": "..." | ["...", ...]}') from None
-  if not isinstance(request, dict):
-    raise BadRequest('the body must be a JSON object, e.g. {"text": "..."}')
-  unknown = sorted(set(request) - set(_FIELDS))
-  if unknown:
-    raise BadRequest(f"unknown field {unknown[0]!r}; the fields are {', '.join(_FIELDS)}")
-  if "text" not in request:
-    raise BadRequest('"text" is missing: give a string or a list of strings')
-  text = request["text"]
-  lines = [text] if isinstance(text, str) else text
-  if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
-    raise BadRequest('"text" must be a string or a list of strings')
-  if len(lines) > limits.max_request_lines:
-    raise TooLarge(
-      f'"text" has {len(lines)} lines; the limit is {limits.max_request_lines} '
-      "(--max_request_lines): send them in several requests"
-    )
-  for i, line in enumerate(lines):
-    if "\n" in line or "\r" in line:
-      where = '"text"' if isinstance(text, str) else f'"text"[{i}]'
-      raise BadRequest(f"{where} holds a line break: send one line per string")
-  nbest = request.get("nbest", 1)
-  if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest < 1:
-    raise BadRequest(f'"nbest" must be a whole number >= 1, got {json.dumps(nbest)}')
-  if nbest > limits.max_nbest:
-    raise BadRequest(f'"nbest"={nbest} is more than {limits.max_nbest}: {limits.nbest_rule}')
-  alignments = request.get("alignments", False)
-  if not isinstance(alignments, bool):
-    raise BadRequest(f'"alignments" must be true or false, got {json.dumps(alignments)}')
-  return Asked(lines, batcher_lib.Kind(nbest, alignments), "nbest" in request)
-
-
-def check_encodable(lines: list[str], encode: Callable[[str], Any]) -> None:
-  """BadRequest naming the first line `encode` (the tokenizer's) cannot take, e.g. one holding
-  a lone surrogate ("\\ud800", valid JSON but not Unicode text)."""
-  for i, line in enumerate(lines):
-    try:
-      line.encode("utf-8")
-      encode(line)
-    except Exception as e:  # pylint: disable=broad-except
-      where = '"text"' if len(lines) == 1 else f'"text"[{i}]'
-      reason = " ".join(str(e).split())[:200]
-      raise BadRequest(f"{where} cannot be encoded ({type(e).__name__}: {reason})") from None
-
-
-def answer(lines: list[batcher_lib.Line], asked: Asked) -> dict:
-  """The /translate response for the batcher's answers: plain strings for one hypothesis per
-  line, lists of {"text", "score"} when an n-best list was asked for, "alignment" when asked."""
-
-  def hypothesis(h: Any) -> dict[str, Any]:
-    out = {"text": h.text, "score": h.score}
-    if asked.kind.alignments:
-      out["alignment"] = h.alignment
-    return out
-
-  if asked.nbest_list:
-    translations: list[Any] = [[hypothesis(h) for h in line.hypotheses] for line in lines]
-  elif asked.kind.alignments:
-    translations = [hypothesis(line.hypotheses[0]) for line in lines]
-  else:
-    translations = [line.hypotheses[0].text for line in lines]
-  return {"translations": translations, "truncated": [line.truncated for line in lines]}
 
 
 def url_host(host: str) -> str:

@@ -29,7 +29,7 @@ from flaxformer_nmt.loaded_model import LoadedModel
 from flaxformer_nmt.model.tokens import PAD_ID
 from flaxformer_nmt.runtime import parallel, progress
 from flaxformer_nmt.serving import batcher as batcher_lib
-from flaxformer_nmt.serving import server
+from flaxformer_nmt.serving import protocol, server
 from flaxformer_nmt.serving.options import Options
 
 # Kinds compiled before /translate is served: the API's plain 1-best and the page's, which also
@@ -59,7 +59,7 @@ def search_description(decode: Any) -> str:
   return f"greedy, max length: source + {decode.max_len_offset}"
 
 
-def limits(decode: Any, options: Options) -> server.Limits:
+def limits(decode: Any, options: Options) -> protocol.Limits:
   """What a request may ask: n-best lists as config.decode's search gives them (as --nbest allows
   on the command line), and the flags' sizes."""
   if decode.method == "beam":
@@ -69,7 +69,7 @@ def limits(decode: Any, options: Options) -> server.Limits:
     nbest, rule = MAX_SAMPLES, f"the server draws at most {MAX_SAMPLES} samples per line"
   else:
     nbest, rule = 1, "greedy search finds one hypothesis"
-  return server.Limits(options.max_request_bytes, nbest, rule, options.max_request_lines)
+  return protocol.Limits(options.max_request_bytes, nbest, rule, options.max_request_lines)
 
 
 def public_description(description: str) -> str:
@@ -185,7 +185,7 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
   }
   tokenizer = loaded.components.tokenizer
   backend.ready(
-    batcher, allowed, details, lambda lines: server.check_encodable(lines, tokenizer.encode)
+    batcher, allowed, details, lambda lines: protocol.check_encodable(lines, tokenizer.encode)
   )
   backend.details["ready_seconds"] = round(backend.ready_s or 0.0, 1)
   logging.info(

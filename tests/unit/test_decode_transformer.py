@@ -17,14 +17,10 @@ import pytest
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.config import choices
 from flaxformer_nmt.decoding import beam_search, decode
-from flaxformer_nmt.model import transformer as transformer_lib
+from flaxformer_nmt.model import shapes as shapes_lib
+from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.model.transformer import (
-  Transformer,
-  TransformerConfig,
-  init_decode_cache,
-  init_params,
-)
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
 # ------------------------------------------------------------------------------------------------
 # The Transformer (tiny size). One model, trained once, serves every test below: compiling is
@@ -215,7 +211,7 @@ def test_decode_cache_from_its_layout_equals_the_traced_one(d_ff, rows, length, 
   )
   model = Transformer(cfg)
   cache = init_decode_cache(model, rows, length, src_len, num_sentences=sentences)
-  traced = transformer_lib._traced_cache_shapes(model, rows, length, src_len, sentences)
+  traced = shapes_lib._traced_cache_shapes(model, rows, length, src_len, sentences)
   assert jax.tree.map(lambda x: (x.shape, x.dtype), cache) == jax.tree.map(
     lambda s: (s.shape, s.dtype), traced
   )

@@ -18,7 +18,7 @@ from flaxformer_nmt import loaded_model, modes
 from flaxformer_nmt.decoding.translator import Hypothesis
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import guard as guard_lib
-from flaxformer_nmt.serving import server, service
+from flaxformer_nmt.serving import protocol, server, service
 from flaxformer_nmt.serving.batcher import Kind
 from flaxformer_nmt.workdir import Workdir
 
@@ -189,7 +189,7 @@ def test_a_worker_that_dies_fails_the_waiting_requests_instead_of_hanging_them()
 # ------------------------------------------------------------------------------------------------
 # The HTTP routes.
 
-LIMITS = server.Limits(max_request_bytes=200, max_nbest=4, nbest_rule="beam 4")
+LIMITS = protocol.Limits(max_request_bytes=200, max_nbest=4, nbest_rule="beam 4")
 
 
 def _client_calls(app, calls):
@@ -220,7 +220,7 @@ def _app(echo: Echo, queue: int = 8, guard: guard_lib.Guard | None = None, ready
   app = server.make_app(backend, guard, LIMITS.max_request_bytes)
   if ready:
     backend.ready(
-      b, LIMITS, {"model": "echo", "step": 7}, lambda lines: server.check_encodable(lines, str)
+      b, LIMITS, {"model": "echo", "step": 7}, lambda lines: protocol.check_encodable(lines, str)
     )
   return app, b
 

@@ -17,7 +17,7 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.decoding.translator import Hypothesis
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import guard as guard_lib
-from flaxformer_nmt.serving import server
+from flaxformer_nmt.serving import protocol, server
 from flaxformer_nmt.serving.batcher import Kind
 from flaxformer_nmt.serving.options import Options
 
@@ -207,7 +207,7 @@ def test_serve_options_refuse_in_one_line():
 # ------------------------------------------------------------------------------------------------
 # The routes.
 
-LIMITS = server.Limits(max_request_bytes=100_000, max_nbest=2, max_request_lines=50)
+LIMITS = protocol.Limits(max_request_bytes=100_000, max_nbest=2, max_request_lines=50)
 
 
 def _serve(guard=None, ready=True, echo=None):
@@ -221,7 +221,7 @@ def _serve(guard=None, ready=True, echo=None):
   if ready:
 
     def check(lines):
-      server.check_encodable(lines, lambda line: line.encode("utf-8"))
+      protocol.check_encodable(lines, lambda line: line.encode("utf-8"))
 
     backend.ready(b, LIMITS, {"model": "echo"}, check)
   else:
