@@ -6,6 +6,8 @@ r"""The training runs behind the BLEU figures of the README and docs/, recorded.
   python benchmarks/experiments.py --experiment=fine_tune_demo      # docs/fine-tuning.md
   python benchmarks/experiments.py --experiment=multi30k --data_dir=data/multi30k --minutes=60
   python benchmarks/experiments.py --experiment=multi30k_seeds --data_dir=data/multi30k --minutes=20
+  python benchmarks/experiments.py --experiment=multi30k_multilingual --data_dir=data/multi30k \
+      --minutes=60
 
 Each experiment is the sequence of commands a user would type (`python main.py ...`, run as
 subprocesses from the checkout, so what is measured is the command line itself), and its figures
@@ -24,6 +26,12 @@ then evaluates again; nothing already trained is lost to an interruption.
 - `multi30k_seeds`: one Multi30k run per --seeds, each --minutes, with an EMA of the parameters and
   the best dev checkpoint kept; each seed's last, EMA, best and averaged parameters scored, then the
   seeds' ensembles (--ensemble) of their last checkpoints and of their averages.
+- `multi30k_multilingual`: configs/multi30k_multilingual.py (en from and into de, fr, cs) for
+  --minutes, its last --average checkpoints averaged and scored in every direction and zero-shot
+  (de-fr, fr-de, with off-target rates); beside it a bilingual en-fr run of the same minutes
+  (configs/multi30k.py into French), and the bilingual en-de record (`multi30k`) if there is one;
+  then `--mode=translate --target_lang=X` of the English test set into each language, with the
+  off-target rate of what comes out and of the references.
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ from absl import app, flags, logging
 from flaxformer_nmt.benchmarking import record
 
 _EXPERIMENT = flags.DEFINE_enum(
-  "experiment", None, ["demo", "fine_tune_demo", "multi30k", "multi30k_seeds"], "What to run."
+  "experiment",
+  None,
+  ["demo", "fine_tune_demo", "multi30k", "multi30k_seeds", "multi30k_multilingual"],
+  "What to run.",
 )
 _WORKDIR = flags.DEFINE_string("workdir", "", "The (first) run's workdir ('' = runs/<experiment>).")
 _SET = flags.DEFINE_multi_string("set", [], "A config override for every command: path=value.")
@@ -250,11 +261,107 @@ def multi30k_seeds() -> dict[str, Any]:
   return {**out, **signatures(evaluated)}
 
 
+def _averaged_scores(args: list[str], trained: dict[str, Any]) -> dict[str, Any]:
+  """Average the last checkpoints, then evaluate the average: (steps averaged, eval result)."""
+  average = main_py(*args, "--mode=average", f"--num_checkpoints={_AVERAGE.value}")
+  evaluated = main_py(*args, "--mode=eval", "--checkpoint=averaged")
+  return {"run": _trained(trained), "averaged_steps": average["steps"], "eval": evaluated}
+
+
+def _direction_table(result: dict[str, Any]) -> dict[str, Any]:
+  """Each direction's beam figures and off-target rates, from a multilingual eval result."""
+  keep = (
+    "test_sacrebleu_beam4",
+    "test_chrf_beam4",
+    "test_tokenized_bleu_beam4",
+    "tokenized_bleu_method",
+    "off_target_rate_beam4",
+    "reference_off_target_rate",
+    "test_sacrebleu_greedy",
+  )
+  return {d: {k: f[k] for k in keep if k in f} for d, f in result.items()}
+
+
+def multi30k_multilingual() -> dict[str, Any]:
+  from flaxformer_nmt.decoding import language_id  # pylint: disable=g-import-not-at-top
+
+  minutes = f"{_MINUTES.value:g}m"
+  workdir = _WORKDIR.value or f"runs/multi30k_multilingual_{minutes}"
+  args = [
+    "--config=configs/multi30k_multilingual.py",
+    f"--workdir={workdir}",
+    f"--config.data.dir={_DATA_DIR.value}",
+  ]
+  multi = _averaged_scores(args, _train_for_minutes(args))
+  fr_args = _multi30k_args(f"runs/multi30k_enfr_{minutes}", "--config.data.tgt_lang=fr")
+  fr = _averaged_scores(fr_args, _train_for_minutes(fr_args))
+  out: dict[str, Any] = {
+    "workdir": workdir,
+    "budget_minutes": _MINUTES.value,
+    "multilingual": {
+      **multi["run"],
+      "averaged_steps": multi["averaged_steps"],
+      "directions": _direction_table(multi["eval"]["directions"]),
+      "zero_shot": _direction_table(multi["eval"]["zero_shot"]),
+      "mean": multi["eval"]["mean"],
+    },
+    "bilingual_en_fr": {**fr["run"], "averaged_steps": fr["averaged_steps"], **scores(fr["eval"])},
+  }
+  de_record = os.path.join(_checkout(), "benchmarks", "results", "multi30k.json")
+  if os.path.isfile(de_record):
+    with open(de_record, encoding="utf-8") as f:
+      de = json.load(f).get("result", {})
+    out["bilingual_en_de_record"] = {
+      "record": "benchmarks/results/multi30k.json",
+      "budget_minutes": de.get("budget_minutes"),
+      "step": de.get("step"),
+      **de.get("averaged", {}),
+    }
+  # --target_lang on the command line: the English test set into each language.
+  languages = ["en", "de", "fr", "cs"]
+  source = os.path.join(_DATA_DIR.value, "test_2016_flickr")
+  english = _lines(f"{source}.en")
+  picks: dict[str, Any] = {}
+  for target in ("de", "fr", "cs"):
+    path = os.path.join(workdir, f"target_lang_{target}.txt")
+    main_py(
+      *args,
+      "--mode=translate",
+      "--checkpoint=averaged",
+      f"--target_lang={target}",
+      f"--input={source}.en.gz" if not os.path.exists(f"{source}.en") else f"--input={source}.en",
+      f"--output={path}",
+    )
+    outputs = _lines(path)
+    picks[target] = {
+      "lines": len(outputs),
+      "off_target_rate": language_id.off_target_rate(outputs, target, languages),
+      "reference_off_target_rate": language_id.off_target_rate(
+        _lines(f"{source}.{target}"), target, languages
+      ),
+    }
+  out["target_lang_translate"] = {"source": f"{source}.en ({len(english)} lines)", **picks}
+  return {**out, **signatures(multi["eval"]["directions"]["en-de"])}
+
+
+def _lines(path: str) -> list[str]:
+  """A text file's lines (or its .gz's), relative to the checkout."""
+  import gzip  # pylint: disable=g-import-not-at-top
+
+  full = os.path.join(_checkout(), path)
+  if not os.path.exists(full) and os.path.exists(full + ".gz"):
+    with gzip.open(full + ".gz", "rt", encoding="utf-8") as f:
+      return f.read().splitlines()
+  with open(full, encoding="utf-8") as f:
+    return f.read().splitlines()
+
+
 EXPERIMENTS: dict[str, Callable[[], dict[str, Any]]] = {
   "demo": demo,
   "fine_tune_demo": fine_tune_demo,
   "multi30k": multi30k,
   "multi30k_seeds": multi30k_seeds,
+  "multi30k_multilingual": multi30k_multilingual,
 }
 
 

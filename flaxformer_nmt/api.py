@@ -91,9 +91,12 @@ def translate(
   lines: Sequence[str],
   checkpoint: str = "auto",
   ensemble: Sequence[str] | str = (),
+  target_lang: str | None = None,
 ) -> list[str]:
-  """One translation per line, with config.decode's search (method, beam, sampling)."""
-  return [hyps[0].text for hyps in translate_nbest(config, workdir, lines, 1, checkpoint, ensemble)]
+  """One translation per line, with config.decode's search (method, beam, sampling), into
+  `target_lang` for a multilingual model."""
+  hyps = translate_nbest(config, workdir, lines, 1, checkpoint, ensemble, target_lang=target_lang)
+  return [h[0].text for h in hyps]
 
 
 def translate_nbest(
@@ -104,15 +107,17 @@ def translate_nbest(
   checkpoint: str = "auto",
   ensemble: Sequence[str] | str = (),
   alignments: bool = False,
+  target_lang: str | None = None,
 ) -> list[list[Any]]:
   """`nbest` hypotheses per line, best first: translator.Hypothesis(text, score, alignment).
 
   Beam search gives its n best (nbest <= config.decode.beam_size); config.decode.method="sample"
   gives n samples. `alignments` adds Pharaoh word alignments ("i-j" pairs, 0-based).
+  `target_lang`: a multilingual model's output language (its tag starts every source).
   """
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
-  outputs = modes.Outputs(nbest, alignments, _members(ensemble))
+  outputs = modes.Outputs(nbest, alignments, _members(ensemble), target_lang)
   hyps, _, _ = modes.translate_hypotheses(config, workdir, checkpoint, list(lines), outputs)
   return hyps
 
@@ -145,9 +150,10 @@ def attention(
   text: str,
   output: str | None = None,
   checkpoint: str = "auto",
+  target_lang: str | None = None,
 ) -> dict[str, Any]:
   """Attention heatmaps and the positional-encoding picture (PNG) in `output`
   (default <workdir>/attention); the result lists the files."""
   return modes.attention(
-    config, workdir, checkpoint, text, output or os.path.join(workdir, "attention")
+    config, workdir, checkpoint, text, output or os.path.join(workdir, "attention"), target_lang
   )

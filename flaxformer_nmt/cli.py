@@ -72,6 +72,13 @@ flags.DEFINE_integer(
   "rows: line number (0-based), rank, score, hypothesis (beam: nbest <= beam_size; sample: that "
   "many samples).",
 )
+flags.DEFINE_string(
+  "target_lang",
+  "",
+  "translate/attention/serve: the language a multilingual model translates into (its tag, "
+  "<2fr>, starts every source; the source language needs no flag); serve: the default of "
+  'requests without "target_lang". A bilingual model needs none.',
+)
 flags.DEFINE_list(
   "ensemble",
   [],
@@ -204,6 +211,7 @@ def _with_config_path(argv: list[str]) -> list[str]:
 _MODE_ONLY_FLAGS = {
   "nbest": ("translate",),
   "alignments": ("translate",),
+  "target_lang": ("translate", "attention", "serve"),
   "ensemble": ("eval", "translate", "serve"),
   **{
     name: ("serve",)
@@ -307,13 +315,13 @@ def main(argv: list[str]) -> None:
       modes.evaluate(config, workdir, flags.FLAGS.checkpoint, tuple(flags.FLAGS.ensemble))
     elif flags.FLAGS.mode == "translate":
       f = flags.FLAGS
-      outputs = modes.Outputs(f.nbest, f.alignments, tuple(f.ensemble))
+      outputs = modes.Outputs(f.nbest, f.alignments, tuple(f.ensemble), f.target_lang or None)
       modes.translate(config, workdir, f.checkpoint, f.input, f.output, outputs)
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints, flags.FLAGS.checkpoint)
     elif flags.FLAGS.mode == "attention":
       f = flags.FLAGS
-      modes.attention(config, workdir, f.checkpoint, f.text, f.output)
+      modes.attention(config, workdir, f.checkpoint, f.text, f.output, f.target_lang or None)
     elif flags.FLAGS.mode == "export":
       f = flags.FLAGS
       modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
@@ -340,6 +348,7 @@ def _serve(config: Any, workdir: str) -> None:
     allowed_hosts=tuple(f.allowed_hosts),
     allowed_origins=tuple(f.allowed_origins),
     token=f.token,
+    target_lang=f.target_lang,
   )
   launch.run(config, workdir, f.checkpoint, tuple(f.ensemble), options, f.distributed)
 

@@ -22,6 +22,7 @@ from flaxformer_nmt import errors, loaded_model
 from flaxformer_nmt.checkpoints import averaging, selection
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import checks, run_config
+from flaxformer_nmt.data import directions
 from flaxformer_nmt.decoding import evaluation, translator
 from flaxformer_nmt.runtime import accelerators, compile_cache, files, parallel, records
 from flaxformer_nmt.workdir import Workdir
@@ -118,9 +119,12 @@ class Outputs:
   nbest: int = 1  # hypotheses per line: > 1 writes TSV (`output_lines`)
   alignments: bool = False  # word alignments (Pharaoh "i-j") from the cross-attention
   members: tuple[str, ...] = ()  # --ensemble: the other workdirs
+  target_lang: str | None = None  # --target_lang: a multilingual model's output language
 
   def check(self, config: ml_collections.ConfigDict) -> None:
-    """ConfigError for an n-best list the search cannot give (before any work)."""
+    """ConfigError for an n-best list the search cannot give, or a language the model has no
+    tag for (before any work)."""
+    directions.resolve_target(config.data, self.target_lang)
     d = config.decode
     if self.nbest < 1:
       raise errors.ConfigError(f"--nbest={self.nbest}: give 1 or more.")
@@ -165,7 +169,11 @@ def translate_hypotheses(
   outputs.check(config)
   loaded = loaded_model.load(config, run, which, outputs.members)
   decoder = translator.make_translator(
-    loaded.components, loaded.params, nbest=outputs.nbest, alignments=outputs.alignments
+    loaded.components,
+    loaded.params,
+    nbest=outputs.nbest,
+    alignments=outputs.alignments,
+    target_lang=outputs.target_lang,
   )
   hyps = decoder.translate_nbest(lines)
   logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
@@ -263,7 +271,12 @@ def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str,
 
 
 def attention(
-  config: ml_collections.ConfigDict | None, workdir: str, which: str, text: str, output: str
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  which: str,
+  text: str,
+  output: str,
+  target_lang: str | None = None,
 ) -> dict[str, Any]:
   """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
   positional encoding, in `output` (default <workdir>/attention); see attention_pictures.py."""
@@ -276,9 +289,11 @@ def attention(
   out_dir = output if output and output != files.STDIO else run.attention_dir
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
+  prefix_lang = directions.resolve_target(config.data, target_lang)  # before the model loads
   loaded = loaded_model.load(config, run, which)
   c, params = loaded.components, jax.device_get(loaded.params)
-  source = c.tokenizer.encode(text)[: c.max_src_len - 1] + [EOS_ID]
+  prefix = translator.target_prefix(translator.ModelParts.of(c), prefix_lang)
+  source = (prefix + c.tokenizer.encode(text))[: c.max_src_len - 1] + [EOS_ID]
   search = decode.SearchConfig.from_config(config.decode)
   target = attention_pictures.translate_ids(c.model, params, source, search)
   pictures = attention_pictures.write_pictures(

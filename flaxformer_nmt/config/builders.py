@@ -173,6 +173,17 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       train_prefix="train",
       dev_prefix="val",
       test_prefix="test",
+      # Many directions in one model (docs/multilingual.md): "en-de,de-en,en-fr" replaces
+      # src_lang/tgt_lang; every source starts with its target language's tag (<2de>).
+      directions="",
+      # Training corpora of every direction, "PREFIX[:WEIGHT[:TAG]],...", e.g. "train,bt:0.5:<BT>"
+      # (tagged back-translation); "" = train_prefix alone. Files: <prefix>.<src>-<tgt>.<lang>
+      # (fairseq's names) or the multi-way <prefix>.<lang>.
+      corpora="",
+      # Directions sampled with p proportional to size^(1/temperature) (1 = as the data is).
+      temperature=5.0,
+      # Directions scored on the test set but never trained, e.g. "de-fr,fr-de".
+      zero_shot="",
       # Vocabulary (SentencePiece, shared by both languages).
       vocab_size=37_000,
       vocab_model_type="bpe",

@@ -23,6 +23,7 @@ from flaxformer_nmt.config.choices import (
   SOURCES,
   VOCAB_MODEL_TYPES,
 )
+from flaxformer_nmt.data import directions
 
 
 def _fail(message: str) -> None:
@@ -60,6 +61,34 @@ def _one_of(config: ml_collections.ConfigDict, path: str, choices: tuple[str, ..
   value = _get(config, path)
   if value not in choices:
     _fail(f"config.{path} must be one of {list(choices)}, got {value!r}.")
+
+
+def _multilingual(d: ml_collections.ConfigDict) -> None:
+  """data.directions and its companions (data/directions.py parses them, one line each)."""
+  trained = directions.parse_directions(str(d.get("directions", "")))
+  zero = directions.zero_shot(d)
+  if not trained:
+    for field in ("zero_shot", "corpora"):
+      if str(d.get(field, "")).strip():
+        _fail(f"config.data.{field} is set, but config.data.directions is empty; it is for them.")
+    return
+  if d.source != "files":
+    _fail(
+      f"config.data.directions is set, but config.data.source={d.source!r}; many directions "
+      "read text files ('files': Multi30k's or a user's own)."
+    )
+  directions.parse_corpora(str(d.get("corpora", "")), d.train_prefix)
+  if not float(d.get("temperature", 5.0)) > 0:
+    _fail(f"config.data.temperature must be > 0, got {d.temperature!r}.")
+  langs = {x for t in trained for x in (t.src, t.tgt)}
+  for z in zero:
+    if z in trained:
+      _fail(f"config.data.zero_shot names {z.name}, which config.data.directions trains.")
+    if z.src not in langs or z.tgt not in langs:
+      _fail(
+        f"config.data.zero_shot names {z.name}, but the model trains no direction from "
+        f"{z.src!r} or none into {z.tgt!r} (languages trained: {', '.join(sorted(langs))})."
+      )
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -144,6 +173,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if d.source == "demo":
     for split in ("train", "dev", "test"):
       _at_least(config, f"data.demo_{split}_size", 1)
+  _multilingual(d)
 
   _at_least(config, "decode.beam_size", 1)
   _one_of(config, "decode.beam_style", BEAM_STYLES)

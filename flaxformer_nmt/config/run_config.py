@@ -108,6 +108,11 @@ KINDS: dict[str, str] = {
   "data.tfds_data_dir": FREE,
   "data.url": FREE,
   "data.prefetch_batches": FREE,
+  # --- many directions: the trained directions are FIXED (a decoding command may narrow them,
+  # `_narrows`); how they were sampled is training's; zero-shot scoring is a test set's choice.
+  "data.corpora": DECODING,
+  "data.temperature": DECODING,
+  "data.zero_shot": FREE,
   # --- decoding and evaluation settings
   "decode": FREE,
   "eval": FREE,
@@ -229,6 +234,9 @@ def reconcile(
       continue
     if path == "model.dtype" and value == "auto":
       continue  # "auto" on a run that recorded its resolved dtype: the run's
+    if path == "data.directions" and mode not in TRAIN_MODES and _narrows(value, old):
+      _set(result, path, value)  # eval scores some of the run's directions
+      continue
     if not may_change(path, mode):
       reason = {
         FIXED: "it decides what the parameters compute or were trained on",
@@ -241,6 +249,14 @@ def reconcile(
       )
     _set(result, path, value)
   return result
+
+
+def _narrows(value: Any, old: Any) -> bool:
+  """Whether data.directions `value` is some of the run's `old` directions (eval may score
+  fewer; anything else changes what the model was trained on)."""
+  ours = [d.strip() for d in str(value).split(",") if d.strip()]
+  theirs = {d.strip() for d in str(old).split(",") if d.strip()}
+  return bool(ours) and set(ours) <= theirs
 
 
 def _set(config: ml_collections.ConfigDict, path: str, value: Any) -> None:

@@ -21,6 +21,7 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.data import directions
 from flaxformer_nmt.runtime import files
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -111,7 +112,8 @@ def verified(path: str, size: int, sha256: str) -> bool:
 
 
 def wanted_files(data: ml_collections.ConfigDict) -> list[str]:
-  """The file names `--mode=prepare` fetches: train, dev and test for both languages, and the
+  """The file names `--mode=prepare` fetches: train, dev and test for both languages (every
+  language of a multilingual config's directions), and the
   extra test sets asked for (`data.extra_test_sets`: comma-separated names, or "all")."""
   extra = [s.strip() for s in data.extra_test_sets.split(",") if s.strip()]
   if extra == ["all"]:
@@ -123,7 +125,12 @@ def wanted_files(data: ml_collections.ConfigDict) -> list[str]:
         f"{', '.join(MULTI30K_EXTRA_TEST_SETS)} (or 'all')."
       )
   sets = [data.train_prefix, data.dev_prefix, data.test_prefix, *extra]
-  names = [f"{s}.{lang}.gz" for s in dict.fromkeys(sets) for lang in (data.src_lang, data.tgt_lang)]
+  langs = (
+    directions.languages(data)
+    if directions.is_multilingual(data)
+    else [data.src_lang, data.tgt_lang]
+  )
+  names = [f"{s}.{lang}.gz" for s in dict.fromkeys(sets) for lang in langs]
   unknown = [n for n in names if n not in MULTI30K_FILES]
   if unknown:
     raise errors.ConfigError(

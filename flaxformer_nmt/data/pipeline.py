@@ -15,7 +15,8 @@ from typing import Protocol
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt.data import packing, prefetch, sources, streams, tokenized
+from flaxformer_nmt.data import directions as directions_lib
+from flaxformer_nmt.data import multilingual, packing, prefetch, sources, streams, tokenized
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 
 Batch = packing.Batch
@@ -58,27 +59,38 @@ class Data:
   max_len: int
   process_index: int
   process_count: int
+  # Keyed by split ('dev', 'test'), or by split/direction ('test/en-de') for a multilingual run.
   _eval: dict[str, tokenized.TokenizedSplit]
   _pairs: dict[str, list[tuple[str, str]]]
   _names: dict[str, str]
+  directions: tuple[str, ...] = ()  # a multilingual run's trained directions, e.g. ("en-de",)
+  zero_shot: tuple[str, ...] = ()  # directions scored on the test set only
 
-  def eval_batches(self, split: str) -> Iterator[Batch]:
-    """'dev' or 'test' batches in order, nothing dropped (dev loss uses these)."""
-    if split not in self._eval:
-      raise ValueError(f"Unknown evaluation split {split!r}; choose 'dev' or 'test'.")
+  def _key(self, split: str, direction: str | None) -> str:
+    key = split if direction is None else f"{split}/{direction}"
+    if key not in self._pairs:
+      known = sorted(self._pairs)
+      raise ValueError(f"Unknown evaluation set {key!r}; choose one of {known}.")
+    return key
+
+  def eval_batches(self, split: str, direction: str | None = None) -> Iterator[Batch]:
+    """'dev' or 'test' batches (of `direction`, in a multilingual run) in order, nothing
+    dropped (dev loss uses these); sources start with their tags, as in training."""
     return streams.eval_batches(
-      self._eval[split], self.eval_rows, self.max_len, self.process_index, self.process_count
+      self._eval[self._key(split, direction)],
+      self.eval_rows,
+      self.max_len,
+      self.process_index,
+      self.process_count,
     )
 
-  def pairs(self, split: str) -> list[tuple[str, str]]:
-    """Raw (source, reference) text of 'dev' or 'test' in file order (for BLEU)."""
-    if split not in self._pairs:
-      raise ValueError(f"Unknown evaluation split {split!r}; choose 'dev' or 'test'.")
-    return self._pairs[split]
+  def pairs(self, split: str, direction: str | None = None) -> list[tuple[str, str]]:
+    """Raw (source, reference) text of 'dev' or 'test' (of `direction`) in file order."""
+    return self._pairs[self._key(split, direction)]
 
-  def split_name(self, split: str) -> str:
+  def split_name(self, split: str, direction: str | None = None) -> str:
     """What 'dev' or 'test' is called in its source, e.g. `newstest2014` (for reports)."""
-    return self._names[split]
+    return self._names[self._key(split, direction)]
 
 
 def make_data(
@@ -134,6 +146,19 @@ def make_data(
     f", in {accumulate_steps} micro-batches" if accumulate_steps > 1 else "",
     dc.tokens_per_batch,
   )
+  if directions_lib.is_multilingual(dc):
+    return _make_multilingual(
+      config,
+      workdir,
+      tokenizer,
+      need_train=need_train,
+      eval_splits=eval_splits,
+      global_rows=global_rows,
+      accumulate_steps=accumulate_steps,
+      num_devices=num_devices,
+      process_index=process_index,
+      process_count=process_count,
+    )
   source = sources.make_source(dc)
   source.check(sources.SPLITS if need_train else tuple(eval_splits))
   pairs = {split: list(source.iter_pairs(split)) for split in eval_splits}
@@ -179,4 +204,86 @@ def make_data(
     _eval={s: tokenized.tokenize_pairs(p, tokenizer, name=s) for s, p in pairs.items()},
     _pairs=pairs,
     _names={split: source.split_name(split) for split in pairs},
+  )
+
+
+def _make_multilingual(
+  config: ml_collections.ConfigDict,
+  workdir: RunFolder,
+  tokenizer: tokenizer_lib.Tokenizer | None,
+  *,
+  need_train: bool,
+  eval_splits: Sequence[str],
+  global_rows: int,
+  accumulate_steps: int,
+  num_devices: int,
+  process_index: int,
+  process_count: int,
+) -> Data:
+  """make_data for `data.directions`: each direction's corpora and evaluation sets
+  (data/multilingual.py), a vocabulary holding the tags, one training split with groups."""
+  dc = config.data
+  multilingual.check(dc, need_train, eval_splits)
+  names: dict[str, str] = {}
+  pairs: dict[str, list[tuple[str, str]]] = {}
+  targets: dict[str, str] = {}
+  for split in eval_splits:
+    for direction, source in multilingual.eval_sources(dc, split).items():
+      key = f"{split}/{direction}"
+      pairs[key] = list(source.iter_pairs(split))
+      names[key] = source.split_name(split)
+      targets[key] = direction.split("-", 1)[1]
+      logging.info("%s %s: %d pairs.", split, direction, len(pairs[key]))
+  symbols = directions_lib.user_symbols(dc)
+  if tokenizer is None:
+    tokenizer = tokenizer_lib.load_or_train_tokenizer(
+      dc,
+      workdir.vocabulary(config),
+      lambda: iter(()),
+      process_index=process_index,
+      sentences_fn=lambda: multilingual.vocabulary_sample(dc, _VOCAB_SEED),
+      user_symbols=symbols,
+    )
+  else:
+    tokenizer_lib.check_symbols(tokenizer, symbols)
+  num_local = num_devices // process_count
+  train = None
+  if need_train:
+    split, groups = multilingual.train_split(
+      dc,
+      tokenizer,
+      workdir.data_cache,
+      tokenized.Shard(process_index, process_count, block=num_local),
+    )
+    train = streams.DeviceStreams(
+      split,
+      num_local=num_local,
+      first_stream=process_index * num_local,
+      rows_per_device=global_rows // num_devices,
+      max_len=dc.max_len,
+      seed=config.seed,
+      groups=groups,
+    )
+    if dc.prefetch_batches:
+      train = prefetch.Prefetcher(train, dc.prefetch_batches)
+  evals = {
+    key: tokenized.tokenize_pairs(
+      p, tokenizer, name=key, src_prefix=multilingual.source_prefix(tokenizer, targets[key])
+    )
+    for key, p in pairs.items()
+  }
+  return Data(
+    tokenizer=tokenizer,
+    train=train,
+    global_rows=global_rows,
+    eval_rows=global_rows // accumulate_steps,
+    num_devices=num_devices,
+    max_len=dc.max_len,
+    process_index=process_index,
+    process_count=process_count,
+    _eval=evals,
+    _pairs=pairs,
+    _names=names,
+    directions=tuple(d.name for d in directions_lib.trained(dc)),
+    zero_shot=tuple(d.name for d in directions_lib.zero_shot(dc)),
   )

@@ -113,18 +113,30 @@ class FilesSource(Source):
   """`<dir>/<prefix>.<lang>[.gz]` line-aligned pairs, or `<dir>/<prefix>.tsv[.gz]` (src<TAB>tgt).
 
   A TSV holds (source, target) in that order, so `src_lang`/`tgt_lang` only name the two files of
-  the line-aligned layout.
+  the line-aligned layout. Files named as fairseq names them, `<prefix>.<src>-<tgt>.<lang>` (or
+  `<prefix>.<src>-<tgt>.tsv`), are read too, and so is the pair named the other way round
+  (`train.de-en.*` serves en-de as well). A multilingual config makes one FilesSource per
+  direction and corpus (`src_lang`, `tgt_lang`, `prefixes` override the config's); there a bare
+  `<prefix>.tsv` names no direction and is not read.
   """
 
-  def __init__(self, data_config: ml_collections.ConfigDict) -> None:
+  def __init__(
+    self,
+    data_config: ml_collections.ConfigDict,
+    *,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    prefixes: dict[str, str] | None = None,
+  ) -> None:
     self._dir = data_config.dir
-    self._prefixes = {
+    self._prefixes = prefixes or {
       "train": data_config.train_prefix,
       "dev": data_config.dev_prefix,
       "test": data_config.test_prefix,
     }
-    self._src_lang = data_config.src_lang
-    self._tgt_lang = data_config.tgt_lang
+    self._src_lang = src_lang or data_config.src_lang
+    self._tgt_lang = tgt_lang or data_config.tgt_lang
+    self._bare_tsv = src_lang is None
     # Where the files can be downloaded from (Multi30k): then a missing file names the fix.
     self._hint = " Run --mode=prepare to download them." if data_config.get("url") else ""
 
@@ -134,19 +146,42 @@ class FilesSource(Source):
         return path
     return None
 
+  def _find(self, stem: str) -> tuple[tuple[str, ...], bool] | None:
+    """(the TSV or the (source, target) files under `stem`, whether a TSV holds (target,
+    source)), or None."""
+    s, t = self._src_lang, self._tgt_lang
+    if self._bare_tsv and (tsv := self._existing(stem + ".tsv")):
+      return (tsv,), False
+    src, tgt = self._existing(f"{stem}.{s}"), self._existing(f"{stem}.{t}")
+    if src and tgt:
+      return (src, tgt), False
+    for pair, swapped in ((f"{s}-{t}", False), (f"{t}-{s}", True)):
+      if tsv := self._existing(f"{stem}.{pair}.tsv"):
+        return (tsv,), swapped
+      src, tgt = self._existing(f"{stem}.{pair}.{s}"), self._existing(f"{stem}.{pair}.{t}")
+      if src and tgt:
+        return (src, tgt), False
+    return None
+
+  def has(self, split: str) -> bool:
+    """Whether `split`'s files exist (a multilingual corpus may lack some directions)."""
+    return self._find(os.path.join(self._dir, self._prefixes[split])) is not None
+
   def files(self, split: str) -> tuple[str, ...]:
     """The one TSV or the two (source, target) files of `split`; DataError naming what's missing."""
     _check_split(split)
     stem = os.path.join(self._dir, self._prefixes[split])
-    tsv = self._existing(stem + ".tsv")
-    if tsv:
-      return (tsv,)
-    src = self._existing(f"{stem}.{self._src_lang}")
-    tgt = self._existing(f"{stem}.{self._tgt_lang}")
-    if src and tgt:
-      return (src, tgt)
-    found = ((self._src_lang, src), (self._tgt_lang, tgt))
-    missing = [f"{stem}.{lang}[.gz]" for lang, path in found if not path]
+    found = self._find(stem)
+    if found:
+      return found[0]
+    s, t = self._src_lang, self._tgt_lang
+    if not self._bare_tsv:
+      raise DataError(
+        f"{self._prefixes[split]!r} of {s}-{t}: none of {stem}.{s} and .{t}, {stem}.{s}-{t}.{s} "
+        f"and .{t}, {stem}.{t}-{s}.{s} and .{t}, {stem}.{s}-{t}.tsv ([.gz] each).{self._hint}"
+      )
+    pairs = ((s, self._existing(f"{stem}.{s}")), (t, self._existing(f"{stem}.{t}")))
+    missing = [f"{stem}.{lang}[.gz]" for lang, path in pairs if not path]
     raise DataError(
       f"data.{split}_prefix={self._prefixes[split]!r}: missing {' and '.join(missing)} "
       f"(and no {stem}.tsv[.gz]).{self._hint}"
@@ -165,7 +200,9 @@ class FilesSource(Source):
   def iter_pairs(self, split: str) -> Iterator[Pair]:
     paths = self.files(split)
     if len(paths) == 1:
-      return self._iter_tsv(paths[0])
+      swapped = self._find(os.path.join(self._dir, self._prefixes[split]))[1]  # type: ignore[index]
+      pairs = self._iter_tsv(paths[0])
+      return ((t, s) for s, t in pairs) if swapped else pairs
     return self._iter_aligned(*paths)
 
   def _iter_tsv(self, path: str) -> Iterator[Pair]:
@@ -198,6 +235,8 @@ class FilesSource(Source):
     for path in self.files(split):
       st = os.stat(path)
       parts.append(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}")
+    if not self._bare_tsv:  # which side is the source: a TSV read either way round
+      parts.append(f"{self._src_lang}-{self._tgt_lang}")
     return "files-v1-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
   def split_name(self, split: str) -> str:

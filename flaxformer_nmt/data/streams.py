@@ -23,6 +23,7 @@ pipeline.py's `make_data` builds these from a config; this module takes tokenize
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,11 +31,27 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.data import packing, tokenized
+from flaxformer_nmt.data import directions, packing, tokenized
 
 Batch = packing.Batch
 
 _CHUNK = 512  # pairs of the epoch's order converted to Python ints at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Groups:
+  """A multilingual training split's groups (one per direction and corpus) and how each is
+  sampled (directions.sampling_probabilities).
+
+  `of_pair[i]` is pair i's group; group g belongs to direction `direction_of[g]` and counts
+  `weights[g]` times its size. Each stream computes its groups' probabilities from its own kept
+  pairs: the same for the same stream whatever the process layout, so 2 processes x 4 devices
+  still train exactly as 1 x 8."""
+
+  of_pair: np.ndarray  # [n] int32
+  direction_of: tuple[int, ...]  # [groups]
+  weights: tuple[float, ...]  # [groups]
+  temperature: float
 
 
 def _drop_note(kept: int, total: int, too_long: int, empty: int, max_len: int) -> str:
@@ -57,11 +74,15 @@ class TrainIterator(Iterator[Batch]):
     stream: int = 0,
     indices: np.ndarray | None = None,
     verbose: bool = True,
+    groups: Groups | None = None,
   ) -> None:
     """A stream over `data[indices]` (default: all of `data`) packed into `rows` rows.
 
     `stream` (the global device index) seeds the epoch permutations together with `seed`, so
     streams are independent; `verbose=False` leaves the per-epoch log line to another stream.
+    `groups` (a multilingual split): each epoch draws as many pairs as the stream keeps, each
+    group's share by its sampling probability: a small group's pairs are repeated (every pair
+    once before any twice), a large group's subsampled, a fresh draw every epoch.
     """
     self._data = data
     self._seed = seed
@@ -87,13 +108,24 @@ class TrainIterator(Iterator[Batch]):
     )
     if not len(self._kept):
       raise errors.DataError(f"No training pairs left: {self._drop_note}.")
+    self._by_group: list[np.ndarray] = []
+    self.group_counts: np.ndarray | None = None  # [groups] pairs each epoch draws from each
+    if groups is not None and len(groups.weights) > 1:
+      kept_groups = groups.of_pair[self._kept]  # [kept]
+      self._by_group = [self._kept[kept_groups == g] for g in range(len(groups.weights))]
+      sizes = [len(ix) * w for ix, w in zip(self._by_group, groups.weights, strict=True)]
+      p = directions.sampling_probabilities(groups.direction_of, sizes, groups.temperature)
+      self.group_counts = directions.epoch_counts(p, len(self._kept))
     self._epoch = -1
     self._set_epoch(0, 0)
 
   def _set_epoch(self, epoch: int, index: int) -> None:
     if epoch != self._epoch:
       rng = np.random.default_rng([self._seed, self._stream, epoch])
-      order = rng.permutation(self._kept)  # [kept]
+      if self.group_counts is None:
+        order = rng.permutation(self._kept)  # [kept]
+      else:
+        order = rng.permutation(self._sampled(rng))  # [kept]
       self._order = order
       self._order_src = self._src_lens[order]  # [kept] lengths in visiting order
       self._order_tgt = self._tgt_lens[order]
@@ -103,6 +135,19 @@ class TrainIterator(Iterator[Batch]):
         # them (`epoch` in training/trainer.py's log).
         logging.info("Training data of stream %d: %s.", self._stream, self._drop_note)
     self._index = index
+
+  def _sampled(self, rng: np.random.Generator) -> np.ndarray:
+    """One epoch's draw: group_counts[g] pairs of group g, in group order (then shuffled)."""
+    assert self.group_counts is not None
+    parts = []
+    for pairs, count in zip(self._by_group, self.group_counts.tolist(), strict=True):
+      if not len(pairs) or not count:
+        continue
+      repeats, extra = divmod(count, len(pairs))
+      parts.extend(rng.permutation(pairs) for _ in range(repeats))
+      if extra:
+        parts.append(rng.permutation(pairs)[:extra])
+    return np.concatenate(parts)  # [kept]
 
   @property
   def examples_per_epoch(self) -> int:
@@ -159,8 +204,12 @@ class DeviceStreams(Iterator[Batch]):
     rows_per_device: int,
     max_len: int,
     seed: int,
+    groups: Groups | None = None,
   ) -> None:
-    """`data`: this process's pairs in global order (local stream j takes every num_local-th)."""
+    """`data`: this process's pairs in global order (local stream j takes every num_local-th).
+    With `groups`, `data` is the groups' process shards one after another, and local stream j
+    takes every num_local-th pair of each group's shard: the pairs i of each group with
+    i % num_devices == its global stream, as in one process."""
     self._streams = [
       TrainIterator(
         data,
@@ -168,8 +217,9 @@ class DeviceStreams(Iterator[Batch]):
         max_len,
         seed,
         stream=first_stream + j,
-        indices=np.arange(j, len(data), num_local),
+        indices=_stream_indices(j, num_local, len(data), groups),
         verbose=j == 0 and first_stream == 0,
+        groups=groups,
       )
       for j in range(num_local)
     ]
@@ -214,6 +264,15 @@ class DeviceStreams(Iterator[Batch]):
   def __next__(self) -> Batch:
     parts = [next(s) for s in self._streams]  # [rows_per_device, max_len] each
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _stream_indices(j: int, num_local: int, n: int, groups: Groups | None) -> np.ndarray:
+  """Local stream j's pairs: every num_local-th of the split, or of each group's run."""
+  if groups is None:
+    return np.arange(j, n, num_local)
+  starts = np.flatnonzero(np.r_[True, groups.of_pair[1:] != groups.of_pair[:-1]])  # group runs
+  ends = np.r_[starts[1:], n]
+  return np.concatenate([np.arange(a + j, b, num_local) for a, b in zip(starts, ends, strict=True)])
 
 
 def resume_positions(

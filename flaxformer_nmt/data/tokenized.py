@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -74,8 +74,12 @@ def tokenize_pairs(
   tokenizer: tokenizer_lib.Tokenizer,
   name: str = "",
   size_hint: int | None = None,
+  src_prefix: Sequence[int] = (),
 ) -> TokenizedSplit:
-  """Encodes a stream of pairs chunk by chunk; logs progress with rate and ETA on long inputs."""
+  """Encodes a stream of pairs chunk by chunk; logs progress with rate and ETA on long inputs.
+
+  `src_prefix` (a multilingual split's tags, data/directions.py) starts every non-empty source;
+  an empty source stays empty, so training still drops the pair."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
   src_ids, src_lens, tgt_ids, tgt_lens = [], [], [], []
   start = last_log = time.time()
@@ -83,7 +87,11 @@ def tokenize_pairs(
   it: Iterator[tuple[str, str]] = iter(pairs)
   while chunk := list(itertools.islice(it, _CHUNK)):
     srcs, tgts = zip(*chunk, strict=True)
-    ids, lens = _flatten(tokenizer.encode_batch(srcs), dtype)
+    encoded = tokenizer.encode_batch(srcs)
+    if src_prefix:
+      prefix = list(src_prefix)
+      encoded = [prefix + x if x else x for x in encoded]
+    ids, lens = _flatten(encoded, dtype)
     src_ids.append(ids)
     src_lens.append(lens)
     ids, lens = _flatten(tokenizer.encode_batch(tgts), dtype)
@@ -150,20 +158,22 @@ def load_or_tokenize(
   tokenizer: tokenizer_lib.Tokenizer,
   cache_dir: str | None,
   shard: Shard = Shard(),
+  src_prefix: Sequence[int] = (),
 ) -> TokenizedSplit:
   """`split` (this process's `shard` of it), tokenized and cached.
 
   The cache name hashes the source's fingerprint (which changes with the data), the vocabulary's
-  bytes and the shard, so a stale cache is never read.
+  bytes, the shard and the sources' prefix (tokenize_pairs), so a stale cache is never read.
   """
-  key = "|".join(
-    [
-      str(_CACHE_VERSION),
-      source.fingerprint(split),
-      tokenizer.fingerprint,
-      f"{shard.index}/{shard.count}/{shard.block}",
-    ]
-  )
+  parts = [
+    str(_CACHE_VERSION),
+    source.fingerprint(split),
+    tokenizer.fingerprint,
+    f"{shard.index}/{shard.count}/{shard.block}",
+  ]
+  if src_prefix:
+    parts.append("prefix:" + " ".join(map(str, src_prefix)))
+  key = "|".join(parts)
   digest = hashlib.sha256(key.encode()).hexdigest()[:16]
   path = os.path.join(cache_dir, f"{split}{shard.name}-{digest}.npz") if cache_dir else None
   if path and os.path.isfile(path):
@@ -171,9 +181,25 @@ def load_or_tokenize(
     return TokenizedSplit.load(path)
   pairs = shard.select(source.iter_pairs(split))
   size_hint = shard.size(source.size_hint(split))
-  result = tokenize_pairs(pairs, tokenizer, name=split + shard.name, size_hint=size_hint)
+  result = tokenize_pairs(
+    pairs, tokenizer, name=split + shard.name, size_hint=size_hint, src_prefix=src_prefix
+  )
   if path:
     os.makedirs(cache_dir, exist_ok=True)
     result.save(path)
     logging.info("Cached tokenized %s in %s.", split, path)
   return result
+
+
+def concatenate(splits: Sequence[TokenizedSplit]) -> TokenizedSplit:
+  """The pairs of `splits`, one after another (a multilingual split's groups)."""
+
+  def offsets(arrays: list[np.ndarray]) -> np.ndarray:
+    return _offsets([np.diff(a) for a in arrays])
+
+  return TokenizedSplit(
+    src_ids=np.concatenate([s.src_ids for s in splits]),
+    src_offsets=offsets([s.src_offsets for s in splits]),
+    tgt_ids=np.concatenate([s.tgt_ids for s in splits]),
+    tgt_offsets=offsets([s.tgt_offsets for s in splits]),
+  )

@@ -72,6 +72,12 @@ class Tokenizer:
   def id_to_piece(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))
 
+  def piece_id(self, piece: str) -> int | None:
+    """The id of a whole piece (a language tag such as `<2fr>`), or None if the vocabulary has
+    no such piece."""
+    i = self._sp.piece_to_id(piece)
+    return None if i == self._sp.unk_id() and piece != self._sp.id_to_piece(i) else int(i)
+
 
 def train_tokenizer(
   sentences: Iterable[str],
@@ -80,6 +86,7 @@ def train_tokenizer(
   model_type: str = "bpe",
   character_coverage: float = 1.0,
   num_threads: int = 0,
+  user_symbols: Sequence[str] = (),
 ) -> Tokenizer:
   """Trains a SentencePiece model on `sentences` and saves it as `<model_prefix>.model`.
 
@@ -88,6 +95,8 @@ def train_tokenizer(
   The file is written under a temporary name and renamed, so a reader never sees half a model.
   `character_coverage=1.0` keeps every character (umlauts, accents); the input is already sampled,
   so SentencePiece's own sampling is off (deterministic for the same sentences).
+  `user_symbols` (a multilingual run's tags, `<2fr>`, `<BT>`) become pieces of their own that no
+  merge splits: ids right after UNK, in the order given.
   """
   sentences = [s for s in sentences if s and not s.isspace()]
   if not sentences:
@@ -117,6 +126,7 @@ def train_tokenizer(
     max_sentence_length=1 << 16,
     num_threads=num_threads or os.cpu_count() or 1,
     minloglevel=2,
+    **({"user_defined_symbols": list(user_symbols)} if user_symbols else {}),
   )
   path = model_prefix + ".model"
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -168,10 +178,16 @@ def load_or_train_tokenizer(
   train_pairs_fn: Callable[[], Iterable[tuple[str, str]]],
   seed: int = 0,
   process_index: int | None = None,
+  sentences_fn: Callable[[], list[str]] | None = None,
+  user_symbols: Sequence[str] = (),
 ) -> Tokenizer:
   """The run's vocabulary at `path` (`data.vocab_path`, or the workdir's own `spm.model`, as
   `Workdir.vocabulary` says), trained there from `train_pairs_fn`'s sample if it is the
   workdir's own and absent.
+
+  `sentences_fn` (a multilingual run: data/multilingual.vocabulary_sample) gives the sample
+  itself instead; `user_symbols` are reserved pieces (train_tokenizer), and a vocabulary that
+  lacks one is refused with one line.
 
   Multi-process runs: only process 0 trains; the others wait for the file to appear in the (shared)
   workdir. That is simple and enough because the write is an atomic rename.
@@ -180,10 +196,10 @@ def load_or_train_tokenizer(
     if not os.path.isfile(data_config.vocab_path):
       raise errors.DataError(f"config.data.vocab_path={data_config.vocab_path}: no such file.")
     logging.info("Using the vocabulary %s (data.vocab_path).", data_config.vocab_path)
-    return Tokenizer(data_config.vocab_path)
+    return check_symbols(Tokenizer(data_config.vocab_path), user_symbols)
   if os.path.isfile(path):
     logging.info("Reusing the vocabulary %s.", path)
-    return Tokenizer(path)
+    return check_symbols(Tokenizer(path), user_symbols)
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top  # only multi-process runs need it here
 
@@ -198,11 +214,28 @@ def load_or_train_tokenizer(
           "processes share?"
         )
       time.sleep(_WAIT_POLL_S)
-    return Tokenizer(path)
-  sentences = sample_sentences(train_pairs_fn(), data_config.vocab_sample_size, seed)
+    return check_symbols(Tokenizer(path), user_symbols)
+  if sentences_fn is not None:
+    sentences = sentences_fn()
+  else:
+    sentences = sample_sentences(train_pairs_fn(), data_config.vocab_sample_size, seed)
   return train_tokenizer(
     sentences,
     path.removesuffix(".model"),
     data_config.vocab_size,
     model_type=data_config.vocab_model_type,
+    user_symbols=user_symbols,
   )
+
+
+def check_symbols(tokenizer: Tokenizer, symbols: Sequence[str]) -> Tokenizer:
+  """`tokenizer`, if it holds every reserved piece in `symbols`; else a DataError naming the
+  first missing one (a bilingual vocabulary given to a multilingual config)."""
+  missing = [s for s in symbols if tokenizer.piece_id(s) is None]
+  if missing:
+    raise errors.DataError(
+      f"{tokenizer.model_path}: has no piece {missing[0]!r} (of {len(missing)} tags missing); a "
+      "multilingual config needs a vocabulary trained with its tags: leave data.vocab_path "
+      "empty, or train it in a fresh workdir."
+    )
+  return tokenizer

@@ -16,8 +16,9 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt.components import Components
+from flaxformer_nmt.data import directions as directions_lib
 from flaxformer_nmt.data.pipeline import Data
-from flaxformer_nmt.decoding import translator
+from flaxformer_nmt.decoding import language_id, translator
 from flaxformer_nmt.decoding.bleu import (
   sacrebleu_score,
   score_and_write,
@@ -62,6 +63,34 @@ def dev_bleu(
   return {"dev_bleu": score}
 
 
+def dev_figures(
+  data: Data,
+  p_eval_step: Any,
+  params: Any,
+  translate: Callable[[str | None], Translate],
+  bleu_sentences: int,
+  bleu_beam: int,
+) -> dict[str, float]:
+  """Dev loss and dev BLEU; a multilingual run's for each direction (`dev_bleu.en-de`, ...),
+  with their mean under the bilingual names (`dev_bleu`), which the best checkpoint and early
+  stopping go by. `translate(target_lang)` makes the Translate function of a direction."""
+  if not data.directions:
+    out = dev_loss(data.eval_batches("dev"), p_eval_step, params)
+    out.update(dev_bleu(data.pairs("dev")[:bleu_sentences], translate(None), bleu_beam))
+    return out
+  per: dict[str, dict[str, float]] = {}
+  for direction in data.directions:
+    figures = dev_loss(data.eval_batches("dev", direction), p_eval_step, params)
+    target = direction.split("-", 1)[1]
+    pairs = data.pairs("dev", direction)[:bleu_sentences]
+    figures.update(dev_bleu(pairs, translate(target), bleu_beam))
+    per[direction] = figures
+  out = {k: float(np.mean([f[k] for f in per.values()])) for k in per[data.directions[0]]}
+  for direction, figures in per.items():
+    out.update({f"{k}.{direction}": v for k, v in figures.items()})
+  return out
+
+
 def test_scores(
   pairs: Sequence[tuple[str, str]],
   translate_fn: Translate,
@@ -76,6 +105,7 @@ def test_scores(
   compound_split: str,
   out_dir: str,
   tag: str,
+  languages: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Translates the test `pairs` greedily and with `beam_size`, and scores both both ways.
 
@@ -84,6 +114,9 @@ def test_scores(
   (which test set, which parameters, which search), so no evaluation overwrites another's files.
   The result names the test set
   (e.g. `newstest2014` for the WMT14 configs), its size and how the tokenized BLEU was made.
+  With `languages` (a multilingual model's), it also gives each search's off-target rate: the
+  share of outputs that language_id does not find in `tgt_lang`, and the identifier's own rate
+  on the references beside it.
   """
   split = splits_compounds(compound_split, tgt_lang)
   sources, refs = [s for s, _ in pairs], [r for _, r in pairs]
@@ -124,6 +157,10 @@ def test_scores(
     out[f"test_chrf_{name}"] = scores["chrf"]
     out["sacrebleu_signature"] = scores["sacrebleu_signature"]
     out["chrf_signature"] = scores["chrf_signature"]
+    if languages:
+      out[f"off_target_rate_{name}"] = language_id.off_target_rate(hyps, tgt_lang, languages)
+  if languages:
+    out["reference_off_target_rate"] = language_id.off_target_rate(refs, tgt_lang, languages)
   return out
 
 
@@ -158,21 +195,50 @@ def score_test_set(
   replicated: bool = False,
 ) -> dict[str, Any]:
   """`test_scores` of `params` on `data`'s test set with the config's beam, its hypotheses and
-  scores written to `out_dir` under `tag`."""
+  scores written to `out_dir` under `tag`. A multilingual run's: every direction's under
+  "directions", the zero-shot ones' under "zero_shot" (each with off-target rates), and the
+  trained directions' mean of each figure under "mean"."""
   config = components.config
   if not replicated:
     params, replicated = parallel.replicate(params), True  # once for both searches
-  return test_scores(
-    data.pairs("test"),
-    translator.translate_fn(components, params, replicated=replicated),
-    test_set=data.split_name("test"),
-    test_set_id=test_set_tag(config.data),
+  settings = dict(
     beam_size=config.decode.beam_size,
     beam_style=config.decode.beam_style,
     alpha=config.decode.alpha,
     max_len_offset=config.decode.max_len_offset,
-    tgt_lang=config.data.tgt_lang,
     compound_split=config.eval.compound_split,
     out_dir=out_dir,
     tag=tag,
   )
+  if not data.directions:
+    return test_scores(
+      data.pairs("test"),
+      translator.translate_fn(components, params, replicated=replicated),
+      test_set=data.split_name("test"),
+      test_set_id=test_set_tag(config.data),
+      tgt_lang=config.data.tgt_lang,
+      **settings,
+    )
+  languages = directions_lib.languages(config.data)
+  out: dict[str, Any] = {"test_set": data.split_name("test", data.directions[0])}
+  for group, names in (("directions", data.directions), ("zero_shot", data.zero_shot)):
+    out[group] = {}
+    for direction in names:
+      target = direction.split("-", 1)[1]
+      figures = test_scores(
+        data.pairs("test", direction),
+        translator.translate_fn(components, params, replicated=replicated, target_lang=target),
+        test_set=data.split_name("test", direction),
+        test_set_id=f"{test_set_tag(config.data)}.{direction}",
+        tgt_lang=target,
+        languages=languages,
+        **settings,
+      )
+      out[group][direction] = figures
+  trained = list(out["directions"].values())
+  out["mean"] = {
+    k: float(np.mean([f[k] for f in trained]))
+    for k, v in trained[0].items()
+    if isinstance(v, float) and k != "test_sentences"
+  }
+  return out

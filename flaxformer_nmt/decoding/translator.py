@@ -27,6 +27,7 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt.components import Components
+from flaxformer_nmt.data import directions, multilingual
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import decode
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
@@ -105,11 +106,15 @@ class Translator:
     alignments: bool = False,
     log_progress: bool = True,
     rows_per_shard: Sequence[int] | None = None,
+    source_prefix: Sequence[int] = (),
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
     returns `nbest` hypotheses per sentence (with source positions, for `alignments`).
     `log_progress=False` (the server) logs neither progress nor truncations. `rows_per_shard`:
-    the sentences per device a batch may have (default: the powers of two up to `batch_size`)."""
+    the sentences per device a batch may have (default: the powers of two up to `batch_size`).
+    `source_prefix`: ids every source starts with (a multilingual model's target-language tag,
+    data/multilingual.source_prefix); `translate_nbest` can set them line by line."""
+    self.source_prefix = tuple(source_prefix)
     self.nbest = nbest
     self.log_progress = log_progress
     self.alignments = alignments
@@ -126,11 +131,11 @@ class Translator:
       rows_per_shard = [_next_power_of_two(n) for n in range(1, batch_size + 1)]
     self.rows_per_shard = sorted({min(r, batch_size) for r in rows_per_shard} | {batch_size})
 
-  def _encode(self, lines: Sequence[str]) -> list[list[int]]:
-    """Source ids ending in EOS (as the training batches have it), cut to `max_src_len`."""
+  def _encode(self, lines: Sequence[str], prefixes: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Source ids, after each line's prefix, ending in EOS (as the training batches have it)."""
     encode_batch = getattr(self.tokenizer, "encode_batch", None)
     ids = encode_batch(list(lines)) if encode_batch else [self.tokenizer.encode(s) for s in lines]
-    return [list(x) + [EOS_ID] for x in ids]
+    return [list(p) + list(x) + [EOS_ID] for p, x in zip(prefixes, ids, strict=True)]
 
   def translate(self, lines: Sequence[str]) -> list[str]:
     """One translation per line (the best of the n), in order; blank lines stay blank."""
@@ -150,19 +155,27 @@ class Translator:
     return [(r * self.num_shards, length) for r in self.rows_per_shard for length in self.buckets]
 
   def translate_nbest(
-    self, lines: Sequence[str], line_numbers: Sequence[int] | None = None
+    self,
+    lines: Sequence[str],
+    line_numbers: Sequence[int] | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
   ) -> list[list[Hypothesis]]:
     """`nbest` hypotheses per line, best first, in input order; a blank line gets `nbest` empty
     ones (score 0.0, empty alignment). `line_numbers` (default 0, 1, ...) are what sampling keys
-    its draws by: a line sampled as line i of one call is sampled so as line i of another."""
+    its draws by: a line sampled as line i of one call is sampled so as line i of another.
+    `prefixes`: each line's source prefix (the server's requests into several languages);
+    default `source_prefix` for every line."""
     numbers = range(len(lines)) if line_numbers is None else line_numbers
+    if prefixes is None:
+      prefixes = [self.source_prefix] * len(lines)
     start = time.time()
     self.stats = TranslationStats(num_lines=len(lines))
     empty = Hypothesis("", 0.0, "" if self.alignments else None)
     outputs: list[list[Hypothesis]] = [[empty] * self.nbest for _ in lines]
     todo = [i for i, line in enumerate(lines) if line.strip()]
     self.stats.num_empty = len(lines) - len(todo)
-    sources = dict(zip(todo, self._encode([lines[i] for i in todo]), strict=True))
+    encoded = self._encode([lines[i] for i in todo], [prefixes[i] for i in todo])
+    sources = dict(zip(todo, encoded, strict=True))
 
     truncated = [i for i in todo if len(sources[i]) > self.max_src_len]
     for i in truncated:
@@ -197,7 +210,7 @@ class Translator:
         line_ids[row] = numbers[i]
       decoded = self.decode_fn(inputs, line_ids)
       for row, i in enumerate(batch):
-        outputs[i] = self._hypotheses(decoded, row, sources[i])
+        outputs[i] = self._hypotheses(decoded, row, sources[i], len(prefixes[i]))
       self.stats.num_batches += 1
       done += len(batch)
       now = time.time()
@@ -214,8 +227,11 @@ class Translator:
     self.stats.seconds = time.time() - start
     return outputs
 
-  def _hypotheses(self, decoded: Any, row: int, source: Sequence[int]) -> list[Hypothesis]:
-    """Row `row` of a decoded batch as `nbest` Hypothesis objects."""
+  def _hypotheses(
+    self, decoded: Any, row: int, source: Sequence[int], prefix_len: int = 0
+  ) -> list[Hypothesis]:
+    """Row `row` of a decoded batch as `nbest` Hypothesis objects. The source's first
+    `prefix_len` ids are tags, which alignments leave out: they are no source word."""
     if isinstance(decoded, np.ndarray | jax.Array):  # ids only: a stand-in decoder
       tokens, scores, positions = np.asarray(decoded)[row][None], np.zeros(1), None
     else:
@@ -231,8 +247,12 @@ class Translator:
       text = files.one_line(self.tokenizer.decode(ids))
       alignment = None
       if self.alignments:
-        row_positions = positions[k] if positions is not None else []
-        alignment = alignments_lib.pharaoh_of(self.tokenizer, source, ids, row_positions)
+        row_positions = positions[k] if positions is not None else np.zeros([0], np.int32)
+        # Positions into the words after the tags; a piece aligned to a tag gets -1 (none).
+        shifted = np.where(row_positions >= prefix_len, row_positions - prefix_len, -1)
+        alignment = alignments_lib.pharaoh_of(
+          self.tokenizer, source[prefix_len:], ids, shifted.tolist()
+        )
       out.append(Hypothesis(text, float(scores[k]), alignment))
     return out
 
@@ -277,11 +297,15 @@ class ModelParts:
   model: Any
   decode_config: ml_collections.ConfigDict
   max_src_len: int
+  # config.data: whether the model is multilingual, and its languages (directions.py).
+  data_config: ml_collections.ConfigDict = dataclasses.field(
+    default_factory=lambda: ml_collections.ConfigDict({"directions": "", "tgt_lang": ""})
+  )
 
   @classmethod
   def of(cls, components: Components) -> ModelParts:
     c = components
-    return cls(c.tokenizer, c.model, c.config.decode, c.max_src_len)
+    return cls(c.tokenizer, c.model, c.config.decode, c.max_src_len, c.config.data)
 
 
 def make_translator(
@@ -294,14 +318,17 @@ def make_translator(
   alignments: bool = False,
   log_progress: bool = True,
   rows_per_shard: Sequence[int] | None = None,
+  target_lang: str | None = None,
 ) -> Translator:
   """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
   asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
   model_step.Ensemble; `replicated`: see `_decode_fn`. `nbest` hypotheses per line; `alignments`
-  adds word alignments from config.decode.alignment_layer's cross-attention."""
+  adds word alignments from config.decode.alignment_layer's cross-attention. `target_lang`: a
+  multilingual model's output language (checked: directions.resolve_target)."""
   if not isinstance(parts, ModelParts):
     parts = ModelParts.of(parts)
+  prefix = target_prefix(parts, target_lang)
   decode_config, model = parts.decode_config, parts.model
   layer = -1
   if alignments:
@@ -320,14 +347,26 @@ def make_translator(
     alignments=alignments,
     log_progress=log_progress,
     rows_per_shard=rows_per_shard,
+    source_prefix=prefix,
   )
 
 
+def target_prefix(parts: ModelParts, target_lang: str | None) -> list[int]:
+  """The source prefix into `target_lang`: [] for a bilingual model (which checks that
+  `target_lang` is its own), a multilingual model's language tag (ConfigError for a language
+  it has none for, or for none given when it translates into several)."""
+  lang = directions.resolve_target(parts.data_config, target_lang)
+  if lang is None:
+    return []
+  return multilingual.source_prefix(parts.tokenizer, lang)  # type: ignore[arg-type]
+
+
 def translate_fn(
-  components: Components, params: Any, *, replicated: bool
+  components: Components, params: Any, *, replicated: bool, target_lang: str | None = None
 ) -> Callable[[Sequence[str], int], list[str]]:
   """`(sources, beam_size) -> translations`: how evaluation asks a model to translate, on every
-  device of every process (`params` replicated over the local devices, or one host copy)."""
+  device of every process (`params` replicated over the local devices, or one host copy), into
+  `target_lang` for a multilingual model."""
   return lambda sources, beam_size: make_translator(
-    components, params, replicated=replicated, beam_size=beam_size
+    components, params, replicated=replicated, beam_size=beam_size, target_lang=target_lang
   ).translate(list(sources))

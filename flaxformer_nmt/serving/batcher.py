@@ -48,6 +48,7 @@ class Kind:
 
   nbest: int = 1
   alignments: bool = False
+  target_lang: str = ""  # a multilingual model's output language ("" for a bilingual one)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from flaxformer_nmt.serving import batcher as batcher_lib
 
-_FIELDS = ("text", "nbest", "alignments")
+_FIELDS = ("text", "nbest", "alignments", "target_lang")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +23,10 @@ class Limits:
   max_nbest: int = 1  # beam: beam_size; sample: any number up to this; greedy: 1
   nbest_rule: str = "greedy search finds one hypothesis"
   max_request_lines: int = 10_000
+  # A multilingual model's languages ("target_lang" must name one); () for a bilingual model,
+  # whose own target language `default_target` is the only one a request may name.
+  targets: tuple[str, ...] = ()
+  default_target: str = ""  # "" (multilingual): a request must say "target_lang"
 
 
 class BadRequest(ValueError):
@@ -80,7 +84,33 @@ def parse_request(body: bytes, limits: Limits) -> Asked:
   alignments = request.get("alignments", False)
   if not isinstance(alignments, bool):
     raise BadRequest(f'"alignments" must be true or false, got {json.dumps(alignments)}')
-  return Asked(lines, batcher_lib.Kind(nbest, alignments), "nbest" in request)
+  target = _target(request.get("target_lang"), limits)
+  return Asked(lines, batcher_lib.Kind(nbest, alignments, target), "nbest" in request)
+
+
+def _target(target: Any, limits: Limits) -> str:
+  """The request's "target_lang", checked against the model's languages ("" for a bilingual
+  model, which has one)."""
+  if target is not None and not isinstance(target, str):
+    raise BadRequest(f'"target_lang" must be a language code string, got {json.dumps(target)}')
+  if not limits.targets:
+    if target and target != limits.default_target:
+      raise BadRequest(
+        f'"target_lang"={json.dumps(target)}: this model translates into '
+        f"{limits.default_target or 'one language'} only"
+      )
+    return ""
+  target = target or limits.default_target
+  if not target:
+    raise BadRequest(
+      f'"target_lang" is missing: this model translates into {", ".join(limits.targets)}'
+    )
+  if target not in limits.targets:
+    raise BadRequest(
+      f'"target_lang"={json.dumps(target)} is unknown; this model\'s languages are '
+      f"{', '.join(limits.targets)}"
+    )
+  return target
 
 
 def check_encodable(lines: list[str], encode: Callable[[str], Any]) -> None:

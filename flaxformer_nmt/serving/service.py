@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from flaxformer_nmt.data import directions
 from flaxformer_nmt.decoding import translator as translator_lib
 from flaxformer_nmt.loaded_model import LoadedModel
 from flaxformer_nmt.model.tokens import PAD_ID
@@ -59,9 +60,10 @@ def search_description(decode: Any) -> str:
   return f"greedy, max length: source + {decode.max_len_offset}"
 
 
-def limits(decode: Any, options: Options) -> protocol.Limits:
+def limits(decode: Any, options: Options, data: Any = None) -> protocol.Limits:
   """What a request may ask: n-best lists as config.decode's search gives them (as --nbest allows
-  on the command line), and the flags' sizes."""
+  on the command line), the flags' sizes, and the languages of `data` (config.data): a
+  multilingual model's, with --target_lang (or its one target language) as the default."""
   if decode.method == "beam":
     nbest = int(decode.beam_size)
     rule = f"beam search finds at most config.decode.beam_size={decode.beam_size} hypotheses"
@@ -69,7 +71,26 @@ def limits(decode: Any, options: Options) -> protocol.Limits:
     nbest, rule = MAX_SAMPLES, f"the server draws at most {MAX_SAMPLES} samples per line"
   else:
     nbest, rule = 1, "greedy search finds one hypothesis"
-  return protocol.Limits(options.max_request_bytes, nbest, rule, options.max_request_lines)
+  targets: tuple[str, ...] = ()
+  default = ""
+  if data is not None and directions.is_multilingual(data):
+    targets = tuple(directions.target_languages(data))
+    if options.target_lang or len({d.tgt for d in directions.trained(data)}) == 1:
+      default = directions.resolve_target(data, options.target_lang or None) or ""
+  elif data is not None:
+    directions.resolve_target(data, options.target_lang or None)  # its own, or one line
+    default = str(data.tgt_lang)
+  return protocol.Limits(
+    options.max_request_bytes, nbest, rule, options.max_request_lines, targets, default
+  )
+
+
+def precompiled(allowed: protocol.Limits) -> tuple[batcher_lib.Kind, ...]:
+  """PRECOMPILED's kinds, into a multilingual model's default (or first) language: every
+  language shares their programs (the tag is an input)."""
+  target = allowed.default_target if allowed.targets else ""
+  target = target or (allowed.targets[0] if allowed.targets else "")
+  return tuple(dataclasses.replace(kind, target_lang=target) for kind in PRECOMPILED)
 
 
 def public_description(description: str) -> str:
@@ -99,6 +120,7 @@ class Translators:
           alignments=kind.alignments,
           log_progress=False,
           rows_per_shard=ROWS_PER_SHARD,
+          target_lang=kind.target_lang or None,
         )
         logging.info("Search for %s made in %.1f s.", kind, time.perf_counter() - start)
       return self._made[kind]
@@ -148,15 +170,17 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
   """Compiles the batch shapes (telling `backend` how far it is), starts the batcher and hands
   both to `backend`: from then on /translate is served. Runs on the loader's thread."""
   decode = loaded.components.config.decode
+  allowed = limits(decode, options, loaded.components.config.data)  # --target_lang: one line
+  kinds = precompiled(allowed)
   translators = Translators(loaded)
   began = time.perf_counter()
-  compiled = compile_all(translators, PRECOMPILED, backend.progress)
+  compiled = compile_all(translators, kinds, backend.progress)
   # Loading and compiling left many long-lived Python objects (traced programs, the
   # config, the vocabulary); the collector would walk them all again at every full collection, a
   # pause in some request's latency. Frozen, they are no longer walked.
   gc.collect()
   gc.freeze()
-  first = translators.get(PRECOMPILED[0])
+  first = translators.get(kinds[0])
   batcher = batcher_lib.DynamicBatcher(
     translators.translate,
     max_rows=first.batch_size * first.num_shards,
@@ -166,7 +190,6 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
     on_batch=backend.batch_hook,
   )
   cfg = loaded.components.model_cfg
-  allowed = limits(decode, options)
   details = {
     "model": f"{loaded.components.config.model.size}: {cfg.num_layers} layers, d_model "
     f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_heads} heads"
@@ -179,7 +202,8 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
     "devices": jax.local_device_count(),
     "max_nbest": allowed.max_nbest,
     "max_request_lines": allowed.max_request_lines,
-    "compiled_at_start": [dataclasses.asdict(kind) for kind in PRECOMPILED],
+    "compiled_at_start": [dataclasses.asdict(kind) for kind in kinds],
+    "target_languages": list(allowed.targets) or [allowed.default_target],
     "max_batch_lines": batcher.max_rows,
     "batch_shapes_compiled": compiled,
   }

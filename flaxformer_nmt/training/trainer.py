@@ -233,13 +233,19 @@ class Trainer:
     self.checkpoints.save(self.step, make, force=force, check_clock=check_clock)
 
   def _dev_figures(self, params: Any) -> dict[str, float]:
-    """Dev loss and dev BLEU of replicated `params`."""
+    """Dev loss and dev BLEU of replicated `params` (a multilingual run's per direction, and
+    their mean)."""
     c = self.config
-    dev = evaluation.dev_loss(self.data.eval_batches("dev"), self.p_eval_step, params)
-    dev_pairs = self.data.pairs("dev")[: c.eval.dev_bleu_sentences]
-    translate_fn = translator.translate_fn(self.components, params, replicated=True)
-    dev.update(evaluation.dev_bleu(dev_pairs, translate_fn, c.eval.dev_bleu_beam_size))
-    return dev
+    return evaluation.dev_figures(
+      self.data,
+      self.p_eval_step,
+      params,
+      lambda target: translator.translate_fn(
+        self.components, params, replicated=True, target_lang=target
+      ),
+      c.eval.dev_bleu_sentences,
+      c.eval.dev_bleu_beam_size,
+    )
 
   def evaluate(self) -> dict[str, float]:
     """Dev figures now (of the raw parameters, and of their average as ema_* when EMA is on):

@@ -1,0 +1,39 @@
+"""Which language an output is in: the off-target rate of a multilingual model's translations.
+
+A zero-shot direction's classic failure is output in the wrong language, often the pivot
+(English). The identifier is py3langid's (langid.py's model, shipped in the package: nothing is
+downloaded), restricted to the model's own languages, so each line is judged as one of them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+
+@functools.lru_cache(maxsize=8)
+def _identifier(languages: tuple[str, ...]) -> Any:
+  from py3langid import langid  # pylint: disable=g-import-not-at-top  # loads a model (~1 s)
+
+  identifier = langid.LanguageIdentifier.from_modelpath(langid.MODEL_DIR / langid.MODEL_FILE)
+  supported = set(identifier.nb_classes)
+  unknown = [lang for lang in languages if lang not in supported]
+  if unknown:
+    raise ValueError(f"py3langid knows no language {unknown[0]!r}.")
+  identifier.set_languages(list(languages))
+  return identifier
+
+
+def identify(lines: Sequence[str], languages: Sequence[str]) -> list[str]:
+  """The language of each line, as one of `languages` ("" for an empty line)."""
+  identifier = _identifier(tuple(sorted(set(languages))))
+  return [identifier.classify(line)[0] if line.strip() else "" for line in lines]
+
+
+def off_target_rate(lines: Sequence[str], target: str, languages: Sequence[str]) -> float:
+  """The share of `lines` not identified as `target` (an empty line counts as off target)."""
+  if not lines:
+    return 0.0
+  found = identify(lines, languages)
+  return sum(lang != target for lang in found) / len(lines)
