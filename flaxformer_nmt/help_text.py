@@ -7,6 +7,8 @@ help, absl's too. tests/unit/test_cli_help.py checks that a new mode or flag get
 
 from __future__ import annotations
 
+import textwrap
+
 from flaxformer_nmt.config import loading as config_files
 
 MODES = {
@@ -42,6 +44,7 @@ FLAG_LINES = {
   "output": "translate: output file (- = stdout); export, attention: the folder to write",
   "nbest": "translate: hypotheses per line (more than 1: TSV rows with scores)",
   "alignments": "translate: add word alignments (Pharaoh i-j) from the cross-attention",
+  "target_lang": "translate, serve: a multilingual model's output language (fr)",
   "ensemble": "eval/translate: other workdirs decoding together with --workdir's",
   "num_checkpoints": "average: how many checkpoints (default 5)",
   "text": "attention: the sentence to draw",
@@ -87,7 +90,9 @@ def usage(program: str) -> str:
       "flags:",
       *(f"  {flag:<{width}}{text}" for flag, text in rows),
       "",
-      f"configs: {', '.join(config_files.names())},",
+      *textwrap.wrap(
+        f"configs: {', '.join(config_files.names())},", width=100, subsequent_indent="  "
+      ),
       "  or a config file's path; a variant after ':' (wmt14_ende_base:files, wmt14_table3:C1)",
       "",
       "examples:",

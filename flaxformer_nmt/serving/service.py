@@ -204,6 +204,7 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
     "max_request_lines": allowed.max_request_lines,
     "compiled_at_start": [dataclasses.asdict(kind) for kind in kinds],
     "target_languages": list(allowed.targets) or [allowed.default_target],
+    "default_target": allowed.default_target,
     "max_batch_lines": batcher.max_rows,
     "batch_shapes_compiled": compiled,
   }

@@ -66,10 +66,23 @@ def test_wmt14_configs_follow_the_paper(name, size, tfds, tgt, vocab, dropout, s
     load(name, "tsv")
 
 
-@pytest.mark.parametrize("name", ["demo", "multi30k"])
+@pytest.mark.parametrize("name", ["demo", "multi30k", "multi30k_multilingual"])
 def test_small_configs_load(name):
   c = load(name)
   assert c.model.size in config_lib.SIZES
+  config_lib.validate(c)
+
+
+def test_the_multilingual_config_is_the_bilingual_one_with_directions():
+  bilingual, multi = load("multi30k"), load("multi30k_multilingual")
+  assert multi.data.directions == "en-de,de-en,en-fr,fr-en,en-cs,cs-en"
+  assert multi.data.zero_shot == "de-fr,fr-de" and multi.data.temperature == 5.0
+  changed = {"directions", "zero_shot", "vocab_size"}
+  for key in bilingual.data:
+    if key not in changed:
+      assert multi.data[key] == bilingual.data[key], key
+  assert multi.model == bilingual.model and multi.optim == bilingual.optim
+  assert multi.eval.dev_bleu_sentences == 200
 
 
 def test_unknown_size_or_pair_is_one_clear_error():

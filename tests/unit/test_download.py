@@ -28,3 +28,11 @@ def test_wanted_files_follow_the_languages_and_the_extra_test_sets():
   config = api.load_config("multi30k", {"data.tgt_lang": "cs", "data.extra_test_sets": "all"})
   with pytest.raises(errors.ConfigError, match="no file test_2017_flickr.cs.gz"):
     download.wanted_files(config.data)
+
+
+def test_a_multilingual_config_fetches_every_language():
+  config = api.load_config("multi30k_multilingual")
+  want = {
+    f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in "en de fr cs".split()
+  }
+  assert set(download.wanted_files(config.data)) == want
