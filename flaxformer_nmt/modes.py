@@ -220,11 +220,14 @@ def serving_model(
   which: str,
   members: Sequence[str],
   distributed: str = "auto",
+  target_lang: str = "",
 ) -> loaded_model.LoadedModel:
   """--mode=serve's model: the run checked as every mode checks it, in one process, loaded once
   (serving/launch.py calls this on its loader thread, while the server already listens)."""
   parallel.maybe_initialize_distributed(distributed)
   config, run = _begin(config, workdir, "serve")
+  if target_lang:
+    directions.resolve_target(config.data, target_lang)  # one line, before the model loads
   if jax.process_count() > 1:
     raise errors.ConfigError(
       f"--mode=serve runs as one process (this job has {jax.process_count()}); start it on "

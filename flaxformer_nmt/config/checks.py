@@ -80,14 +80,15 @@ def _multilingual(d: ml_collections.ConfigDict) -> None:
   directions.parse_corpora(str(d.get("corpora", "")), d.train_prefix)
   if not float(d.get("temperature", 5.0)) > 0:
     _fail(f"config.data.temperature must be > 0, got {d.temperature!r}.")
-  langs = {x for t in trained for x in (t.src, t.tgt)}
+  sources, targets = {t.src for t in trained}, {t.tgt for t in trained}
   for z in zero:
     if z in trained:
       _fail(f"config.data.zero_shot names {z.name}, which config.data.directions trains.")
-    if z.src not in langs or z.tgt not in langs:
+    if z.src not in sources or z.tgt not in targets:
       _fail(
         f"config.data.zero_shot names {z.name}, but the model trains no direction from "
-        f"{z.src!r} or none into {z.tgt!r} (languages trained: {', '.join(sorted(langs))})."
+        f"{z.src!r} or none into {z.tgt!r} (sources trained: {', '.join(sorted(sources))}; "
+        f"targets: {', '.join(sorted(targets))})."
       )
 
 

@@ -104,6 +104,10 @@ def parse_corpora(text: str, default_prefix: str) -> list[Corpus]:
         f"config.data.corpora={text!r}: the tag of {item!r} is not like '<BT>' (letters, digits, "
         "'_' between angle brackets)."
       )
+    if tag.lower() in ("<pad>", "<unk>", "<s>", "</s>", "<eos>", "<bos>"):
+      raise errors.ConfigError(
+        f"config.data.corpora={text!r}: the tag {tag!r} is a reserved piece of the vocabulary."
+      )
     if tag.startswith("<2"):
       raise errors.ConfigError(
         f"config.data.corpora={text!r}: the tag {tag!r} looks like a language tag; name it "
@@ -151,9 +155,9 @@ def user_symbols(data_config: ml_collections.ConfigDict) -> list[str]:
 
 
 def target_languages(data_config: ml_collections.ConfigDict) -> list[str]:
-  """Languages a multilingual model may be asked to translate into (their tags are trained or
-  at least reserved): every language of the config."""
-  return languages(data_config)
+  """Languages a multilingual model may be asked to translate into: the targets of its trained
+  directions, then those of its zero-shot ones (a language it only reads has an untrained tag)."""
+  return list(dict.fromkeys(d.tgt for d in trained(data_config) + zero_shot(data_config)))
 
 
 def sampling_probabilities(
@@ -167,21 +171,36 @@ def sampling_probabilities(
   totals = np.bincount(direction_of, weights=sizes)  # [directions]
   if not totals.sum() > 0:
     raise errors.DataError("No training pairs in any direction.")
-  scaled = np.where(totals > 0, np.maximum(totals, 1e-300) ** (1.0 / temperature), 0.0)
+  # Relative to the largest, so that a low temperature cannot overflow: (n / n_max)^(1/T) <= 1.
+  relative = totals / totals.max()
+  scaled = np.where(totals > 0, np.maximum(relative, 1e-300) ** (1.0 / temperature), 0.0)
   p_dir = scaled / scaled.sum()  # [directions]
   share = np.divide(sizes, totals[direction_of], out=np.zeros_like(sizes), where=sizes > 0)
   return p_dir[direction_of] * share
 
 
-def epoch_counts(probabilities: Sequence[float], total: int) -> np.ndarray:
-  """How many of an epoch's `total` draws each group gets: probability x total, rounded by
-  largest remainder so the counts sum to `total` exactly (deterministic: ties go to the first)."""
+def epoch_counts(
+  probabilities: Sequence[float], total: int, rng: np.random.Generator | None = None
+) -> np.ndarray:
+  """How many of an epoch's `total` draws each group gets: probability x total, rounded down,
+  and the draws left over given to groups by their remainders, so the counts sum to `total`
+  exactly. With `rng` (an epoch's generator: deterministic) the leftovers are drawn, each group
+  with probability its remainder, so its expected count is exactly its share and a group owed
+  less than one draw an epoch still gets it over epochs; without `rng` they go to the largest
+  remainders."""
   p = np.asarray(probabilities, np.float64)
   exact = p / p.sum() * total
   counts = np.floor(exact).astype(np.int64)
   rest = total - int(counts.sum())
-  order = np.argsort(-(exact - counts), kind="stable")
-  counts[order[:rest]] += 1
+  remainders = exact - counts
+  if rest and rng is not None:
+    # Systematic sampling: group i is chosen with probability exactly remainders[i] (< 1 each,
+    # summing to `rest`), so its expected count is its exact share.
+    points = rng.random() + np.arange(rest)  # [rest]
+    chosen = np.minimum(np.searchsorted(np.cumsum(remainders), points, side="right"), len(p) - 1)
+  else:
+    chosen = np.argsort(-remainders, kind="stable")[:rest]
+  counts[chosen] += 1
   return counts
 
 
@@ -198,11 +217,11 @@ def resolve_target(data_config: ml_collections.ConfigDict, target_lang: str | No
         f"{data_config.tgt_lang} only."
       )
     return None
-  known = languages(data_config)
+  known = target_languages(data_config)
   if target:
     if target not in known:
       raise errors.ConfigError(
-        f"--target_lang={target}: unknown language; this model's are {', '.join(known)}."
+        f"--target_lang={target}: unknown language; this model translates into {', '.join(known)}."
       )
     return target
   targets = list(dict.fromkeys(d.tgt for d in trained(data_config)))

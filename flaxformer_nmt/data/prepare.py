@@ -88,9 +88,14 @@ def prepare(
     result["dir"] = dc.dir
   # Reads dev and test, trains (or loads) <workdir>/spm.model from the train split.
   data = pipeline.make_data(config, workdir, num_devices=1, need_train=False)
-  for split in ("dev", "test"):
-    result[f"{split}_set"] = data.split_name(split)
-    result[f"{split}_sentences"] = len(data.pairs(split))
+  if data.directions:  # a multilingual config: each direction's sets
+    for split, names in (("dev", data.directions), ("test", data.directions + data.zero_shot)):
+      result[f"{split}_set"] = data.split_name(split, names[0])
+      result[f"{split}_sentences"] = {d: len(data.pairs(split, d)) for d in names}
+  else:
+    for split in ("dev", "test"):
+      result[f"{split}_set"] = data.split_name(split)
+      result[f"{split}_sentences"] = len(data.pairs(split))
   result["vocab_path"] = workdir.vocabulary(config)
   result["vocab_size"] = data.tokenizer.vocab_size
   return result

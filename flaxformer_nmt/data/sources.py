@@ -178,7 +178,8 @@ class FilesSource(Source):
     if not self._bare_tsv:
       raise DataError(
         f"{self._prefixes[split]!r} of {s}-{t}: none of {stem}.{s} and .{t}, {stem}.{s}-{t}.{s} "
-        f"and .{t}, {stem}.{t}-{s}.{s} and .{t}, {stem}.{s}-{t}.tsv ([.gz] each).{self._hint}"
+        f"and .{t}, {stem}.{t}-{s}.{s} and .{t}, {stem}.{s}-{t}.tsv, {stem}.{t}-{s}.tsv "
+        f"([.gz] each).{self._hint}"
       )
     pairs = ((s, self._existing(f"{stem}.{s}")), (t, self._existing(f"{stem}.{t}")))
     missing = [f"{stem}.{lang}[.gz]" for lang, path in pairs if not path]

@@ -109,22 +109,25 @@ class TrainIterator(Iterator[Batch]):
     if not len(self._kept):
       raise errors.DataError(f"No training pairs left: {self._drop_note}.")
     self._by_group: list[np.ndarray] = []
-    self.group_counts: np.ndarray | None = None  # [groups] pairs each epoch draws from each
+    self.group_probabilities: np.ndarray | None = None  # [groups]: the share of each epoch
     if groups is not None and len(groups.weights) > 1:
       kept_groups = groups.of_pair[self._kept]  # [kept]
       self._by_group = [self._kept[kept_groups == g] for g in range(len(groups.weights))]
       sizes = [len(ix) * w for ix, w in zip(self._by_group, groups.weights, strict=True)]
-      p = directions.sampling_probabilities(groups.direction_of, sizes, groups.temperature)
-      self.group_counts = directions.epoch_counts(p, len(self._kept))
+      self.group_probabilities = directions.sampling_probabilities(
+        groups.direction_of, sizes, groups.temperature
+      )
+    self.group_counts: np.ndarray | None = None  # [groups]: the current epoch's draws
     self._epoch = -1
     self._set_epoch(0, 0)
 
   def _set_epoch(self, epoch: int, index: int) -> None:
     if epoch != self._epoch:
       rng = np.random.default_rng([self._seed, self._stream, epoch])
-      if self.group_counts is None:
+      if self.group_probabilities is None:
         order = rng.permutation(self._kept)  # [kept]
       else:
+        self.group_counts = directions.epoch_counts(self.group_probabilities, len(self._kept), rng)
         order = rng.permutation(self._sampled(rng))  # [kept]
       self._order = order
       self._order_src = self._src_lens[order]  # [kept] lengths in visiting order

@@ -157,10 +157,14 @@ def test_scores(
     out[f"test_chrf_{name}"] = scores["chrf"]
     out["sacrebleu_signature"] = scores["sacrebleu_signature"]
     out["chrf_signature"] = scores["chrf_signature"]
-    if languages:
-      out[f"off_target_rate_{name}"] = language_id.off_target_rate(hyps, tgt_lang, languages)
-  if languages:
-    out["reference_off_target_rate"] = language_id.off_target_rate(refs, tgt_lang, languages)
+    rate = language_id.off_target_rate(hyps, tgt_lang, languages) if languages else None
+    if rate is not None:
+      out[f"off_target_rate_{name}"] = rate
+  rate = language_id.off_target_rate(refs, tgt_lang, languages) if languages else None
+  if rate is not None:
+    out["reference_off_target_rate"] = rate
+  elif languages:
+    logging.warning("No off-target rate into %r: py3langid does not know it.", tgt_lang)
   return out
 
 

@@ -12,27 +12,42 @@ from collections.abc import Sequence
 from typing import Any
 
 
-@functools.lru_cache(maxsize=8)
-def _identifier(languages: tuple[str, ...]) -> Any:
+@functools.lru_cache(maxsize=1)
+def supported() -> frozenset[str]:
+  """The languages py3langid identifies (ISO 639-1 codes: en, de, fr, cs, ...)."""
   from py3langid import langid  # pylint: disable=g-import-not-at-top  # loads a model (~1 s)
 
-  identifier = langid.LanguageIdentifier.from_modelpath(langid.MODEL_DIR / langid.MODEL_FILE)
-  supported = set(identifier.nb_classes)
-  unknown = [lang for lang in languages if lang not in supported]
-  if unknown:
-    raise ValueError(f"py3langid knows no language {unknown[0]!r}.")
+  return frozenset(_model(langid).nb_classes)
+
+
+def _model(langid: Any) -> Any:
+  return langid.LanguageIdentifier.from_modelpath(langid.MODEL_DIR / langid.MODEL_FILE)
+
+
+@functools.lru_cache(maxsize=8)
+def _identifier(languages: tuple[str, ...]) -> Any:
+  from py3langid import langid  # pylint: disable=g-import-not-at-top
+
+  identifier = _model(langid)
   identifier.set_languages(list(languages))
   return identifier
 
 
 def identify(lines: Sequence[str], languages: Sequence[str]) -> list[str]:
-  """The language of each line, as one of `languages` ("" for an empty line)."""
-  identifier = _identifier(tuple(sorted(set(languages))))
+  """The language of each line, as one of `languages` ("" for an empty line); the languages
+  py3langid does not know are left out of the choice."""
+  known = tuple(sorted(set(languages) & supported()))
+  if not known:
+    raise ValueError(f"py3langid knows none of {sorted(set(languages))}.")
+  identifier = _identifier(known)
   return [identifier.classify(line)[0] if line.strip() else "" for line in lines]
 
 
-def off_target_rate(lines: Sequence[str], target: str, languages: Sequence[str]) -> float:
-  """The share of `lines` not identified as `target` (an empty line counts as off target)."""
+def off_target_rate(lines: Sequence[str], target: str, languages: Sequence[str]) -> float | None:
+  """The share of `lines` not identified as `target` (an empty line counts as off target), or
+  None where py3langid does not know `target` (a code such as pt_BR): then there is no rate."""
+  if target not in supported():
+    return None
   if not lines:
     return 0.0
   found = identify(lines, languages)

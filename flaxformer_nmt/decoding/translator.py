@@ -107,14 +107,18 @@ class Translator:
     log_progress: bool = True,
     rows_per_shard: Sequence[int] | None = None,
     source_prefix: Sequence[int] = (),
+    reserved_ids: Sequence[int] = (),
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
     returns `nbest` hypotheses per sentence (with source positions, for `alignments`).
     `log_progress=False` (the server) logs neither progress nor truncations. `rows_per_shard`:
     the sentences per device a batch may have (default: the powers of two up to `batch_size`).
     `source_prefix`: ids every source starts with (a multilingual model's target-language tag,
-    data/multilingual.source_prefix); `translate_nbest` can set them line by line."""
+    data/multilingual.source_prefix); `translate_nbest` can set them line by line.
+    `reserved_ids` (the tags) are dropped from the encoded text: a line holding "<2fr>" cannot
+    pick another language than the one asked for."""
     self.source_prefix = tuple(source_prefix)
+    self.reserved_ids = frozenset(reserved_ids)
     self.nbest = nbest
     self.log_progress = log_progress
     self.alignments = alignments
@@ -135,6 +139,8 @@ class Translator:
     """Source ids, after each line's prefix, ending in EOS (as the training batches have it)."""
     encode_batch = getattr(self.tokenizer, "encode_batch", None)
     ids = encode_batch(list(lines)) if encode_batch else [self.tokenizer.encode(s) for s in lines]
+    if self.reserved_ids:
+      ids = [[i for i in x if i not in self.reserved_ids] for x in ids]
     return [list(p) + list(x) + [EOS_ID] for p, x in zip(prefixes, ids, strict=True)]
 
   def translate(self, lines: Sequence[str]) -> list[str]:
@@ -348,6 +354,7 @@ def make_translator(
     log_progress=log_progress,
     rows_per_shard=rows_per_shard,
     source_prefix=prefix,
+    reserved_ids=reserved_ids(parts),
   )
 
 
@@ -359,6 +366,15 @@ def target_prefix(parts: ModelParts, target_lang: str | None) -> list[int]:
   if lang is None:
     return []
   return multilingual.source_prefix(parts.tokenizer, lang)  # type: ignore[arg-type]
+
+
+def reserved_ids(parts: ModelParts) -> list[int]:
+  """The ids of a multilingual model's tags (none for a bilingual model)."""
+  piece_id = getattr(parts.tokenizer, "piece_id", None)
+  if piece_id is None:
+    return []
+  ids = (piece_id(s) for s in directions.user_symbols(parts.data_config))
+  return [i for i in ids if i is not None]
 
 
 def translate_fn(

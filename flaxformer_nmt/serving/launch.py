@@ -52,7 +52,9 @@ def run(
   guard = guard_lib.Guard(options.loopback, options.port, hosts, options.allowed_origins, token)
   uploads = server.Uploads()
   app = server.make_app(backend, guard, options.max_request_bytes, uploads)
-  loader = _Loader((config, workdir, which, members, distributed), options, backend)
+  loader = _Loader(
+    (config, workdir, which, members, distributed, options.target_lang), options, backend
+  )
 
   def on_listening(url: str, fail: Callable[[BaseException], None]) -> None:
     logging.info("Listening at %s; loading the model (GET /health shows start-up).", url)

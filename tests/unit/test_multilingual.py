@@ -93,7 +93,7 @@ def test_directions_and_corpora_parse_or_fail_in_one_line():
     directions.Corpus("extra", 2.0),
   ]
   assert directions.parse_corpora("", "main") == [directions.Corpus("main")]
-  for bad in ("bt:0", "bt:x", "bt:1:BT", "bt:1:<2de>", "a,a", "bt:1:<BT>:more"):
+  for bad in ("bt:0", "bt:x", "bt:1:BT", "bt:1:<2de>", "a,a", "bt:1:<BT>:more", "bt:1:<pad>"):
     with pytest.raises(errors.ConfigError) as e:
       directions.parse_corpora(bad, "train")
     assert "\n" not in str(e.value) and "data.corpora" in str(e.value)
@@ -107,7 +107,8 @@ def test_config_checks_of_directions(tmp_path):
   for data, culprit in (
     (dict(source="demo"), "data.source"),
     (dict(zero_shot="en-de"), "trains"),
-    (dict(zero_shot="de-cs"), "languages trained"),
+    (dict(zero_shot="de-cs"), "none into 'cs'"),
+    (dict(zero_shot="fr-de"), "from 'fr'"),  # fr is only ever a target
     (dict(temperature=0.0), "temperature"),
     (dict(directions="", zero_shot="de-fr"), "data.zero_shot"),
   ):
@@ -125,6 +126,8 @@ def test_target_language_resolution():
     directions.resolve_target(bilingual, "fr")
   multi = ml_collections.ConfigDict({"directions": "en-de,en-fr", "zero_shot": ""})
   assert directions.resolve_target(multi, "fr") == "fr"
+  with pytest.raises(errors.ConfigError, match="translates into de, fr"):
+    directions.resolve_target(multi, "en")  # only ever a source: its tag is not trained
   with pytest.raises(errors.ConfigError, match="give --target_lang"):
     directions.resolve_target(multi, None)
   with pytest.raises(errors.ConfigError, match="unknown language"):
@@ -155,6 +158,14 @@ def test_temperature_probabilities():
   np.testing.assert_allclose(p5, expected)
   flat = directions.sampling_probabilities([0, 1, 2], sizes, 1e9)
   np.testing.assert_allclose(flat, [1 / 3] * 3, rtol=1e-6)
+  sharp = directions.sampling_probabilities([0, 1, 2], [1e4, 10.0, 1.0], 0.01)  # no overflow
+  np.testing.assert_allclose(sharp, [1.0, 0.0, 0.0], atol=1e-12)
+  # Leftover draws go by remainder: a group owed 0.3 of a draw per epoch gets ~0.3 on average.
+  tiny = [0.9 * 10 / 10.3, 0.1 * 10 / 10.3, 0.3 / 10.3]  # 10 draws: owed 8.74, 0.97, 0.29
+  got = np.mean(
+    [directions.epoch_counts(tiny, 10, np.random.default_rng(e)) for e in range(2000)], axis=0
+  )
+  np.testing.assert_allclose(got, np.array(tiny) / sum(tiny) * 10, atol=0.05)
   # Two corpora of one direction share its probability by weighted size.
   p = directions.sampling_probabilities([0, 0, 1], [300.0, 100.0, 400.0], 5.0)
   np.testing.assert_allclose(p, [0.375, 0.125, 0.5])
@@ -189,16 +200,17 @@ def test_unequal_corpora_are_sampled_by_temperature_deterministically_and_resume
   sizes = [2000, 200, 20]
   split, groups = _grouped(sizes)
   it = streams.TrainIterator(split, rows=8, max_len=16, seed=3, groups=groups)
-  assert it.group_counts is not None and it.group_counts.sum() == sum(sizes)
+  counts = it.group_counts.copy()  # epoch 0's
+  assert counts.sum() == sum(sizes)
   expected = directions.sampling_probabilities([0, 1, 2], sizes, 5.0) * sum(sizes)
-  np.testing.assert_array_less(np.abs(it.group_counts - expected), 1.0)
+  np.testing.assert_array_less(np.abs(counts - expected), 1.0)
   seen = np.zeros(3, int)
   while it.get_state()["epoch"] == 0:
     seen += np.bincount(_group_of_rows(next(it)), minlength=3)
   # One epoch draws each group's count (the batch that crossed into epoch 1 adds a few).
-  assert np.all(seen >= it.group_counts) and seen.sum() - sum(sizes) < 8 * 5
+  assert np.all(seen >= counts) and seen.sum() - sum(sizes) < 8 * 5
   # The small group is repeated (20 pairs drawn ~ 13x), the large one subsampled.
-  assert it.group_counts[2] > 10 * 20 and it.group_counts[0] < 2000
+  assert counts[2] > 10 * 20 and counts[0] < 2000
   # Deterministic, and a restored position gives exactly the next batches.
   a = streams.TrainIterator(split, rows=8, max_len=16, seed=3, groups=groups)
   for _ in range(30):
@@ -353,8 +365,11 @@ class _EchoDecoder:
 def test_translator_puts_each_line_prefix_first():
   tok = helpers.CharTokenizer()
   decoder = _EchoDecoder()
-  t = translate.Translator(tok, decoder, batch_size=4, max_src_len=12, source_prefix=[99])
-  t.translate(["ab", "c"])
+  x = tok.encode("x")[0]  # stands for a tag piece inside the text: dropped
+  t = translate.Translator(
+    tok, decoder, batch_size=4, max_src_len=12, source_prefix=[99], reserved_ids=[x]
+  )
+  t.translate(["ab", "cx"])
   assert sorted(decoder.sources) == sorted([[99, *tok.encode("ab")], [99, *tok.encode("c")]])
   decoder.sources.clear()
   t.translate_nbest(["ab", "c"], prefixes=[[97], [98, 96]])
