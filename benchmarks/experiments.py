@@ -317,12 +317,15 @@ def multi30k_multilingual() -> dict[str, Any]:
       "step": de.get("step"),
       **de.get("averaged", {}),
     }
-  # --target_lang on the command line: the English test set into each language.
-  languages = ["en", "de", "fr", "cs"]
-  source = os.path.join(_DATA_DIR.value, "test_2016_flickr")
+  # --target_lang on the command line: the English test set into each language it trained.
+  with open(os.path.join(_checkout(), workdir, "config.json"), encoding="utf-8") as f:
+    data = json.load(f)["data"]
+  trained = [d.split("-") for d in data["directions"].split(",")]
+  languages = list(dict.fromkeys(lang for pair in trained for lang in pair))
+  source = os.path.join(_DATA_DIR.value, data["test_prefix"])
   english = _lines(f"{source}.en")
   picks: dict[str, Any] = {}
-  for target in ("de", "fr", "cs"):
+  for target in dict.fromkeys(t for s, t in trained if s == "en"):
     path = os.path.join(workdir, f"target_lang_{target}.txt")
     main_py(
       *args,

@@ -2,9 +2,9 @@ r"""One model for English from and into German, French and Czech (Multi30k), siz
 
   flaxformer-nmt --config=multi30k_multilingual --workdir=runs/m30k_multi --mode=prepare
   flaxformer-nmt --config=multi30k_multilingual --workdir=runs/m30k_multi
-  flaxformer-nmt --config=multi30k_multilingual --workdir=runs/m30k_multi --mode=translate \
-      --target_lang=fr --input=captions.de
-  python benchmarks/experiments.py --experiment=multi30k_multilingual --data_dir=data/multi30k
+  flaxformer-nmt --workdir=runs/m30k_multi --mode=translate --target_lang=fr --input=captions.de
+  python benchmarks/experiments.py --experiment=multi30k_multilingual --data_dir=data/multi30k \
+      --minutes=30
 
 Six trained directions (en-de, de-en, en-fr, fr-en, en-cs, cs-en) from Multi30k's multi-way files
 (`<prefix>.<lang>`: the same 29,000 captions in each language), each source starting with its

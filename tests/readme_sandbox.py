@@ -30,7 +30,7 @@ repo, root = os.environ["README_TEST_REPO"], os.environ["README_TEST_ROOT"]
 overrides = json.loads(os.environ["README_TEST_OVERRIDES"])
 args = [f"--workdir={root}{a[10:]}" if a.startswith("--workdir=/") else a for a in sys.argv[1:]]
 config = next((a[9:] for a in args if a.startswith("--config=")), "")
-kinds = ("wmt14", "demo", "multi30k")
+kinds = ("wmt14", "demo", "multi30k_multilingual", "multi30k")
 kind = next((k for k in kinds if k in config), "files")
 script = "tests/mock_wmt14_main.py" if kind == "wmt14" and ":files" not in config else "main.py"
 sys.argv = [os.path.join(repo, script)] + args + overrides.get(kind, [])

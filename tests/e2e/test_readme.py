@@ -286,16 +286,36 @@ def test_files_chain(tmp_path):
     "files": small,
     "wmt14": small,
     "multi30k": [*small, f"--config.data.url={server.url}"],
+    # Three directions and one zero-shot, of the six and two: each is a test set to decode.
+    "multi30k_multilingual": [*small, f"--config.data.url={server.url}"]
+    + ["--config.data.directions=en-de,de-en,en-fr", "--config.data.zero_shot=de-fr"],
   }
   overrides.update(_BENCHMARKS)
   ran_script = prepared = False
   try:
     for command, proc, box in run_chain("files", tmp_path, overrides):
-      if "--mode=prepare" in command.text:
+      if "--mode=prepare" in command.text and "multilingual" in command.text:
+        result = _last_json(proc)  # after the bilingual prepare: French and Czech are new
+        assert result["downloaded"] == 6 and result["verified_present"] == 6
+        assert result["dev_sentences"] == {"en-de": 1014, "de-en": 1014, "en-fr": 1014}
+        assert result["test_sentences"]["de-fr"] == 1000
+      elif "--mode=prepare" in command.text:
         result = _last_json(proc)
         assert (result["downloaded"], result["dev_sentences"]) == (6, 1014)
         assert len(list((box.repo / "data" / "multi30k").iterdir())) == 6
         prepared = True
+      elif "--experiment=multi30k_multilingual" in command.text:
+        last = _last_json(proc)
+        record = json.loads(
+          (box.repo / "benchmarks/results/multi30k_multilingual.json").read_text()
+        )
+        assert record["result"] == last
+        multi = last["multilingual"]
+        assert multi["step"] == 20 and sorted(multi["directions"]) == ["de-en", "en-de", "en-fr"]
+        assert list(multi["zero_shot"]) == ["de-fr"] and last["bilingual_en_fr"]["step"] == 20
+        assert sorted(last["target_lang_translate"]) == ["de", "fr", "source"]
+      elif "--target_lang" in command.text:
+        assert len(proc.stdout.strip().splitlines()) == 5  # five German captions, in French
       elif "--experiment=multi30k_seeds" in command.text:
         last = _last_json(proc)
         record = json.loads((box.repo / "benchmarks/results/multi30k_seeds.json").read_text())
@@ -317,7 +337,7 @@ def test_files_chain(tmp_path):
         _last_json(proc)  # training results, the benchmark's JSON
   finally:
     server.close()
-  assert ran_script and prepared and len(server.requests) == 6
+  assert ran_script and prepared and len(server.requests) == 12
 
 
 @readme_run
