@@ -55,7 +55,15 @@ SIZES: dict[str, Size] = {
 # Fields added to the config after runs were saved with it, with the value that reproduces what
 # those runs did: a saved config.json without one of them equals a config that has it at this
 # value (training/loop.py's finished-run check).
-ADDED_FIELDS: dict[str, object] = {"model.d_k": 0, "compile_cache": "auto"}
+ADDED_FIELDS: dict[str, object] = {
+  "model.d_k": 0,
+  "compile_cache": "auto",
+  # Many directions (data/directions.py): a run saved before them is bilingual.
+  "data.directions": "",
+  "data.corpora": "",
+  "data.temperature": 5.0,
+  "data.zero_shot": "",
+}
 
 
 def model_config(size: str) -> ml_collections.ConfigDict:
