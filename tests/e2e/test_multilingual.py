@@ -69,6 +69,7 @@ def tiny(data_dir: pathlib.Path) -> list[str]:
     "--config=configs/multi30k_multilingual.py",
     f"--config.data.dir={data_dir}",
     "--config.data.url=",
+    "--config.data.test_prefix=test",
     "--config.data.directions=en-de,de-en,en-fr,fr-en",
     "--config.data.zero_shot=de-fr",
     "--config.data.vocab_size=100",
