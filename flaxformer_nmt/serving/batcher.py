@@ -344,14 +344,15 @@ class DynamicBatcher:
       request.answered += len(chunk.lines)
       if request.answered == len(request.lines):
         complete.append(request)
-    # Counted before anyone is answered: a client that reads /health after its answer sees it.
+    # Counted before anyone is answered: a client that reads /health or /metrics after its
+    # answer sees its batch.
     self.stats.batches += 1
     self.stats.lines += len(lines)
-    for request in complete:
-      if not request.future.done():
-        request.future.set_result(list(request.answers))
     if self._on_batch is not None:
       try:
         self._on_batch(len(lines))
       except Exception:  # pylint: disable=broad-except  (a figure is not worth a request)
         logging.exception("Counting a batch failed.")
+    for request in complete:
+      if not request.future.done():
+        request.future.set_result(list(request.answers))
