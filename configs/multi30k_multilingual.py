@@ -18,28 +18,11 @@ and 200 dev sentences per direction for the dev BLEU (6 x 200 greedy translation
 about the cost of the bilingual config's 1,014).
 """
 
-from flaxformer_nmt.config import builders
-from flaxformer_nmt.data import download
+from flaxformer_nmt.config import loading
 
 
 def get_config():
-  c = builders.base_config("small")
-  # configs/multi30k.py's settings (its docstring says why each).
-  c.model.dropout_rate = 0.1
-  c.data.source = "files"
-  c.data.dir = "data/multi30k"  # relative to the working directory; --mode=prepare fills it
-  c.data.url = download.MULTI30K_URL
-  c.data.train_prefix, c.data.dev_prefix, c.data.test_prefix = "train", "val", "test_2016_flickr"
-  c.data.max_len = 64
-  c.data.tokens_per_batch = 2_048
-  c.model.max_len = 128
-  c.optim.warmup_steps = 400
-  c.num_train_steps = 20_000
-  c.log_every_steps = 100
-  c.eval_every_steps = 300
-  c.checkpoint_every_steps = 100
-  c.keep_checkpoints = 10
-  # Many directions.
+  c = loading.load("multi30k")  # configs/multi30k.py, by name: installed or beside this file
   c.data.directions = "en-de,de-en,en-fr,fr-en,en-cs,cs-en"
   c.data.zero_shot = "de-fr,fr-de"
   c.data.temperature = 5.0

@@ -182,16 +182,9 @@ def make_data(
       workdir.data_cache,
       shard=tokenized.Shard(process_index, process_count, block=num_local),
     )
-    train = streams.DeviceStreams(
-      train_split,
-      num_local=num_local,
-      first_stream=process_index * num_local,
-      rows_per_device=global_rows // num_devices,
-      max_len=dc.max_len,
-      seed=config.seed,
+    train = _train_streams(
+      config, train_split, None, global_rows, num_devices, num_local, process_index
     )
-    if dc.prefetch_batches:
-      train = prefetch.Prefetcher(train, dc.prefetch_batches)
   return Data(
     tokenizer=tokenizer,
     train=train,
@@ -205,6 +198,31 @@ def make_data(
     _pairs=pairs,
     _names={split: source.split_name(split) for split in pairs},
   )
+
+
+def _train_streams(
+  config: ml_collections.ConfigDict,
+  split: tokenized.TokenizedSplit,
+  groups: streams.Groups | None,
+  global_rows: int,
+  num_devices: int,
+  num_local: int,
+  process_index: int,
+) -> streams.DeviceStreams | prefetch.Prefetcher:
+  """This process's training streams (one per local device) over its shard `split` of the train
+  split, packed ahead unless data.prefetch_batches is 0."""
+  train: streams.DeviceStreams | prefetch.Prefetcher = streams.DeviceStreams(
+    split,
+    num_local=num_local,
+    first_stream=process_index * num_local,
+    rows_per_device=global_rows // num_devices,
+    max_len=config.data.max_len,
+    seed=config.seed,
+    groups=groups,
+  )
+  if config.data.prefetch_batches:
+    train = prefetch.Prefetcher(train, config.data.prefetch_batches)
+  return train
 
 
 def _make_multilingual(
@@ -255,17 +273,9 @@ def _make_multilingual(
       workdir.data_cache,
       tokenized.Shard(process_index, process_count, block=num_local),
     )
-    train = streams.DeviceStreams(
-      split,
-      num_local=num_local,
-      first_stream=process_index * num_local,
-      rows_per_device=global_rows // num_devices,
-      max_len=dc.max_len,
-      seed=config.seed,
-      groups=groups,
+    train = _train_streams(
+      config, split, groups, global_rows, num_devices, num_local, process_index
     )
-    if dc.prefetch_batches:
-      train = prefetch.Prefetcher(train, dc.prefetch_batches)
   evals = {
     key: tokenized.tokenize_pairs(
       p, tokenizer, name=key, src_prefix=multilingual.source_prefix(tokenizer, targets[key])

@@ -112,12 +112,10 @@ def _count_rest(lines: Iterator[str]) -> int:
 class FilesSource(Source):
   """`<dir>/<prefix>.<lang>[.gz]` line-aligned pairs, or `<dir>/<prefix>.tsv[.gz]` (src<TAB>tgt).
 
-  A TSV holds (source, target) in that order, so `src_lang`/`tgt_lang` only name the two files of
-  the line-aligned layout. Files named as fairseq names them, `<prefix>.<src>-<tgt>.<lang>` (or
-  `<prefix>.<src>-<tgt>.tsv`), are read too, and so is the pair named the other way round
-  (`train.de-en.*` serves en-de as well). A multilingual config makes one FilesSource per
-  direction and corpus (`src_lang`, `tgt_lang`, `prefixes` override the config's); there a bare
-  `<prefix>.tsv` names no direction and is not read.
+  A TSV holds (source, target) in that order. Files named as fairseq names them,
+  `<prefix>.<src>-<tgt>.<lang>` (or `.tsv`), are read too, and so is the pair named the other way
+  round. A multilingual config makes one FilesSource per direction and corpus (`src_lang`,
+  `tgt_lang`, `prefixes` override the config's); there a bare `<prefix>.tsv` is not read.
   """
 
   def __init__(
