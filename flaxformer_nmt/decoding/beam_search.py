@@ -261,6 +261,11 @@ def beam_search(
     style=style,
     nbest=nbest,
   )
+  return finished_result(final, nbest)
+
+
+def finished_result(final: BeamState, nbest: int) -> SearchResult:
+  """The n best of a final state's finished pool as a SearchResult ([batch, ...] for n = 1)."""
   # The pool is sorted best first (top_k). A rank with no finished hypothesis (only a skipped
   # filler row has none) returns an empty output with score 0.
   found = jnp.isfinite(final.fin_normalized[:, :nbest])  # [batch, n]

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from flaxformer_nmt.config.choices import BEAM_STYLES, DECODE_METHODS
-from flaxformer_nmt.decoding import beam_search, sampling, token_loop
+from flaxformer_nmt.decoding import beam_search, constrained, sampling, token_loop
 from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.decoding.constraints import Constraints
 from flaxformer_nmt.decoding.model_step import (
   Ensemble,
   ensemble_step_fn,
@@ -148,6 +149,7 @@ def decode_batch(
   search: SearchConfig,
   greedy: bool = False,
   line_ids: Array | None = None,
+  constraints: Constraints | None = None,
 ) -> search_lib.SearchResult:
   """Translates a batch: encoder once, then the cached search, all in one compiled program.
 
@@ -161,30 +163,47 @@ def decode_batch(
     greedy: run greedy search (token_loop.py) instead (the reference beam 1 is checked against).
     line_ids: [batch] int32 each row's input line number, for sampling's keys (`row_keys`);
       default 0..batch-1.
+    constraints: each row's terms (constraints.pack): beam search that outputs them all
+      (constrained.py), with `search.beam_size` as the beam, whatever its size and method.
 
   Returns:
     The best hypothesis per sentence, or with `search.nbest` > 1 the n best (beam) or n samples
     ranked by normalised score ([batch, n, ...] fields); tokens are [.., min(src_len + offset,
     model max_len)].
   """
-  if search.method == "greedy" or (search.beam_size == 1 and search.style == "t2t"):
+  if constraints is not None:
+    search = dataclasses.replace(search, method="beam")
+  elif search.method == "greedy" or (search.beam_size == 1 and search.style == "t2t"):
     greedy = True  # t2t's beam 1 searches past greedy's EOS; beam size 1 means greedy here
   if greedy and search.method != "sample":
     # Greedy ignores the beam size and style: one compiled program serves every beam setting.
     search = dataclasses.replace(search, beam_size=1, style="shrinking", method="greedy")
   if line_ids is None:
     line_ids = jnp.arange(inputs.shape[0], dtype=jnp.int32)
-  return _decode_batch(model, params, inputs, line_ids, search)
+  return _decode_batch(model, params, inputs, line_ids, search, constraints)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "search"))
 def _decode_batch(
-  model: Transformer, params: Any, inputs: Array, line_ids: Array, search: SearchConfig
+  model: Transformer,
+  params: Any,
+  inputs: Array,
+  line_ids: Array,
+  search: SearchConfig,
+  constraints: Constraints | None = None,
 ) -> search_lib.SearchResult:
   step_fn, max_lengths, max_decode_len = prepare_search(model, params, inputs, search)
   members = len(params.members) if isinstance(params, Ensemble) else None
   result = run_search(
-    model, step_fn, max_lengths, inputs.shape, max_decode_len, search, line_ids, members
+    model,
+    step_fn,
+    max_lengths,
+    inputs.shape,
+    max_decode_len,
+    search,
+    line_ids,
+    members,
+    constraints,
   )
   if search.alignment_layer < 0:
     return result
@@ -220,9 +239,11 @@ def run_search(
   search: SearchConfig,
   line_ids: Array | None = None,
   members: int | None = None,
+  constraints: Constraints | None = None,
 ) -> search_lib.SearchResult:
   """`search.method` over `step_fn` (the model's, an ensemble's, or one built on it) with a fresh
-  cache (a tuple of `members` caches for an ensemble's step function)."""
+  cache (a tuple of `members` caches for an ensemble's step function); with `constraints`, the
+  constrained beam search."""
   batch, src_len = input_shape
   # Rows per sentence: the beam, the samples, or 1. Decoder rows are sentence-major, row
   # b * K + j is hypothesis j of sentence b; the encoder output stays one row per sentence
@@ -247,6 +268,18 @@ def run_search(
       rule=search.sampling_rule,
     )
     return _rank_samples(result, batch, k)
+  if constraints is not None:
+    return constrained.constrained_search(
+      step_fn,
+      cache,
+      max_lengths,
+      constraints,
+      beam_size=k,
+      alpha=search.alpha,
+      max_decode_len=max_decode_len,
+      style=search.style,
+      nbest=search.nbest,
+    )
   return beam_search.beam_search(
     step_fn,
     cache,

@@ -1,0 +1,238 @@
+"""Beam search that must output given terms: dynamic beam allocation, the whole loop on device.
+
+Post & Vilar (2018), vectorised as Hu et al. (2019) and fairseq's `--constraints`: every step
+considers, besides the best extensions, each hypothesis's best token and every token that would
+advance one of its unmet terms; each candidate's *bank* is the number of term pieces it has met
+(constraints.py tracks them); the beam is then filled bank by bank in turns, the most advanced
+bank first, each bank's candidates best first (the *stripes* of fairseq's implementation). So a
+hypothesis that has met more terms is kept even when its score is lower, and the ones that met
+fewer still have slots to catch up from.
+
+Two rules make every finished hypothesis meet all its terms: EOS is blocked while a term is
+unmet, and a candidate that could no longer fit its unmet pieces before the sentence's maximum
+length is dropped (the caller makes sure that the terms fit at the start: constraints.encode_terms).
+
+Both beam styles of beam_search.py run on it. A line with no terms is searched exactly as by
+beam_search.py (one bank, so the turns are score order), which the tests check; the translator
+sends such lines to the plain search all the same.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+from flaxformer_nmt.config.choices import BEAM_STYLES
+from flaxformer_nmt.decoding import constraints as constraints_lib
+from flaxformer_nmt.decoding.beam_search import (
+  BeamState,
+  _candidates,
+  _Extensions,
+  _gather_beams,
+  _gather_cache,
+  _initial_beam_state,
+  _merge_finished,
+  _Rules,
+  finished_result,
+)
+from flaxformer_nmt.decoding.search import (
+  NEG_INF,
+  Array,
+  Cache,
+  SearchResult,
+  StepFn,
+  length_penalty,
+)
+from flaxformer_nmt.model.tokens import EOS_ID
+
+Constraints = constraints_lib.Constraints
+
+
+class ConstrainedState(NamedTuple):
+  beam: BeamState
+  progress: Array  # [batch, beam, T] pieces of each term the live hypothesis has met
+
+
+class _Ranked(NamedTuple):
+  """The step's candidates in the order the beam is filled: [batch, n] (tokens [batch, n, len])."""
+
+  ext: _Extensions
+  progress: Array  # [batch, n, T]
+
+
+def _candidate_set(flat: Array, s: ConstrainedState, c: Constraints, width: int) -> Array:
+  """`flat` [batch, beam * vocab] with every candidate outside the set at -inf: the `width` best,
+  each hypothesis's best, and every token advancing one of its terms; EOS blocked while unmet."""
+  batch, k = s.beam.live_scores.shape
+  vocab = flat.shape[1] // k
+  scores = flat.reshape(batch, k, vocab)
+  unmet = c.totals[:, None] - constraints_lib.met(c, s.progress)  # [batch, beam]
+  scores = scores.at[:, :, EOS_ID].set(jnp.where(unmet > 0, NEG_INF, scores[:, :, EOS_ID]))
+  flat = scores.reshape(batch, -1)
+  rows = jnp.arange(batch)[:, None, None]
+  beams = jnp.arange(k)[None, :, None]
+  pieces = constraints_lib.next_pieces(c, s.progress)  # [batch, beam, T]
+  mark = jnp.zeros((batch, k, vocab), bool)
+  mark = mark.at[rows, beams, jnp.where(pieces >= 0, pieces, vocab)].set(True, mode="drop")
+  best = jnp.argmax(scores, axis=-1)  # [batch, beam]
+  mark = mark.at[rows[:, :, 0], beams[:, :, 0], best].set(True).reshape(batch, -1)
+  _, top = lax.top_k(flat, width)  # [batch, width]
+  mark = mark.at[jnp.arange(batch)[:, None], top].set(True)
+  return jnp.where(mark, flat, NEG_INF)
+
+
+def _ranked(s: ConstrainedState, flat: Array, c: Constraints, rules: _Rules, n: int) -> _Ranked:
+  """The n best of the candidate set as extensions, valid ones first in dynamic beam allocation's
+  order: rank within the bank, then the bank, most pieces met first."""
+  b = s.beam
+  k = b.live_scores.shape[1]
+  vocab = flat.shape[1] // k
+  scores, index = lax.top_k(flat, n)  # [batch, n], best first
+  beam_index = index // vocab
+  token = (index % vocab).astype(jnp.int32)
+  progress = constraints_lib.advance(c, _gather_beams(s.progress, beam_index), token)
+  unmet = c.totals[:, None] - constraints_lib.met(c, progress)  # [batch, n]
+  left = (rules.max_lengths - (b.step + 1))[:, None]  # tokens the output may still take
+  valid = jnp.isfinite(scores) & ~b.done[:, None] & (unmet <= left)
+  finishing = valid & ((token == EOS_ID) | (left <= 0))
+
+  # Stripes: candidate i is the r-th valid one of its bank (they come best first).
+  bank = c.totals[:, None] - unmet  # [batch, n]
+  earlier = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]  # [n (i), n (j)]: j before i
+  same = (bank[:, :, None] == bank[:, None, :]) & valid[:, None, :] & earlier[None]
+  rank = jnp.sum(same, axis=-1)  # [batch, n]
+  most = c.tokens.shape[1] * c.tokens.shape[2]  # static bound on a bank
+  key = jnp.where(valid, rank * (most + 1) + (most - bank), n * (most + 1) + most + 1)
+  order = jnp.argsort(key, axis=1, stable=True)  # [batch, n]
+
+  def pick(x: Array) -> Array:
+    return _gather_beams(x, order)
+
+  tokens = _gather_beams(b.live_tokens, pick(beam_index))  # [batch, n, max_decode_len]
+  tokens = lax.dynamic_update_slice(tokens, pick(token)[:, :, None], (0, 0, b.step))
+  ext = _Extensions(pick(scores), pick(beam_index), tokens, pick(finishing), pick(valid))
+  return _Ranked(ext, pick(progress))
+
+
+def _first(r: _Ranked, n: int) -> _Ranked:
+  ext = _Extensions(*(x[:, :n] for x in r.ext))
+  return _Ranked(ext, r.progress[:, :n])
+
+
+def _best_live(live_scores: Array, rules: _Rules) -> Array:
+  """[batch]: the best live score at its most favourable penalty; -inf when none is live."""
+  return jnp.max(live_scores, axis=1) / rules.best_penalty
+
+
+def _shrinking_step(
+  s: ConstrainedState, flat: Array, cache: Cache, c: Constraints, rules: _Rules, n: int
+) -> ConstrainedState:
+  """The shrinking beam: the first K in allocation order, as many kept as there are open slots."""
+  b = s.beam
+  k = b.live_scores.shape[1]
+  r = _first(_ranked(s, flat, c, rules, n), k)
+  open_slots = k - jnp.sum(jnp.isfinite(b.fin_normalized), axis=1)  # [batch]
+  valid = r.ext.valid & (jnp.arange(k)[None, :] < open_slots[:, None])
+  ext = r.ext._replace(valid=valid, finishing=r.ext.finishing & valid)
+  live_scores = jnp.where(valid & ~ext.finishing, ext.scores, NEG_INF)
+  fin = _merge_finished(b, ext, rules.alpha)
+  # beam_search.py's rule: none live, or n finished and no live one can beat the worst of them.
+  fin_normalized = fin[2]
+  finished = jnp.isfinite(fin_normalized)
+  worst_finished = jnp.min(jnp.where(finished, fin_normalized, jnp.inf), axis=1)
+  done = b.done | ~jnp.any(jnp.isfinite(live_scores), axis=1)
+  done = done | (
+    (jnp.sum(finished, axis=1) >= rules.nbest) & (_best_live(live_scores, rules) <= worst_finished)
+  )
+  cache = _gather_cache(cache, ext.beam_index)
+  beam = BeamState(b.step + 1, ext.tokens, live_scores, *fin, done, cache)
+  return ConstrainedState(beam, r.progress)
+
+
+def _t2t_step(
+  s: ConstrainedState, flat: Array, cache: Cache, c: Constraints, rules: _Rules, n: int
+) -> ConstrainedState:
+  """tensor2tensor's beam: the first 2K in allocation order; of them the first K that did not
+  finish stay live, and the finished ones join the pool."""
+  b = s.beam
+  k = b.live_scores.shape[1]
+  r = _first(_ranked(s, flat, c, rules, n), min(2 * k, n))
+  alive = r.ext.valid & ~r.ext.finishing  # [batch, 2K]
+  position = jnp.where(alive, jnp.arange(alive.shape[1])[None, :], alive.shape[1])
+  _, pick = lax.top_k(-position, k)  # [batch, K]: the first K alive, in order
+  live_scores = jnp.where(_gather_beams(alive, pick), _gather_beams(r.ext.scores, pick), NEG_INF)
+  fin = _merge_finished(b, r.ext, rules.alpha)
+  # beam_search.py's rule: none live, or the n-th finished beats the best live one.
+  done = b.done | ~jnp.isfinite(jnp.max(live_scores, axis=1))
+  done = done | (fin[2][:, rules.nbest - 1] >= _best_live(live_scores, rules))
+  cache = _gather_cache(cache, _gather_beams(r.ext.beam_index, pick))
+  beam = BeamState(b.step + 1, _gather_beams(r.ext.tokens, pick), live_scores, *fin, done, cache)
+  return ConstrainedState(beam, _gather_beams(r.progress, pick))
+
+
+def run_constrained_search(
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  c: Constraints,
+  *,
+  beam_size: int,
+  alpha: float,
+  max_decode_len: int,
+  style: str = "shrinking",
+  nbest: int = 1,
+) -> ConstrainedState:
+  """The loop; returns the final state (for the tests). Arguments as `constrained_search`."""
+  if style not in BEAM_STYLES:
+    raise ValueError(f"Unknown beam style {style!r}; choose one of {list(BEAM_STYLES)}.")
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"An n-best list of {nbest} needs 1 <= n <= the beam size {beam_size}.")
+  rules = _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha), nbest)
+  update = _t2t_step if style == "t2t" else _shrinking_step
+  loop_len = jnp.max(max_lengths)
+  k, terms = beam_size, c.tokens.shape[1]
+
+  def cond(s: ConstrainedState) -> Array:
+    return (s.beam.step < loop_len) & ~jnp.all(s.beam.done)
+
+  def body(s: ConstrainedState) -> ConstrainedState:
+    flat, stepped = _candidates(step_fn, s.beam)  # [batch, beam * vocab]
+    width = min(2 * k, flat.shape[1])
+    marked = _candidate_set(flat, s, c, width)
+    n = min(width + k + k * terms, flat.shape[1])  # the set's size at most
+    return update(s, marked, stepped, c, rules, n)
+
+  beam = _initial_beam_state(cache, max_lengths, beam_size, max_decode_len)
+  progress = jnp.zeros((max_lengths.shape[0], beam_size, terms), jnp.int32)
+  return lax.while_loop(cond, body, ConstrainedState(beam, progress))
+
+
+def constrained_search(
+  step_fn: StepFn,
+  cache: Cache,
+  max_lengths: Array,
+  c: Constraints,
+  *,
+  beam_size: int,
+  alpha: float,
+  max_decode_len: int,
+  style: str = "shrinking",
+  nbest: int = 1,
+) -> SearchResult:
+  """Beam search whose every output meets all of its sentence's terms (`c`); otherwise as
+  beam_search.beam_search (same arguments, same result). The beam must be larger than the most
+  pieces a sentence has to meet for every bank to get a slot; the translator widens it so."""
+  final = run_constrained_search(
+    step_fn,
+    cache,
+    max_lengths,
+    c,
+    beam_size=beam_size,
+    alpha=alpha,
+    max_decode_len=max_decode_len,
+    style=style,
+    nbest=nbest,
+  )
+  return finished_result(final.beam, nbest)
