@@ -24,7 +24,7 @@ from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt import modes
+from flaxformer_nmt import errors, modes
 from flaxformer_nmt.config import builders, loading
 from flaxformer_nmt.config.choices import CHECKPOINTS  # noqa: F401  (the checkpoint= choices)
 
@@ -79,10 +79,12 @@ def evaluate(
   workdir: str,
   checkpoint: str = "auto",
   ensemble: Sequence[str] | str = (),
+  constraints: str = "",
 ) -> dict[str, Any]:
   """Test BLEU (sacreBLEU and tokenized) and chrF, greedy and the configured beam; of the
-  ensemble of `workdir`'s model and those of the `ensemble` workdirs, if any."""
-  return modes.evaluate(config, workdir, checkpoint, _members(ensemble))
+  ensemble of `workdir`'s model and those of the `ensemble` workdirs, if any. `constraints`: a
+  file of terms per test sentence (--constraints): the constrained beam's scores instead."""
+  return modes.evaluate(config, workdir, checkpoint, _members(ensemble), constraints)
 
 
 def translate(
@@ -92,10 +94,21 @@ def translate(
   checkpoint: str = "auto",
   ensemble: Sequence[str] | str = (),
   target_lang: str | None = None,
+  constraints: Sequence[Sequence[str]] | None = None,
 ) -> list[str]:
   """One translation per line, with config.decode's search (method, beam, sampling), into
-  `target_lang` for a multilingual model."""
-  hyps = translate_nbest(config, workdir, lines, 1, checkpoint, ensemble, target_lang=target_lang)
+  `target_lang` for a multilingual model; `constraints`: each line's terms, which its
+  translation must contain (beam search)."""
+  hyps = translate_nbest(
+    config,
+    workdir,
+    lines,
+    1,
+    checkpoint,
+    ensemble,
+    target_lang=target_lang,
+    constraints=constraints,
+  )
   return [h[0].text for h in hyps]
 
 
@@ -108,18 +121,54 @@ def translate_nbest(
   ensemble: Sequence[str] | str = (),
   alignments: bool = False,
   target_lang: str | None = None,
+  constraints: Sequence[Sequence[str]] | None = None,
 ) -> list[list[Any]]:
   """`nbest` hypotheses per line, best first: translator.Hypothesis(text, score, alignment).
 
   Beam search gives its n best (nbest <= config.decode.beam_size); config.decode.method="sample"
   gives n samples. `alignments` adds Pharaoh word alignments ("i-j" pairs, 0-based).
   `target_lang`: a multilingual model's output language (its tag starts every source).
+  `constraints`: each line's terms (a list of strings per line, [] for none), which every
+  hypothesis must contain (beam search only; docs/decoding.md).
   """
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
-  outputs = modes.Outputs(nbest, alignments, _members(ensemble), target_lang)
-  hyps, _, _ = modes.translate_hypotheses(config, workdir, checkpoint, list(lines), outputs)
+  terms = None
+  if constraints is not None:
+    terms = [[_term(t) for t in row] for row in constraints]
+    if len(terms) != len(lines):
+      raise errors.ConfigError(
+        f"constraints has {len(terms)} rows for {len(lines)} lines: one list of terms per line."
+      )
+  outputs = modes.Outputs(
+    nbest, alignments, _members(ensemble), target_lang, "constraints" if terms else ""
+  )
+  hyps, _, _ = modes.translate_hypotheses(config, workdir, checkpoint, list(lines), outputs, terms)
   return hyps
+
+
+def _term(term: Any) -> str:
+  """A term of `constraints`: a string (a list of strings per line, not one string per line)."""
+  if not isinstance(term, str):
+    raise TypeError(f"constraints: each line's terms are a list of strings, not {term!r}.")
+  return term
+
+
+def score(
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  sources: Sequence[str],
+  references: Sequence[str],
+  checkpoint: str = "auto",
+  ensemble: Sequence[str] | str = (),
+  target_lang: str | None = None,
+) -> list[Any]:
+  """The model's score of each (source, translation) pair: scoring.PairScore(score, log_prob,
+  tokens), the score as the n-best list prints it (--mode=score)."""
+  scores, _, _ = modes.score_pairs(
+    config, workdir, checkpoint, list(sources), list(references), _members(ensemble), target_lang
+  )
+  return scores
 
 
 def average(

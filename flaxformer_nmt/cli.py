@@ -46,10 +46,25 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, log
 flags.DEFINE_enum(
   "mode",
   "train",
-  ["prepare", "train", "eval", "translate", "average", "export", "attention", "serve"],
+  ["prepare", "train", "eval", "translate", "score", "average", "export", "attention", "serve"],
   "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
 )
-flags.DEFINE_string("input", "-", "translate: source file, one sentence per line ('-' = stdin).")
+flags.DEFINE_string(
+  "input", "-", "translate, score: source file, one sentence per line ('-' = stdin)."
+)
+flags.DEFINE_string(
+  "reference",
+  "",
+  "score: the translations to score, one per --input line (the output: per line the score the "
+  "n-best list prints, the log-probability and the token count, tab-separated).",
+)
+flags.DEFINE_string(
+  "constraints",
+  "",
+  "translate/eval: a file of terms each translation must contain, one line per input line (or "
+  "test sentence), the terms separated by tabs, an empty line for none. Beam search only; the "
+  "beam widens to the most pieces of a line's terms + 1.",
+)
 flags.DEFINE_string(
   "output",
   "-",
@@ -150,15 +165,23 @@ def _with_saved_config(argv: list[str]) -> list[str]:
   return [argv[0], f"--config={saved_run.PATH}:{os.path.abspath(workdir)}", *argv[1:]]
 
 
+# The files a mode reads, checked before JAX is imported.
+_READ_FLAGS = {
+  "translate": ("input", "constraints"),
+  "score": ("input", "reference"),
+  "eval": ("constraints",),
+}
+
+
 def _check_input_early(argv: list[str]) -> None:
-  """A missing --input of --mode=translate is one line before JAX is imported (seconds sooner)."""
-  if _flag_value(argv, "mode") != "translate":
-    return
-  path = _flag_value(argv, "input")
-  if path and path != "-" and not os.path.isfile(path):
-    # The words data reading uses (runtime/files.iter_lines), which would say it later.
-    what = "is a directory, not a text file" if os.path.isdir(path) else "no such file"
-    _user_error(f"{path}: {what}.")
+  """A missing --input (--reference, --constraints) is one line before JAX is imported (seconds
+  sooner)."""
+  for name in _READ_FLAGS.get(_flag_value(argv, "mode") or "", ()):
+    path = _flag_value(argv, name)
+    if path and path != "-" and not os.path.isfile(path):
+      # The words data reading uses (runtime/files.iter_lines), which would say it later.
+      what = "is a directory, not a text file" if os.path.isdir(path) else "no such file"
+      _user_error(f"{path}: {what}.")
 
 
 def _unknown_override(argv: list[str]) -> str | None:
@@ -211,8 +234,10 @@ def _with_config_path(argv: list[str]) -> list[str]:
 _MODE_ONLY_FLAGS = {
   "nbest": ("translate",),
   "alignments": ("translate",),
-  "target_lang": ("translate", "attention", "serve"),
-  "ensemble": ("eval", "translate", "serve"),
+  "target_lang": ("translate", "score", "attention", "serve"),
+  "ensemble": ("eval", "translate", "score", "serve"),
+  "reference": ("score",),
+  "constraints": ("translate", "eval"),
   **{
     name: ("serve",)
     for name in (
@@ -312,11 +337,28 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "train":
       modes.train(config, workdir)
     elif flags.FLAGS.mode == "eval":
-      modes.evaluate(config, workdir, flags.FLAGS.checkpoint, tuple(flags.FLAGS.ensemble))
+      f = flags.FLAGS
+      modes.evaluate(config, workdir, f.checkpoint, tuple(f.ensemble), f.constraints)
     elif flags.FLAGS.mode == "translate":
       f = flags.FLAGS
-      outputs = modes.Outputs(f.nbest, f.alignments, tuple(f.ensemble), f.target_lang or None)
+      outputs = modes.Outputs(
+        f.nbest, f.alignments, tuple(f.ensemble), f.target_lang or None, f.constraints
+      )
       modes.translate(config, workdir, f.checkpoint, f.input, f.output, outputs)
+    elif flags.FLAGS.mode == "score":
+      f = flags.FLAGS
+      if not f.reference:
+        raise errors.ConfigError("--mode=score needs --reference=FILE: the translations to score.")
+      modes.score(
+        config,
+        workdir,
+        f.checkpoint,
+        f.input,
+        f.reference,
+        f.output,
+        tuple(f.ensemble),
+        f.target_lang or None,
+      )
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints, flags.FLAGS.checkpoint)
     elif flags.FLAGS.mode == "attention":

@@ -23,6 +23,7 @@ from flaxformer_nmt.checkpoints import averaging, selection
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import checks, run_config
 from flaxformer_nmt.data import directions
+from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import evaluation, translator
 from flaxformer_nmt.runtime import accelerators, compile_cache, files, parallel, records
 from flaxformer_nmt.workdir import Workdir
@@ -95,19 +96,37 @@ def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, A
 
 
 def evaluate(
-  config: ml_collections.ConfigDict | None, workdir: str, which: str, members: Sequence[str] = ()
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  which: str,
+  members: Sequence[str] = (),
+  constraints_path: str = "",
 ) -> dict[str, Any]:
   """BLEU and chrF of the test set (greedy and the configured beam); last line JSON. With
-  `members` (--ensemble), of the ensemble of --workdir's model and theirs."""
+  `members` (--ensemble), of the ensemble of --workdir's model and theirs. With
+  `constraints_path` (--constraints), of the beam that must output each sentence's terms."""
+  terms = constraints_lib.read_terms(constraints_path) if constraints_path else None
   config, run = _begin(config, workdir, "eval")
+  if terms is not None and directions.is_multilingual(config.data):
+    raise errors.ConfigError(
+      "--constraints with --mode=eval scores one test set; a multilingual run has one per "
+      "direction: use --mode=translate --target_lang=X --constraints=FILE."
+    )
   loaded = loaded_model.load(config, run, which, members)
   data = data_lib.make_data(
     config, run, need_train=False, eval_splits=("test",), tokenizer=loaded.components.tokenizer
   )
   result: dict[str, Any] = {"mode": "eval", "checkpoint": loaded.description}
-  result.update(
-    evaluation.score_test_set(loaded.components, loaded.params, data, run.eval_dir, loaded.tag)
-  )
+  if terms is not None:
+    result.update(
+      evaluation.constrained_test_scores(
+        loaded.components, loaded.params, data, run.eval_dir, loaded.tag, terms, constraints_path
+      )
+    )
+  else:
+    result.update(
+      evaluation.score_test_set(loaded.components, loaded.params, data, run.eval_dir, loaded.tag)
+    )
   run.write_result(result)
   return result
 
@@ -120,6 +139,7 @@ class Outputs:
   alignments: bool = False  # word alignments (Pharaoh "i-j") from the cross-attention
   members: tuple[str, ...] = ()  # --ensemble: the other workdirs
   target_lang: str | None = None  # --target_lang: a multilingual model's output language
+  constraints: str = ""  # --constraints: each line's terms, tab-separated (constraints.py)
 
   def check(self, config: ml_collections.ConfigDict) -> None:
     """ConfigError for an n-best list the search cannot give, or a language the model has no
@@ -132,6 +152,11 @@ class Outputs:
       raise errors.ConfigError(
         f"--nbest={self.nbest} with config.decode.method='greedy', which finds one hypothesis; "
         "use 'beam' (nbest <= beam_size) or 'sample'."
+      )
+    if self.constraints and d.method != "beam":
+      raise errors.ConfigError(
+        f"--constraints with config.decode.method={d.method!r}: only beam search can be made "
+        "to output given terms; use --config.decode.method=beam."
       )
     if self.nbest > d.beam_size and d.method == "beam":
       raise errors.ConfigError(
@@ -162,9 +187,10 @@ def translate_hypotheses(
   which: str,
   lines: list[str],
   outputs: Outputs = Outputs(),
+  terms: list[list[str]] | None = None,
 ) -> tuple[list[list[Any]], dict[str, Any], str]:
   """(each line's translator.Hypothesis list, speed figures, which parameters) of `lines`, with
-  config.decode's search."""
+  config.decode's search; with `terms`, each line's that its translations must contain."""
   config, run = _begin(config, workdir, "translate")
   outputs.check(config)
   loaded = loaded_model.load(config, run, which, outputs.members)
@@ -175,7 +201,7 @@ def translate_hypotheses(
     alignments=outputs.alignments,
     target_lang=outputs.target_lang,
   )
-  hyps = decoder.translate_nbest(lines)
+  hyps = decoder.translate_nbest(lines, constraints=terms)
   logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
   return hyps, dict(decoder.stats.as_dict(), method=config.decode.method), loaded.description
 
@@ -198,7 +224,10 @@ def translate(
     outputs.check(config)  # before the input is read (translate_hypotheses checks it again)
   files.check_output_file(output_path, "--output")  # before hours of decoding
   lines = files.read_lines(input_path)  # a bad file fails before the model loads
-  hyps, stats, description = translate_hypotheses(config, workdir, which, lines, outputs)
+  terms = None
+  if outputs.constraints:
+    terms = constraints_lib.read_terms(outputs.constraints, len(lines), "--input")
+  hyps, stats, description = translate_hypotheses(config, workdir, which, lines, outputs, terms)
   if parallel.is_main_process():
     files.write_lines(output_path, output_lines(hyps, outputs))
   result = {
@@ -209,6 +238,78 @@ def translate(
     "method": stats.pop("method"),
     "nbest": outputs.nbest,
     **stats,
+  }
+  Workdir(workdir).write_result(result, echo=output_path != files.STDIO)
+  return result
+
+
+def score_pairs(
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  which: str,
+  sources: list[str],
+  references: list[str],
+  members: Sequence[str] = (),
+  target_lang: str | None = None,
+) -> tuple[list[Any], dict[str, Any], str]:
+  """(each pair's scoring.PairScore, corpus figures, which parameters): the model's score of
+  each given translation (decoding/scoring.py)."""
+  from flaxformer_nmt.decoding import scoring
+
+  scoring.check_pairs(sources, references, "sources", "references")
+  config, run = _begin(config, workdir, "score")
+  lang = directions.resolve_target(config.data, target_lang)
+  loaded = loaded_model.load(config, run, which, members)
+  parts = translator.ModelParts.of(loaded.components)
+  scorer = scoring.Scorer(
+    parts,
+    loaded.params,
+    alpha=float(config.decode.alpha),
+    source_prefix=translator.target_prefix(parts, lang),
+    reserved_ids=translator.reserved_ids(parts),
+  )
+  scores = scorer.score(sources, references)
+  figures = {
+    **scoring.summary(scores),
+    "num_truncated": len(scorer.truncated),
+    "seconds": scorer.seconds,
+  }
+  return scores, figures, loaded.description
+
+
+def score(
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  which: str,
+  input_path: str,
+  reference_path: str,
+  output_path: str,
+  members: Sequence[str] = (),
+  target_lang: str | None = None,
+) -> dict[str, Any]:
+  """--mode=score: one TSV row per pair (scoring.output_lines: the score the n-best list prints,
+  the log-probability, the tokens) to `output_path`; corpus figures to
+  `<workdir>/score_result.json` and stdout (unless the rows go there)."""
+  from flaxformer_nmt.decoding import scoring
+
+  if config is not None:
+    directions.resolve_target(config.data, target_lang)  # before the files are read
+  files.check_output_file(output_path, "--output")
+  sources = files.read_lines(input_path)
+  references = files.read_lines(reference_path)
+  scoring.check_pairs(sources, references, f"--input={input_path}", f"--reference={reference_path}")
+  scores, figures, description = score_pairs(
+    config, workdir, which, sources, references, members, target_lang
+  )
+  if parallel.is_main_process():
+    files.write_lines(output_path, scoring.output_lines(scores))
+  result = {
+    "mode": "score",
+    "input": input_path,
+    "reference": reference_path,
+    "output": output_path,
+    "checkpoint": description,
+    **figures,
   }
   Workdir(workdir).write_result(result, echo=output_path != files.STDIO)
   return result

@@ -5,7 +5,7 @@ not once per mode; the modes themselves are main.py's (`modes.py`), on the confi
   python tests/modes_main.py SPEC.json
 
 SPEC: {"workdir": ..., "overrides": {dotted config field: value}, "steps": [{"mode": "eval" |
-"translate" | "average", "overrides": {...}, and the mode's arguments}, ...]}.
+"translate" | "score" | "average", "overrides": {...}, and the mode's arguments}, ...]}.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ def main() -> None:
     if step["mode"] == "eval":
       modes.evaluate(config, workdir, which)
     elif step["mode"] == "translate":
-      outputs = modes.Outputs(nbest=step.get("nbest", 1))
+      outputs = modes.Outputs(nbest=step.get("nbest", 1), constraints=step.get("constraints", ""))
       modes.translate(config, workdir, which, step["input"], step["output"], outputs)
+    elif step["mode"] == "score":
+      modes.score(config, workdir, which, step["input"], step["reference"], step["output"])
     elif step["mode"] == "average":
       modes.average(config, workdir, step["num_checkpoints"], which)
     else:

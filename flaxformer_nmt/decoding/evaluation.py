@@ -7,6 +7,7 @@ the training loop and `--mode=eval` call them. The metrics themselves are bleu.p
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from flaxformer_nmt import errors
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.data import directions as directions_lib
 from flaxformer_nmt.data.pipeline import Data
@@ -246,3 +248,68 @@ def score_test_set(
     if isinstance(v, float) and k != "test_sentences"
   }
   return out
+
+
+def constrained_test_scores(
+  components: Components,
+  params: Any,
+  data: Data,
+  out_dir: str,
+  tag: str,
+  terms: Sequence[Sequence[str]],
+  terms_path: str,
+) -> dict[str, Any]:
+  """BLEU and chrF of the test set translated with the configured beam, each sentence's
+  translation made to contain its `terms` (--constraints=`terms_path`), and what was met; the
+  files are named `..._beamK-..._constrained-<file name>` beside the unconstrained ones."""
+  config = components.config
+  pairs = data.pairs("test")
+  if len(terms) != len(pairs):
+    raise errors.ConfigError(
+      f"--constraints={terms_path} has {len(terms)} lines and the test set "
+      f"{data.split_name('test')} {len(pairs)} sentences: one line of terms per sentence."
+    )
+  d = config.decode
+  decoder = translator.make_translator(components, params, beam_size=d.beam_size)
+  start = time.monotonic()
+  hyps = decoder.translate_nbest([s for s, _ in pairs], constraints=terms)
+  seconds = time.monotonic() - start
+  figures = decoder.stats.constraints or {}
+  stem = os.path.splitext(os.path.basename(terms_path))[0]
+  search = search_tag(d.beam_size, d.beam_style, d.alpha, d.max_len_offset)
+  split = splits_compounds(config.eval.compound_split, config.data.tgt_lang)
+  scores = score_and_write(
+    [h[0].text for h in hyps],
+    [r for _, r in pairs],
+    out_dir,
+    f"{test_set_tag(config.data)}_{tag}_{search}_constrained-{stem}",
+    config.data.tgt_lang,
+    compound_split=split,
+    write=parallel.is_main_process(),
+  )
+  name = f"beam{d.beam_size}_constrained"
+  logging.info(
+    "%s (test), %s: sacreBLEU %.2f, %d of %d terms met (beam %d), %d sentences in %.1fs",
+    data.split_name("test"),
+    name,
+    scores["sacrebleu"],
+    figures.get("terms_met", 0),
+    figures.get("terms", 0),
+    figures.get("beam_size", d.beam_size),
+    len(hyps),
+    seconds,
+  )
+  return {
+    "test_set": data.split_name("test"),
+    "test_sentences": len(pairs),
+    "beam_style": d.beam_style,
+    "tokenized_bleu_method": tokenized_bleu_method(config.data.tgt_lang, split),
+    "constraints_file": terms_path,
+    f"test_sacrebleu_{name}": scores["sacrebleu"],
+    f"test_tokenized_bleu_{name}": scores["tokenized_bleu"],
+    f"test_chrf_{name}": scores["chrf"],
+    "sacrebleu_signature": scores["sacrebleu_signature"],
+    "chrf_signature": scores["chrf_signature"],
+    "constraints": figures,
+    "decode_seconds": seconds,
+  }

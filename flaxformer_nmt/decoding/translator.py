@@ -16,10 +16,9 @@ their scores, and, when asked, word alignments in Pharaoh format (alignments.py)
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import ml_collections
@@ -29,65 +28,24 @@ from absl import logging
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.data import directions, multilingual
 from flaxformer_nmt.decoding import alignments as alignments_lib
-from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.decoding import constraints as constraints_lib
+from flaxformer_nmt.decoding import decode, sharded
+from flaxformer_nmt.decoding.lines import (  # noqa: F401  (BUCKETS, Hypothesis: translator.*)
+  BUCKETS,
+  BatchDecodeFn,
+  ConstrainedDecodeFn,
+  Hypothesis,
+  TextTokenizer,
+  TranslationStats,
+  bucket,
+  bucket_lengths,
+  next_power_of_two,
+)
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.runtime import files, parallel, progress
 
-# ([batch, src_len] int32 source ids, [batch] int32 input line numbers (-1: filler row)) ->
-# the search's result (decode.decode_batch's, as numpy or jax arrays), or just the output ids
-# [batch, out_len] (EOS, then PAD) for a decoder that has no scores (the tests' stand-ins).
-BatchDecodeFn = Callable[[np.ndarray, np.ndarray], Any]
-
-# Padded source lengths. Roughly geometric, so padding wastes at most ~1/3 of a batch while a
-# full run compiles about ten programs.
-BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-
 # How many truncated line numbers the warning names.
 _NAMED_TRUNCATIONS = 5
-
-
-class TextTokenizer(Protocol):
-  """What translation needs of `tokenizer.Tokenizer` (tests pass a stub); alignments also call
-  `id_to_piece`."""
-
-  def encode(self, text: str) -> list[int]: ...
-
-  def decode(self, ids: Sequence[int]) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Hypothesis:
-  """One output for one input line."""
-
-  text: str
-  score: float  # what the search ranks by: log-probability / length penalty (0.0 for no output)
-  alignment: str | None = None  # Pharaoh "i-j ..." when alignments were asked for
-
-
-@dataclasses.dataclass
-class TranslationStats:
-  num_lines: int = 0
-  num_empty: int = 0
-  num_truncated: int = 0
-  num_batches: int = 0
-  seconds: float = 0.0
-
-  @property
-  def sentences_per_s(self) -> float:
-    translated = self.num_lines - self.num_empty
-    return translated / self.seconds if self.seconds > 0 else 0.0
-
-  def as_dict(self) -> dict[str, float | int]:
-    return {**dataclasses.asdict(self), "sentences_per_s": self.sentences_per_s}
-
-
-def bucket_lengths(max_src_len: int) -> list[int]:
-  """The padded lengths a batch may take: the fixed buckets below `max_src_len`, then it."""
-  return [b for b in BUCKETS if b < max_src_len] + [max_src_len]
-
-
-def _bucket(length: int, buckets: Sequence[int]) -> int:
-  return next(b for b in buckets if b >= length)
 
 
 class Translator:
@@ -108,6 +66,10 @@ class Translator:
     rows_per_shard: Sequence[int] | None = None,
     source_prefix: Sequence[int] = (),
     reserved_ids: Sequence[int] = (),
+    constrained_decode: ConstrainedDecodeFn | None = None,
+    beam_size: int = 1,
+    max_output_len: Callable[[int], int] | None = None,
+    round_beam: bool = False,
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
     returns `nbest` hypotheses per sentence (with source positions, for `alignments`).
@@ -116,7 +78,15 @@ class Translator:
     `source_prefix`: ids every source starts with (a multilingual model's target-language tag,
     data/multilingual.source_prefix); `translate_nbest` can set them line by line.
     `reserved_ids` (the tags) are dropped from the encoded text: a line holding "<2fr>" cannot
-    pick another language than the one asked for."""
+    pick another language than the one asked for. `constrained_decode` (the beam search that
+    must output given terms, by beam size) serves the lines given terms; `beam_size` is the beam
+    it widens from, `max_output_len` (source length with EOS -> the longest output) what the
+    terms must fit in; `round_beam` (the server) widens it to a power of two, so that few beams
+    are ever compiled."""
+    self.round_beam = round_beam
+    self.constrained_decode = constrained_decode
+    self.beam_size = beam_size
+    self.max_output_len = max_output_len or (lambda n: n + 50)
     self.source_prefix = tuple(source_prefix)
     self.reserved_ids = frozenset(reserved_ids)
     self.nbest = nbest
@@ -132,7 +102,7 @@ class Translator:
     self.stats = TranslationStats()
     self.truncated: list[int] = []  # the last call's lines cut to max_src_len (their indices)
     if rows_per_shard is None:
-      rows_per_shard = [_next_power_of_two(n) for n in range(1, batch_size + 1)]
+      rows_per_shard = [next_power_of_two(n) for n in range(1, batch_size + 1)]
     self.rows_per_shard = sorted({min(r, batch_size) for r in rows_per_shard} | {batch_size})
 
   def _encode(self, lines: Sequence[str], prefixes: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -165,12 +135,17 @@ class Translator:
     lines: Sequence[str],
     line_numbers: Sequence[int] | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
+    constraints: Sequence[Sequence[str]] | None = None,
   ) -> list[list[Hypothesis]]:
     """`nbest` hypotheses per line, best first, in input order; a blank line gets `nbest` empty
     ones (score 0.0, empty alignment). `line_numbers` (default 0, 1, ...) are what sampling keys
     its draws by: a line sampled as line i of one call is sampled so as line i of another.
     `prefixes`: each line's source prefix (the server's requests into several languages);
-    default `source_prefix` for every line."""
+    default `source_prefix` for every line. `constraints`: each line's terms, which its
+    translations must contain (constrained.py; lines without terms decode as without them, and
+    the figures go to `stats.constraints`)."""
+    if constraints is not None and len(constraints) != len(lines):
+      raise ValueError(f"{len(constraints)} lines of terms for {len(lines)} lines.")
     numbers = range(len(lines)) if line_numbers is None else line_numbers
     if prefixes is None:
       prefixes = [self.source_prefix] * len(lines)
@@ -200,38 +175,74 @@ class Translator:
         more,
       )
 
+    terms: dict[int, list[list[int]]] = {}
+    problems = constraints_lib.TermProblems()
+    if constraints is not None:
+      if self.constrained_decode is None:
+        raise ValueError("This translator has no constrained search.")
+      terms = constraints_lib.encoded_terms(
+        self.tokenizer,
+        todo,
+        sources,
+        constraints,
+        # Room for EOS after the terms, in each line's longest output.
+        lambda n: self.max_output_len(n) - 1,
+        self.reserved_ids,
+        problems,
+      )
+    plain = [i for i in todo if i not in terms]
     # Longest first: a batch that does not fit in memory fails at once, and the ETA errs long.
-    order = sorted(todo, key=lambda i: len(sources[i]), reverse=True)
-    batch_rows = self.batch_rows(len(order))
-    done = 0
-    last_log = start
-    for first in range(0, len(order), batch_rows):
-      batch = order[first : first + batch_rows]
-      length = _bucket(max(len(sources[i]) for i in batch), self.buckets)
-      # Filler rows are all padding; the search skips them (see decode.max_output_lengths).
-      inputs = np.full((batch_rows, length), PAD_ID, np.int32)  # [batch, bucket]
-      line_ids = np.full((batch_rows,), -1, np.int32)  # [batch]
+    batches = self._batches(sorted(plain, key=lambda i: len(sources[i]), reverse=True), None)
+    beam = None
+    if terms:
+      # Every bank (pieces met: 0 .. all) gets a slot: the beam widens to the most pieces + 1.
+      beam = max(self.beam_size, max(sum(map(len, t)) for t in terms.values()) + 1)
+      beam = next_power_of_two(beam) if self.round_beam else beam
+      order = sorted(terms, key=lambda i: len(sources[i]), reverse=True)
+      batches += self._batches(order, beam)
+    done, last_log = 0, start
+    for batch, num_rows, with_beam in batches:
+      length = bucket(max(len(sources[i]) for i in batch), self.buckets)
+      rows = batch + [-1] * (num_rows - len(batch))
+      # Filler rows (-1) are all padding; the search skips them (decode.max_output_lengths).
+      inputs = np.full((len(rows), length), PAD_ID, np.int32)  # [batch, bucket]
+      line_ids = np.full((len(rows),), -1, np.int32)  # [batch]
       for row, i in enumerate(batch):
         inputs[row, : len(sources[i])] = sources[i]
         line_ids[row] = numbers[i]
-      decoded = self.decode_fn(inputs, line_ids)
+      if with_beam is None:
+        decoded = self.decode_fn(inputs, line_ids)
+      else:
+        packed = constraints_lib.pack([terms[i] if i >= 0 else [] for i in rows])
+        decoded = self.constrained_decode(with_beam)(inputs, line_ids, *packed)
       for row, i in enumerate(batch):
         outputs[i] = self._hypotheses(decoded, row, sources[i], len(prefixes[i]))
       self.stats.num_batches += 1
       done += len(batch)
       now = time.time()
-      if self.log_progress and (now - last_log >= self.log_every_secs or done == len(order)):
+      if self.log_progress and (now - last_log >= self.log_every_secs or done == len(todo)):
         rate = done / max(now - start, 1e-9)
         logging.info(
           "Translated %d/%d sentences (%.1f sentences/s, ETA %s).",
           done,
-          len(order),
+          len(todo),
           rate,
-          progress.format_seconds((len(order) - done) / rate),
+          progress.format_seconds((len(todo) - done) / rate),
         )
         last_log = now
     self.stats.seconds = time.time() - start
+    if constraints is not None:
+      texts = [hyps[0].text for hyps in outputs]
+      self.stats.constraints = constraints_lib.figures(
+        texts, constraints, problems, beam if beam is not None else self.beam_size
+      )
     return outputs
+
+  def _batches(self, order: list[int], beam: int | None) -> list[tuple[list[int], int, int | None]]:
+    """`order`'s lines as batches: (lines, rows of the device batch, the constrained search's
+    beam or None for the plain search)."""
+    step = self.batch_rows(len(order)) if order else 1
+    return [(order[f : f + step], step, beam) for f in range(0, len(order), step)]
 
   def _hypotheses(
     self, decoded: Any, row: int, source: Sequence[int], prefix_len: int = 0
@@ -261,36 +272,6 @@ class Translator:
         )
       out.append(Hypothesis(text, float(scores[k]), alignment))
     return out
-
-
-def _next_power_of_two(n: int) -> int:
-  return 1 << max(n - 1, 0).bit_length()
-
-
-@functools.lru_cache(maxsize=32)
-def _sharded_decoder(model: Any, search: decode.SearchConfig) -> Callable[[Any, np.ndarray], Any]:
-  """One pmapped decoder per (model, settings): repeated dev evaluations reuse its compilations."""
-
-  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array) -> Any:
-    result = decode.decode_batch(model, params, inputs, search, line_ids=line_ids)
-    return result._replace(lengths=None, scores=None, num_steps=None)  # what the host reads
-
-  return parallel.pmap_rows(search_result, name=f"decode {model.cfg!r} {search!r}")
-
-
-def _decode_fn(
-  model: Any, params: Any, search: decode.SearchConfig, *, replicated: bool = False
-) -> BatchDecodeFn:
-  """The model's batch decode over all devices as a numpy-in, numpy-out function.
-
-  `params`: host (or single-device) parameters, copied to every local device here, or with
-  `replicated=True` parameters already on every local device (e.g. the train state's, during
-  training), used as they are.
-  """
-  if not replicated:
-    params = parallel.replicate(params)
-  run = _sharded_decoder(model, search)
-  return lambda inputs, line_ids: run(params, inputs, line_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,11 +306,12 @@ def make_translator(
   log_progress: bool = True,
   rows_per_shard: Sequence[int] | None = None,
   target_lang: str | None = None,
+  round_beam: bool = False,
 ) -> Translator:
   """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
   asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
-  model_step.Ensemble; `replicated`: see `_decode_fn`. `nbest` hypotheses per line; `alignments`
+  model_step.Ensemble; `replicated`: already on every local device (sharded.decode_fn). `nbest` hypotheses per line; `alignments`
   adds word alignments from config.decode.alignment_layer's cross-attention. `target_lang`: a
   multilingual model's output language (checked: directions.resolve_target)."""
   if not isinstance(parts, ModelParts):
@@ -343,9 +325,16 @@ def make_translator(
   search = decode.SearchConfig.from_config(
     decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
   )
+  if not replicated:
+    params = parallel.replicate(params)  # once, for the plain and the constrained search
+  max_len = model.cfg.max_len
+
+  def max_output_len(source_len: int) -> int:
+    return decode.decode_length_bound(source_len, search.max_len_offset, max_len)
+
   return Translator(
     parts.tokenizer,
-    _decode_fn(model, params, search, replicated=replicated),
+    sharded.decode_fn(model, params, search),
     batch_size=int(decode_config.batch_size),
     max_src_len=parts.max_src_len,
     num_shards=jax.device_count(),
@@ -355,6 +344,12 @@ def make_translator(
     rows_per_shard=rows_per_shard,
     source_prefix=prefix,
     reserved_ids=reserved_ids(parts),
+    constrained_decode=(
+      sharded.constrained_decode_fn(model, params, search) if search.method == "beam" else None
+    ),
+    beam_size=search.beam_size,
+    max_output_len=max_output_len,
+    round_beam=round_beam,
   )
 
 

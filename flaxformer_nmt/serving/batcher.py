@@ -49,6 +49,8 @@ class Kind:
   nbest: int = 1
   alignments: bool = False
   target_lang: str = ""  # a multilingual model's output language ("" for a bilingual one)
+  # Terms the translations must contain: each line is then a (text, terms) pair.
+  constrained: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

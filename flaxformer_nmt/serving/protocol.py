@@ -12,7 +12,10 @@ from typing import Any
 
 from flaxformer_nmt.serving import batcher as batcher_lib
 
-_FIELDS = ("text", "nbest", "alignments", "target_lang")
+_FIELDS = ("text", "nbest", "alignments", "target_lang", "constraints")
+# A line's terms, all together, may have at most this many characters: the beam widens to their
+# pieces + 1, and a wider beam costs every line of the batch.
+MAX_TERM_CHARS = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Limits:
   # whose own target language `default_target` is the only one a request may name.
   targets: tuple[str, ...] = ()
   default_target: str = ""  # "" (multilingual): a request must say "target_lang"
+  constraints: bool = False  # "constraints" may be asked for (beam search)
 
 
 class BadRequest(ValueError):
@@ -85,7 +89,40 @@ def parse_request(body: bytes, limits: Limits) -> Asked:
   if not isinstance(alignments, bool):
     raise BadRequest(f'"alignments" must be true or false, got {json.dumps(alignments)}')
   target = _target(request.get("target_lang"), limits)
-  return Asked(lines, batcher_lib.Kind(nbest, alignments, target), "nbest" in request)
+  kind = batcher_lib.Kind(nbest, alignments, target)
+  if "constraints" in request:
+    terms = _constraints(request["constraints"], text, limits)
+    return Asked(
+      list(zip(lines, terms, strict=True)),
+      dataclasses.replace(kind, constrained=True),
+      "nbest" in request,
+    )
+  return Asked(lines, kind, "nbest" in request)
+
+
+def _constraints(given: Any, text: Any, limits: Limits) -> list[list[str]]:
+  """The request's "constraints": a list of terms (strings) for a "text" string, a list of such
+  lists for a list of lines; BadRequest naming what is wrong."""
+  if not limits.constraints:
+    raise BadRequest(
+      '"constraints" needs beam search; this server\'s config.decode.method is not "beam"'
+    )
+  single = isinstance(text, str)
+  rows = [given] if single else given
+  shape = "a list of strings" if single else 'a list with a list of strings per "text" line'
+  if not isinstance(rows, list) or (not single and len(rows) != len(text)):
+    raise BadRequest(f'"constraints" must be {shape}')
+  for i, row in enumerate(rows):
+    where = '"constraints"' if single else f'"constraints"[{i}]'
+    if not isinstance(row, list) or not all(isinstance(t, str) for t in row):
+      raise BadRequest(f'"constraints" must be {shape}')
+    if any("\n" in t or "\r" in t or "\t" in t for t in row):
+      raise BadRequest(f"{where} holds a line break or tab: one term per string")
+    if sum(len(t) for t in row) > MAX_TERM_CHARS:
+      raise BadRequest(
+        f"{where} has more than {MAX_TERM_CHARS} characters of terms; this server's limit"
+      )
+  return [[t for t in row if t.strip()] for row in rows]
 
 
 def _target(target: Any, limits: Limits) -> str:
@@ -113,9 +150,23 @@ def _target(target: Any, limits: Limits) -> str:
   return target
 
 
-def check_encodable(lines: list[str], encode: Callable[[str], Any]) -> None:
+def check_encodable(lines: list[Any], encode: Callable[[str], Any]) -> None:
   """BadRequest naming the first line `encode` (the tokenizer's) cannot take, e.g. one holding
-  a lone surrogate ("\\ud800", valid JSON but not Unicode text)."""
+  a lone surrogate ("\\ud800", valid JSON but not Unicode text); of a constrained request's
+  (text, terms) pairs, the text and each term."""
+  if lines and isinstance(lines[0], tuple):
+    check_encodable([text for text, _ in lines], encode)
+    for i, (_, terms) in enumerate(lines):
+      try:
+        for term in terms:
+          term.encode("utf-8")
+          encode(term)
+      except Exception as e:  # pylint: disable=broad-except
+        reason = " ".join(str(e).split())[:200]
+        raise BadRequest(
+          f'a term of "constraints"[{i}] cannot be encoded ({type(e).__name__}: {reason})'
+        ) from None
+    return
   for i, line in enumerate(lines):
     try:
       line.encode("utf-8")

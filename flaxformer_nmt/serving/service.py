@@ -81,7 +81,13 @@ def limits(decode: Any, options: Options, data: Any = None) -> protocol.Limits:
     directions.resolve_target(data, options.target_lang or None)  # its own, or one line
     default = str(data.tgt_lang)
   return protocol.Limits(
-    options.max_request_bytes, nbest, rule, options.max_request_lines, targets, default
+    options.max_request_bytes,
+    nbest,
+    rule,
+    options.max_request_lines,
+    targets,
+    default,
+    constraints=decode.method == "beam",
   )
 
 
@@ -121,6 +127,7 @@ class Translators:
           log_progress=False,
           rows_per_shard=ROWS_PER_SHARD,
           target_lang=kind.target_lang or None,
+          round_beam=True,
         )
         logging.info("Search for %s made in %.1f s.", kind, time.perf_counter() - start)
       return self._made[kind]
@@ -129,8 +136,12 @@ class Translators:
     self, kind: batcher_lib.Kind, lines: list[str], numbers: list[int]
   ) -> tuple[list[list[Any]], list[int]]:
     """The batcher's TranslateFn: the translator of `kind` on these lines."""
-    translator = self.get(kind)
-    hypotheses = translator.translate_nbest(lines, numbers)
+    translator = self.get(dataclasses.replace(kind, constrained=False))
+    if kind.constrained:  # (text, terms) pairs
+      texts, terms = [text for text, _ in lines], [t for _, t in lines]
+      hypotheses = translator.translate_nbest(texts, numbers, constraints=terms)
+    else:
+      hypotheses = translator.translate_nbest(lines, numbers)
     return hypotheses, translator.truncated
 
   def shapes(self, kind: batcher_lib.Kind) -> list[tuple[int, int]]:

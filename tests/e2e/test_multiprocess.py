@@ -199,6 +199,13 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   reference = pathlib.Path(shutil.copytree(reference, tmp_path / "reference"))  # it writes here
   source = tmp_path / "in.txt"
   source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  # Terms for --constraints, and pairs for --mode=score.
+  terms = tmp_path / "terms.txt"
+  terms.write_text("drei\tvierzig\n\n\nneun\n", encoding="utf-8")
+  pairs = [(s, t) for s, t in zip(lines, ["drei Äpfel", "", "zwölf", "das Jahr"], strict=True) if s]
+  source_nonblank, references = tmp_path / "s.txt", tmp_path / "r.txt"
+  source_nonblank.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+  references.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
   trained = json.loads((reference / "train_result.json").read_text())
   searches = ("greedy-len5", "beam2-shrinking-a0.6-len5")  # TINY's max_len_offset=5
   names = [f"test_demo.test16_step{TOTAL}_{search}.hyp.txt" for search in searches]
@@ -213,6 +220,10 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
       | {"checkpoint": "latest"},
       {"mode": "translate", "input": str(source), "output": str(tmp_path / "s2")}
       | {"checkpoint": "latest", "nbest": 2, "overrides": sample},
+      {"mode": "translate", "input": str(source), "output": str(tmp_path / "c2")}
+      | {"checkpoint": "latest", "constraints": str(terms)},
+      {"mode": "score", "input": str(source_nonblank), "reference": str(references)}
+      | {"output": str(tmp_path / "sc2"), "checkpoint": "latest"},
       {"mode": "average", "num_checkpoints": 2, "checkpoint": "latest"},
     ],
   }
@@ -246,6 +257,24 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   outputs = modes.Outputs(nbest=2)
   sampled, _, _ = modes.translate_hypotheses(config, str(reference), "latest", lines, outputs)
   assert (tmp_path / "s2").read_text().splitlines() == modes.output_lines(sampled, outputs)
+
+  # Constrained translations and scores: as 1 process of 8 devices gives them.
+  constrained, stats, _ = modes.translate_hypotheses(
+    _in_process_config(),
+    str(reference),
+    "latest",
+    lines,
+    modes.Outputs(constraints=str(terms)),
+    [["drei", "vierzig"], [], [], ["neun"]],
+  )
+  assert (tmp_path / "c2").read_text().splitlines() == [h[0].text for h in constrained]
+  assert stats["constraints"]["term_rate"] == 1.0
+  scores, _, _ = modes.score_pairs(
+    _in_process_config(), str(reference), "latest", *map(list, zip(*pairs, strict=True))
+  )
+  rows = [r.split("\t") for r in (tmp_path / "sc2").read_text().splitlines()]
+  assert [float(r[1]) for r in rows] == pytest.approx([s.log_prob for s in scores], abs=1e-5)
+  assert [int(r[2]) for r in rows] == [s.tokens for s in scores]
 
   # Averaging under 2 processes: the mean of the last 2 checkpoints, written once.
   pointer = json.loads((reference / "averaged" / "latest.json").read_text())
