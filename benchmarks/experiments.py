@@ -8,6 +8,8 @@ r"""The training runs behind the BLEU figures of the README and docs/, recorded.
   python benchmarks/experiments.py --experiment=multi30k_seeds --data_dir=data/multi30k --minutes=20
   python benchmarks/experiments.py --experiment=multi30k_multilingual --data_dir=data/multi30k \
       --minutes=60
+  python benchmarks/experiments.py --experiment=multi30k_constraints --data_dir=data/multi30k \
+      --minutes=30
 
 Each experiment is the sequence of commands a user would type (`python main.py ...`, run as
 subprocesses from the checkout, so what is measured is the command line itself), and its figures
@@ -32,12 +34,21 @@ then evaluates again; nothing already trained is lost to an interruption.
   (configs/multi30k.py into French), and the bilingual en-de record (`multi30k`) if there is one;
   then `--mode=translate --target_lang=X` of the English test set into each language, with the
   off-target rate of what comes out and of the references.
+- `multi30k_constraints`: configs/multi30k.py (en-de) trained for --minutes (the workdir of
+  `multi30k` at the same minutes: resumed, not trained again), its last --average averaged; the
+  standard protocol for terminology constraints: for each test sentence 1-3 words of its reference
+  that the unconstrained beam's output lacks (seeded, --terms_seed). Test BLEU and chrF without
+  and with them (--mode=eval [--constraints]), the share of terms that appear, and the time of
+  --mode=translate of the test set with the constraints against without at the beam the
+  constrained search widened to (each pair twice, alternately: the second round's programs come
+  from the compilation cache).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import string
 import subprocess
 import sys
 import time
@@ -51,7 +62,14 @@ from flaxformer_nmt.benchmarking import record
 _EXPERIMENT = flags.DEFINE_enum(
   "experiment",
   None,
-  ["demo", "fine_tune_demo", "multi30k", "multi30k_seeds", "multi30k_multilingual"],
+  [
+    "demo",
+    "fine_tune_demo",
+    "multi30k",
+    "multi30k_seeds",
+    "multi30k_multilingual",
+    "multi30k_constraints",
+  ],
   "What to run.",
 )
 _WORKDIR = flags.DEFINE_string("workdir", "", "The (first) run's workdir ('' = runs/<experiment>).")
@@ -62,6 +80,9 @@ _AVERAGE = flags.DEFINE_integer("average", 5, "Checkpoints averaged (multi30k*).
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "One run per seed (multi30k_seeds).")
 _EMA = flags.DEFINE_float("ema_decay", 0.995, "config.optim.ema_decay (multi30k_seeds).")
 _SOURCE = flags.DEFINE_string("source", "runs/demo", "The demo run to fine-tune (fine_tune_demo).")
+_TERMS_SEED = flags.DEFINE_integer(
+  "terms_seed", 0, "Which words are picked (multi30k_constraints)."
+)
 _FT_STEPS = flags.DEFINE_integer("fine_tune_steps", 200, "Fine-tuning steps (fine_tune_demo).")
 
 # The figures kept from an evaluation's result: every test_* score and nothing about the run.
@@ -347,6 +368,95 @@ def multi30k_multilingual() -> dict[str, Any]:
   return {**out, **signatures(multi["eval"]["directions"]["en-de"])}
 
 
+# What is stripped from a reference word before it is a term: punctuation, German quotes.
+_STRIP = string.punctuation + "„“”‚‘’«»…"
+
+
+def reference_terms(references: list[str], outputs: list[str], seed: int) -> list[list[str]]:
+  """The standard protocol's terms: per sentence 1-3 (uniformly) distinct words of its reference
+  that are no substring of the unconstrained output, in the reference's order; none where every
+  word is there already."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+  out = []
+  for reference, output in zip(references, outputs, strict=True):
+    words = [w.strip(_STRIP) for w in reference.split()]
+    missing = list(dict.fromkeys(w for w in words if w and w not in output))
+    k = min(int(rng.integers(1, 4)), len(missing))
+    picked = sorted(rng.choice(len(missing), size=k, replace=False)) if k else []
+    out.append([missing[i] for i in picked])
+  return out
+
+
+def multi30k_constraints() -> dict[str, Any]:
+  from flaxformer_nmt.decoding import bleu  # pylint: disable=g-import-not-at-top
+
+  workdir = _WORKDIR.value or f"runs/multi30k_{_MINUTES.value:g}m"
+  args = _multi30k_args(workdir)
+  trained = _train_for_minutes(args)
+  average = main_py(*args, "--mode=average", f"--num_checkpoints={_AVERAGE.value}")
+  folder = os.path.join(workdir, "constraints")
+  os.makedirs(os.path.join(_checkout(), folder), exist_ok=True)
+  prefix = os.path.join(_DATA_DIR.value, "test_2016_flickr")
+  source = f"{prefix}.en" if os.path.exists(f"{prefix}.en") else f"{prefix}.en.gz"
+  references = _lines(f"{prefix}.de")
+
+  def translate(name: str, *more: str) -> tuple[dict[str, Any], list[str]]:
+    path = os.path.join(folder, f"{name}.txt")
+    result = main_py(
+      *args,
+      "--mode=translate",
+      "--checkpoint=averaged",
+      f"--input={source}",
+      f"--output={path}",
+      *more,
+    )
+    return result, _lines(path)
+
+  _, plain = translate("plain")
+  terms = reference_terms(references, plain, _TERMS_SEED.value)
+  terms_path = os.path.join(folder, f"terms_seed{_TERMS_SEED.value}.txt")
+  _write(_checkout(), "", terms_path, "".join("\t".join(t) + "\n" for t in terms))
+  # Timing: with the terms, and without them at the beam they widened to, twice each, in turns.
+  first, constrained = translate("constrained", f"--constraints={terms_path}")
+  beam = first["constraints"]["beam_size"]
+  wide = [f"--config.decode.beam_size={beam}"]
+  rounds = [{"constrained": first["seconds"]}]
+  second, plain_wide = translate("plain_wide", *wide)
+  rounds[0]["plain"] = second["seconds"]
+  third, _ = translate("plain_wide", *wide)
+  fourth, _ = translate("constrained", f"--constraints={terms_path}")
+  rounds.append({"plain": third["seconds"], "constrained": fourth["seconds"]})
+  evaluated = main_py(*args, "--mode=eval", "--checkpoint=averaged")
+  with_terms = main_py(*args, "--mode=eval", "--checkpoint=averaged", f"--constraints={terms_path}")
+  wide_bleu, _ = bleu.sacrebleu_score(plain_wide, references)
+  wide_chrf, _ = bleu.chrf_score(plain_wide, references)
+  given = [t for row in terms for t in row]
+  return {
+    "workdir": workdir,
+    "budget_minutes": _MINUTES.value,
+    **_trained(trained),
+    "averaged_steps": average["steps"],
+    "test_set": f"{source} ({len(references)} sentences)",
+    "terms": {
+      "file": terms_path,
+      "seed": _TERMS_SEED.value,
+      "sentences_with_terms": sum(1 for t in terms if t),
+      "terms": len(given),
+      "terms_per_sentence": {str(k): sum(1 for t in terms if len(t) == k) for k in range(4)},
+      "of_the_translate_run": first["constraints"],
+      "of_the_eval_run": with_terms["constraints"],
+    },
+    "without": scores(evaluated),
+    "with_terms": scores(with_terms),
+    "without_at_the_wide_beam": {"beam_size": beam, "sacrebleu": wide_bleu, "chrf": wide_chrf},
+    "translate_seconds": rounds,
+    "time_ratio": rounds[-1]["constrained"] / rounds[-1]["plain"],
+    **signatures(evaluated),
+  }
+
+
 def _lines(path: str) -> list[str]:
   """A text file's lines (or its .gz's), relative to the checkout."""
   import gzip  # pylint: disable=g-import-not-at-top
@@ -365,6 +475,7 @@ EXPERIMENTS: dict[str, Callable[[], dict[str, Any]]] = {
   "multi30k": multi30k,
   "multi30k_seeds": multi30k_seeds,
   "multi30k_multilingual": multi30k_multilingual,
+  "multi30k_constraints": multi30k_constraints,
 }
 
 

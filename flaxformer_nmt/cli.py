@@ -1,4 +1,4 @@
-r"""The flaxformer_nmt command line: prepare, train, eval, translate, average, export, attention.
+r"""The flaxformer_nmt command line: prepare, train, eval, translate, score, average, export, ...
 
   flaxformer-nmt --config=demo --workdir=runs/demo     # in a clone: python main.py --config=...
   flaxformer-nmt --config=wmt14_ende_base --workdir=runs/base --mode=prepare
@@ -6,6 +6,8 @@ r"""The flaxformer_nmt command line: prepare, train, eval, translate, average, e
   flaxformer-nmt --config=... --workdir=... --mode=eval
   flaxformer-nmt --config=... --workdir=... --mode=translate --input=in.txt --output=out.txt
   flaxformer-nmt --config=... --workdir=... --mode=translate --nbest=4 --ensemble=runs/seed1
+  flaxformer-nmt --config=... --workdir=... --mode=translate --input=in.txt --constraints=terms.txt
+  flaxformer-nmt --config=... --workdir=... --mode=score --input=src.txt --reference=tgt.txt
   flaxformer-nmt --config=... --workdir=... --mode=average --num_checkpoints=5
   flaxformer-nmt --config=... --workdir=... --mode=attention --text="a sentence"
 
@@ -68,7 +70,7 @@ flags.DEFINE_string(
 flags.DEFINE_string(
   "output",
   "-",
-  "translate: output file ('-' = stdout); export: the model directory to write; attention: "
+  "translate, score: output file ('-' = stdout); export: the model directory to write; attention: "
   "the folder of the pictures ('-' = <workdir>/attention).",
 )
 flags.DEFINE_string("text", "", "attention: the sentence to translate and draw attention for.")
@@ -90,14 +92,14 @@ flags.DEFINE_integer(
 flags.DEFINE_string(
   "target_lang",
   "",
-  "translate/attention/serve: the language a multilingual model translates into (its tag, "
+  "translate/score/attention/serve: the language a multilingual model translates into (its tag, "
   "<2fr>, starts every source; the source language needs no flag); serve: the default of "
   'requests without "target_lang". A bilingual model needs none.',
 )
 flags.DEFINE_list(
   "ensemble",
   [],
-  "eval/translate: other workdirs whose models decode together with --workdir's, their "
+  "eval/translate/score: other workdirs whose models decode together with --workdir's, their "
   "probabilities averaged at each step (same size and vocabulary; each by --checkpoint's rule).",
 )
 flags.DEFINE_bool(

@@ -311,9 +311,10 @@ def make_translator(
   """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
   asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
-  model_step.Ensemble; `replicated`: already on every local device (sharded.decode_fn). `nbest` hypotheses per line; `alignments`
-  adds word alignments from config.decode.alignment_layer's cross-attention. `target_lang`: a
-  multilingual model's output language (checked: directions.resolve_target)."""
+  model_step.Ensemble; `replicated`: already on every local device (sharded.decode_fn).
+  `nbest` hypotheses per line; `alignments` adds word alignments from
+  config.decode.alignment_layer's cross-attention. `target_lang`: a multilingual model's output
+  language (checked: directions.resolve_target)."""
   if not isinstance(parts, ModelParts):
     parts = ModelParts.of(parts)
   prefix = target_prefix(parts, target_lang)

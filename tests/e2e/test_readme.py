@@ -139,6 +139,14 @@ def _research_decoding(text: str, proc: subprocess.CompletedProcess, box) -> boo
     assert [(int(r[0]), int(r[1])) for r in rows] == [(i, j) for i in range(2) for j in range(k)]
   elif "--output=aligned.txt" in text:
     assert [" ||| " in row for row in lines("aligned.txt")] == [True, True]
+  elif "--output=constrained.txt" in text:
+    assert _last_json(proc)["constraints"]["term_rate"] == 1.0
+    first = lines("constrained.txt")[0]
+    assert "Tische" in first and "Stühle" in first, first
+  elif "--mode=score" in text:
+    rows = [r.split("\t") for r in lines("scores.tsv")]
+    assert len(rows) == 2 and all(float(r[1]) < 0 and int(r[2]) > 1 for r in rows)
+    assert _last_json(proc)["pairs"] == 2
   elif "--output=data/demo_text/mono.en" in text:
     assert len(lines("data/demo_text/mono.en")) == len(lines("data/demo_text/mono.de")) == 2000
   elif "flaxformer_nmt.data.demo_text" in text and "--variant=large" in text:
