@@ -39,9 +39,9 @@ then evaluates again; nothing already trained is lost to an interruption.
   standard protocol for terminology constraints: for each test sentence 1-3 words of its reference
   that the unconstrained beam's output lacks (seeded, --terms_seed). Test BLEU and chrF without
   and with them (--mode=eval [--constraints]), the share of terms that appear, and the time of
-  --mode=translate of the test set with the constraints against without at the beam the
-  constrained search widened to (each pair twice, alternately: the second round's programs come
-  from the compilation cache).
+  --mode=translate of the sentences with terms, constrained, against the same sentences without
+  their terms, each at the beam its terms widened the search to (one run per beam); twice, in
+  turns: the second round's programs come from the compilation cache.
 """
 
 from __future__ import annotations
@@ -390,7 +390,8 @@ def reference_terms(references: list[str], outputs: list[str], seed: int) -> lis
 
 
 def multi30k_constraints() -> dict[str, Any]:
-  from flaxformer_nmt.decoding import bleu  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.decoding import constraints  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value or f"runs/multi30k_{_MINUTES.value:g}m"
   args = _multi30k_args(workdir)
@@ -400,38 +401,63 @@ def multi30k_constraints() -> dict[str, Any]:
   os.makedirs(os.path.join(_checkout(), folder), exist_ok=True)
   prefix = os.path.join(_DATA_DIR.value, "test_2016_flickr")
   source = f"{prefix}.en" if os.path.exists(f"{prefix}.en") else f"{prefix}.en.gz"
-  references = _lines(f"{prefix}.de")
+  sources, references = _lines(f"{prefix}.en"), _lines(f"{prefix}.de")
 
-  def translate(name: str, *more: str) -> tuple[dict[str, Any], list[str]]:
+  def translate(name: str, src: str, *more: str) -> tuple[dict[str, Any], list[str]]:
     path = os.path.join(folder, f"{name}.txt")
     result = main_py(
       *args,
       "--mode=translate",
       "--checkpoint=averaged",
-      f"--input={source}",
+      f"--input={src}",
       f"--output={path}",
       *more,
     )
     return result, _lines(path)
 
-  _, plain = translate("plain")
+  # The unconstrained beam's output; the words of each reference it lacks; BLEU without and with.
+  _, plain = translate("plain", source)
   terms = reference_terms(references, plain, _TERMS_SEED.value)
   terms_path = os.path.join(folder, f"terms_seed{_TERMS_SEED.value}.txt")
   _write(_checkout(), "", terms_path, "".join("\t".join(t) + "\n" for t in terms))
-  # Timing: with the terms, and without them at the beam they widened to, twice each, in turns.
-  first, constrained = translate("constrained", f"--constraints={terms_path}")
-  beam = first["constraints"]["beam_size"]
-  wide = [f"--config.decode.beam_size={beam}"]
-  rounds = [{"constrained": first["seconds"]}]
-  second, plain_wide = translate("plain_wide", *wide)
-  rounds[0]["plain"] = second["seconds"]
-  third, _ = translate("plain_wide", *wide)
-  fourth, _ = translate("constrained", f"--constraints={terms_path}")
-  rounds.append({"plain": third["seconds"], "constrained": fourth["seconds"]})
   evaluated = main_py(*args, "--mode=eval", "--checkpoint=averaged")
   with_terms = main_py(*args, "--mode=eval", "--checkpoint=averaged", f"--constraints={terms_path}")
-  wide_bleu, _ = bleu.sacrebleu_score(plain_wide, references)
-  wide_chrf, _ = bleu.chrf_score(plain_wide, references)
+
+  # Time: the sentences with terms, constrained, against the same sentences unconstrained, each
+  # at the beam its terms widened it to (constraints.beam_for: one translate run per beam).
+  tokenizer = tokenizer_lib.Tokenizer(os.path.join(_checkout(), workdir, "spm.model"))
+  with open(os.path.join(_checkout(), workdir, "config.json"), encoding="utf-8") as f:
+    beam = int(json.load(f)["decode"]["beam_size"])
+  rows = [i for i, t in enumerate(terms) if t]
+  groups: dict[int, list[int]] = {}
+  for i in rows:
+    pieces = sum(len(tokenizer.encode(t)) for t in terms[i])
+    groups.setdefault(constraints.beam_for(pieces, beam), []).append(i)
+  _write(
+    _checkout(),
+    "",
+    os.path.join(folder, "timing_src.txt"),
+    "".join(sources[i] + "\n" for i in rows),
+  )
+  timing_terms = os.path.join(folder, "timing_terms.txt")
+  _write(_checkout(), "", timing_terms, "".join("\t".join(terms[i]) + "\n" for i in rows))
+  for b, lines in groups.items():
+    text = "".join(sources[i] + "\n" for i in lines)
+    _write(_checkout(), "", os.path.join(folder, f"timing_src_beam{b}.txt"), text)
+  rounds, by_beam = [], {}
+  for _ in range(2):  # the second round's programs come from the compilation cache
+    plain_seconds = 0.0
+    for b in sorted(groups):
+      src = os.path.join(folder, f"timing_src_beam{b}.txt")
+      result, _ = translate(f"timing_plain_beam{b}", src, f"--config.decode.beam_size={b}")
+      plain_seconds += result["seconds"]
+    result, _ = translate(
+      "timing_constrained", os.path.join(folder, "timing_src.txt"), f"--constraints={timing_terms}"
+    )
+    by_beam = result["constraints"]["lines_by_beam"]
+    rounds.append({"plain": plain_seconds, "constrained": result["seconds"]})
+  if by_beam != {str(b): len(lines) for b, lines in sorted(groups.items())}:
+    raise RuntimeError(f"The translator's beams {by_beam} are not the groups timed: {groups}")
   given = [t for row in terms for t in row]
   return {
     "workdir": workdir,
@@ -442,17 +468,19 @@ def multi30k_constraints() -> dict[str, Any]:
     "terms": {
       "file": terms_path,
       "seed": _TERMS_SEED.value,
-      "sentences_with_terms": sum(1 for t in terms if t),
+      "sentences_with_terms": len(rows),
       "terms": len(given),
       "terms_per_sentence": {str(k): sum(1 for t in terms if len(t) == k) for k in range(4)},
-      "of_the_translate_run": first["constraints"],
-      "of_the_eval_run": with_terms["constraints"],
+      "met": with_terms["constraints"],
     },
     "without": scores(evaluated),
     "with_terms": scores(with_terms),
-    "without_at_the_wide_beam": {"beam_size": beam, "sacrebleu": wide_bleu, "chrf": wide_chrf},
-    "translate_seconds": rounds,
-    "time_ratio": rounds[-1]["constrained"] / rounds[-1]["plain"],
+    "timing": {
+      "sentences": len(rows),
+      "lines_by_beam": by_beam,
+      "translate_seconds": rounds,
+      "ratio": rounds[-1]["constrained"] / rounds[-1]["plain"],
+    },
     **signatures(evaluated),
   }
 

@@ -62,34 +62,45 @@ class _Ranked(NamedTuple):
   progress: Array  # [batch, n, T]
 
 
-def _candidate_set(flat: Array, s: ConstrainedState, c: Constraints, width: int) -> Array:
-  """`flat` [batch, beam * vocab] with every candidate outside the set at -inf: the `width` best,
-  each hypothesis's best, and every token advancing one of its terms; EOS blocked while unmet."""
+def _candidate_set(
+  flat: Array, s: ConstrainedState, c: Constraints, width: int
+) -> tuple[Array, Array]:
+  """The step's candidates, best first: the `width` best extensions, each hypothesis's best
+  token, and every token advancing one of its unmet terms (EOS blocked while a term is unmet).
+  Returns (scores, indices into `flat`'s beam * vocab), [batch, width + beam + beam * T] each; a
+  repeat of an earlier candidate, or a term already met, has score -inf.
+
+  An explicit list, not a mask over the vocabulary: one top-k over `flat` as the plain search
+  does, a gather, and a sort of a few dozen candidates per sentence."""
   batch, k = s.beam.live_scores.shape
   vocab = flat.shape[1] // k
   scores = flat.reshape(batch, k, vocab)
   unmet = c.totals[:, None] - constraints_lib.met(c, s.progress)  # [batch, beam]
   scores = scores.at[:, :, EOS_ID].set(jnp.where(unmet > 0, NEG_INF, scores[:, :, EOS_ID]))
   flat = scores.reshape(batch, -1)
-  rows = jnp.arange(batch)[:, None, None]
-  beams = jnp.arange(k)[None, :, None]
-  pieces = constraints_lib.next_pieces(c, s.progress)  # [batch, beam, T]
-  mark = jnp.zeros((batch, k, vocab), bool)
-  mark = mark.at[rows, beams, jnp.where(pieces >= 0, pieces, vocab)].set(True, mode="drop")
-  best = jnp.argmax(scores, axis=-1)  # [batch, beam]
-  mark = mark.at[rows[:, :, 0], beams[:, :, 0], best].set(True).reshape(batch, -1)
   _, top = lax.top_k(flat, width)  # [batch, width]
-  mark = mark.at[jnp.arange(batch)[:, None], top].set(True)
-  return jnp.where(mark, flat, NEG_INF)
+  offsets = jnp.arange(k)[None, :] * vocab  # [1, beam]
+  best = offsets + jnp.argmax(scores, axis=-1)  # [batch, beam]
+  pieces = constraints_lib.next_pieces(c, s.progress)  # [batch, beam, T]; -1: met
+  advancing = jnp.where(pieces >= 0, offsets[:, :, None] + pieces, -1).reshape(batch, -1)
+  index = jnp.concatenate([top, best, advancing], axis=1).astype(jnp.int32)  # [batch, N]
+  n = index.shape[1]
+  earlier = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]  # [N (i), N (j)]: j before i
+  repeat = jnp.any((index[:, :, None] == index[:, None, :]) & earlier[None], axis=-1)
+  picked = jnp.take_along_axis(flat, jnp.maximum(index, 0), axis=1)  # [batch, N]
+  picked = jnp.where((index >= 0) & ~repeat, picked, NEG_INF)
+  order = jnp.argsort(-picked, axis=1, stable=True)  # best first; the top-k's own order kept
+  return jnp.take_along_axis(picked, order, axis=1), jnp.take_along_axis(index, order, axis=1)
 
 
-def _ranked(s: ConstrainedState, flat: Array, c: Constraints, rules: _Rules, n: int) -> _Ranked:
-  """The n best of the candidate set as extensions, valid ones first in dynamic beam allocation's
-  order: rank within the bank, then the bank, most pieces met first."""
+def _ranked(
+  s: ConstrainedState, candidates: tuple[Array, Array], c: Constraints, rules: _Rules, vocab: int
+) -> _Ranked:
+  """The candidates (`_candidate_set`) as extensions, valid ones first in dynamic beam
+  allocation's order: rank within the bank, then the bank, most pieces met first."""
   b = s.beam
-  k = b.live_scores.shape[1]
-  vocab = flat.shape[1] // k
-  scores, index = lax.top_k(flat, n)  # [batch, n], best first
+  scores, index = candidates  # [batch, n], best first
+  n = scores.shape[1]
   beam_index = index // vocab
   token = (index % vocab).astype(jnp.int32)
   progress = constraints_lib.advance(c, _gather_beams(s.progress, beam_index), token)
@@ -127,12 +138,17 @@ def _best_live(live_scores: Array, rules: _Rules) -> Array:
 
 
 def _shrinking_step(
-  s: ConstrainedState, flat: Array, cache: Cache, c: Constraints, rules: _Rules, n: int
+  s: ConstrainedState,
+  candidates: tuple[Array, Array],
+  cache: Cache,
+  c: Constraints,
+  rules: _Rules,
+  vocab: int,
 ) -> ConstrainedState:
   """The shrinking beam: the first K in allocation order, as many kept as there are open slots."""
   b = s.beam
   k = b.live_scores.shape[1]
-  r = _first(_ranked(s, flat, c, rules, n), k)
+  r = _first(_ranked(s, candidates, c, rules, vocab), k)
   open_slots = k - jnp.sum(jnp.isfinite(b.fin_normalized), axis=1)  # [batch]
   valid = r.ext.valid & (jnp.arange(k)[None, :] < open_slots[:, None])
   ext = r.ext._replace(valid=valid, finishing=r.ext.finishing & valid)
@@ -152,13 +168,18 @@ def _shrinking_step(
 
 
 def _t2t_step(
-  s: ConstrainedState, flat: Array, cache: Cache, c: Constraints, rules: _Rules, n: int
+  s: ConstrainedState,
+  candidates: tuple[Array, Array],
+  cache: Cache,
+  c: Constraints,
+  rules: _Rules,
+  vocab: int,
 ) -> ConstrainedState:
   """tensor2tensor's beam: the first 2K in allocation order; of them the first K that did not
   finish stay live, and the finished ones join the pool."""
   b = s.beam
   k = b.live_scores.shape[1]
-  r = _first(_ranked(s, flat, c, rules, n), min(2 * k, n))
+  r = _first(_ranked(s, candidates, c, rules, vocab), 2 * k)
   alive = r.ext.valid & ~r.ext.finishing  # [batch, 2K]
   position = jnp.where(alive, jnp.arange(alive.shape[1])[None, :], alive.shape[1])
   _, pick = lax.top_k(-position, k)  # [batch, K]: the first K alive, in order
@@ -192,7 +213,7 @@ def run_constrained_search(
   rules = _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha), nbest)
   update = _t2t_step if style == "t2t" else _shrinking_step
   loop_len = jnp.max(max_lengths)
-  k, terms = beam_size, c.tokens.shape[1]
+  k = beam_size
 
   def cond(s: ConstrainedState) -> Array:
     return (s.beam.step < loop_len) & ~jnp.all(s.beam.done)
@@ -200,12 +221,11 @@ def run_constrained_search(
   def body(s: ConstrainedState) -> ConstrainedState:
     flat, stepped = _candidates(step_fn, s.beam)  # [batch, beam * vocab]
     width = min(2 * k, flat.shape[1])
-    marked = _candidate_set(flat, s, c, width)
-    n = min(width + k + k * terms, flat.shape[1])  # the set's size at most
-    return update(s, marked, stepped, c, rules, n)
+    candidates = _candidate_set(flat, s, c, width)
+    return update(s, candidates, stepped, c, rules, flat.shape[1] // k)
 
   beam = _initial_beam_state(cache, max_lengths, beam_size, max_decode_len)
-  progress = jnp.zeros((max_lengths.shape[0], beam_size, terms), jnp.int32)
+  progress = jnp.zeros((max_lengths.shape[0], beam_size, c.tokens.shape[1]), jnp.int32)
   return lax.while_loop(cond, body, ConstrainedState(beam, progress))
 
 

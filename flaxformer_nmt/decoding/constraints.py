@@ -201,12 +201,24 @@ def encoded_terms(
   return out
 
 
+def beam_for(pieces: int, beam: int) -> int:
+  """The beam a line whose terms have `pieces` pieces is searched with: at least `beam`, and a
+  slot for every bank (0 .. `pieces` met), widened to a power of two so that few searches are
+  compiled. Each line gets its own: one long term does not widen every line's beam."""
+  return max(beam, 1 << pieces.bit_length())  # the power of two above `pieces`
+
+
 def figures(
-  texts: Sequence[str], constraints: Sequence[Sequence[str]], problems: TermProblems, beam: int
+  texts: Sequence[str],
+  constraints: Sequence[Sequence[str]],
+  problems: TermProblems,
+  beams: Sequence[int],
+  beam: int,
 ) -> dict[str, Any]:
   """What --constraints did, for the JSON summary: terms given, and met (a substring of the best
-  translation `texts`), the lines missing some (1-based, the first ones), the beam searched with,
-  and the terms left out (`TermProblems.summary`)."""
+  translation `texts`), the lines missing some (1-based, the first ones), the beams searched with
+  (`beams`: each constrained line's; `beam`: the configured one, for the others), and the terms
+  left out (`TermProblems.summary`)."""
   given = sum(len(c) for c in constraints)
   met = [terms_met(text, c) for text, c in zip(texts, constraints, strict=True)]
   missing = [i + 1 for i, m in enumerate(met) if not all(m)]
@@ -215,7 +227,8 @@ def figures(
     "terms": given,
     "terms_met": sum(map(sum, met)),
     "term_rate": sum(map(sum, met)) / given if given else 1.0,
-    "beam_size": beam,
+    "beam_size": max(beams, default=beam),  # the widest
+    "lines_by_beam": {str(k): beams.count(k) for k in sorted(set(beams))},
     "num_lines_missing_terms": len(missing),
     "lines_missing_terms": missing[:_NAMED_MISSING],
   }

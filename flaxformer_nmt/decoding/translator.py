@@ -69,7 +69,6 @@ class Translator:
     constrained_decode: ConstrainedDecodeFn | None = None,
     beam_size: int = 1,
     max_output_len: Callable[[int], int] | None = None,
-    round_beam: bool = False,
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
     returns `nbest` hypotheses per sentence (with source positions, for `alignments`).
@@ -80,10 +79,8 @@ class Translator:
     `reserved_ids` (the tags) are dropped from the encoded text: a line holding "<2fr>" cannot
     pick another language than the one asked for. `constrained_decode` (the beam search that
     must output given terms, by beam size) serves the lines given terms; `beam_size` is the beam
-    it widens from, `max_output_len` (source length with EOS -> the longest output) what the
-    terms must fit in; `round_beam` (the server) widens it to a power of two, so that few beams
-    are ever compiled."""
-    self.round_beam = round_beam
+    it widens from (constraints.beam_for), `max_output_len` (source length with EOS -> the
+    longest output) what the terms must fit in."""
     self.constrained_decode = constrained_decode
     self.beam_size = beam_size
     self.max_output_len = max_output_len or (lambda n: n + 50)
@@ -193,13 +190,13 @@ class Translator:
     plain = [i for i in todo if i not in terms]
     # Longest first: a batch that does not fit in memory fails at once, and the ETA errs long.
     batches = self._batches(sorted(plain, key=lambda i: len(sources[i]), reverse=True), None)
-    beam = None
-    if terms:
-      # Every bank (pieces met: 0 .. all) gets a slot: the beam widens to the most pieces + 1.
-      beam = max(self.beam_size, max(sum(map(len, t)) for t in terms.values()) + 1)
-      beam = next_power_of_two(beam) if self.round_beam else beam
-      order = sorted(terms, key=lambda i: len(sources[i]), reverse=True)
-      batches += self._batches(order, beam)
+    # Each line's beam: a slot for every bank (pieces met: 0 .. all), in a few sizes.
+    beams = {
+      i: constraints_lib.beam_for(sum(map(len, t)), self.beam_size) for i, t in terms.items()
+    }
+    for beam in sorted(set(beams.values())):
+      order = [i for i in terms if beams[i] == beam]
+      batches += self._batches(sorted(order, key=lambda i: len(sources[i]), reverse=True), beam)
     done, last_log = 0, start
     for batch, num_rows, with_beam in batches:
       length = bucket(max(len(sources[i]) for i in batch), self.buckets)
@@ -234,7 +231,7 @@ class Translator:
     if constraints is not None:
       texts = [hyps[0].text for hyps in outputs]
       self.stats.constraints = constraints_lib.figures(
-        texts, constraints, problems, beam if beam is not None else self.beam_size
+        texts, constraints, problems, list(beams.values()), self.beam_size
       )
     return outputs
 
@@ -306,7 +303,6 @@ def make_translator(
   log_progress: bool = True,
   rows_per_shard: Sequence[int] | None = None,
   target_lang: str | None = None,
-  round_beam: bool = False,
 ) -> Translator:
   """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
@@ -350,7 +346,6 @@ def make_translator(
     ),
     beam_size=search.beam_size,
     max_output_len=max_output_len,
-    round_beam=round_beam,
   )
 
 

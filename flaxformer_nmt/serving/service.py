@@ -127,7 +127,6 @@ class Translators:
           log_progress=False,
           rows_per_shard=ROWS_PER_SHARD,
           target_lang=kind.target_lang or None,
-          round_beam=True,
         )
         logging.info("Search for %s made in %.1f s.", kind, time.perf_counter() - start)
       return self._made[kind]
