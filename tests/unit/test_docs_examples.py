@@ -52,8 +52,9 @@ def fed_to_the_demo() -> set[str]:
   for path in [helpers.REPO / "README.md", *sorted((helpers.REPO / "docs").glob("*.md"))]:
     text = path.read_text("utf-8")
     found |= set(re.findall(r'echo "([^"]+)" \| flaxformer-nmt', text))
-    for printed in re.findall(r"printf '([^']+)' >", text):
-      found |= {line for line in printed.split("\\n") if line}
+    for printed, target in re.findall(r"printf '([^']+)' > (\S+)", text):
+      if not target.startswith("terms"):  # a --constraints file holds terms, not sentences
+        found |= {line for line in printed.split("\\n") if line}
     found |= set(re.findall(r'--text="([^".]+[^"]*)"', text))
     for listed in re.findall(r'(?:lines = |translate\([^\[]*)\[("[^\]]+")\]', text):
       found |= set(re.findall(r'"([^"]+)"', listed))
