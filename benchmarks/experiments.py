@@ -401,7 +401,7 @@ def multi30k_constraints() -> dict[str, Any]:
   os.makedirs(os.path.join(_checkout(), folder), exist_ok=True)
   prefix = os.path.join(_DATA_DIR.value, "test_2016_flickr")
   source = f"{prefix}.en" if os.path.exists(f"{prefix}.en") else f"{prefix}.en.gz"
-  sources, references = _lines(f"{prefix}.en"), _lines(f"{prefix}.de")
+  sources, references = _lines(f"{prefix}.en"), _lines(f"{prefix}.de")  # .gz read too
 
   def translate(name: str, src: str, *more: str) -> tuple[dict[str, Any], list[str]]:
     path = os.path.join(folder, f"{name}.txt")

@@ -135,13 +135,15 @@ def translate_nbest(
     raise TypeError("lines must be a list of sentences, not one string.")
   terms = None
   if constraints is not None:
+    if isinstance(constraints, str) or any(not isinstance(r, list | tuple) for r in constraints):
+      raise TypeError("constraints: one list of strings per line, e.g. [['Haus'], []].")
     terms = [[_term(t) for t in row] for row in constraints]
     if len(terms) != len(lines):
       raise errors.ConfigError(
         f"constraints has {len(terms)} rows for {len(lines)} lines: one list of terms per line."
       )
   outputs = modes.Outputs(
-    nbest, alignments, _members(ensemble), target_lang, "constraints" if terms else ""
+    nbest, alignments, _members(ensemble), target_lang, "constraints" if terms is not None else ""
   )
   hyps, _, _ = modes.translate_hypotheses(config, workdir, checkpoint, list(lines), outputs, terms)
   return hyps

@@ -64,8 +64,8 @@ flags.DEFINE_string(
   "constraints",
   "",
   "translate/eval: a file of terms each translation must contain, one line per input line (or "
-  "test sentence), the terms separated by tabs, an empty line for none. Beam search only; the "
-  "beam widens to the most pieces of a line's terms + 1.",
+  "test sentence), the terms separated by tabs, an empty line for none. Beam search only; each "
+  "line's beam widens to the power of two above its terms' pieces.",
 )
 flags.DEFINE_string(
   "output",

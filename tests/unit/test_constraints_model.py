@@ -44,8 +44,9 @@ def test_every_term_appears_and_lines_without_terms_are_unchanged(saved_run, sty
       assert all(t in h[0].text for t in terms), (h[0].text, terms)
   # The beam widened to the most pieces a line must meet + 1.
   assert figures["beam_size"] > config.decode.beam_size
-  for i in (1, 4):  # no terms: the plain search's very output and score
-    assert hyps[i][0] == plain[i][0]
+  for i in (1, 4):  # no terms: the plain search (batched apart, which may move the last bits)
+    assert hyps[i][0].text == plain[i][0].text
+    assert hyps[i][0].score == pytest.approx(plain[i][0].score, rel=1e-5, abs=1e-6)
   assert hyps[0][0].text != plain[0][0].text
 
 
