@@ -331,6 +331,15 @@ def test_files_chain(tmp_path):
         assert record["result"] == last
         assert [run["step"] for run in last["seeds"].values()] == [20, 20]
         assert "test_sacrebleu_beam4" in last["ensemble_averaged"]
+      elif "--experiment=multi30k_constraints" in command.text:
+        last = _last_json(proc)
+        record = json.loads(
+          (box.repo / "benchmarks/results/multi30k_constraints.json").read_text()
+        )
+        assert record["result"] == last and last["step"] == 20
+        # Even a 20-step model meets every term: the search guarantees them, not the model.
+        assert last["terms"]["met"]["term_rate"] == 1.0 and last["terms"]["terms"] > 0
+        assert last["timing"]["ratio"] > 0 and last["with_terms"]["test_sentences"] == 1000
       elif "--experiment=multi30k" in command.text:
         work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
         last = _last_json(proc)
