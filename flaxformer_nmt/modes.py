@@ -89,7 +89,8 @@ def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, A
     records.print_result(saved)
     return saved
   config = config.copy_and_resolve_references()  # the caller's config stays as it was
-  run_config.resolve_dtype(config, parallel.auto_dtype())  # recorded; a resume keeps it
+  # Recorded; a resume keeps it.
+  run_config.resolve_dtype(config, parallel.auto_dtype(), resuming=bool(run.training_steps()))
   result = loop.train_and_evaluate(config, run)
   run.write_result(result)
   return result

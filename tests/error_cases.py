@@ -269,9 +269,9 @@ CASES = [
     "flag --config.model.d_ff=big",
   ),
   Case(
-    "float16",
+    "float16 for a run trained in float32",
     in_trained("--config=configs/demo.py", "--config.model.dtype=float16"),
-    "config.model.dtype='float16' is not supported",
+    "config.model.dtype='float16' disagrees with the run",
   ),
   Case(
     "missing data folder",

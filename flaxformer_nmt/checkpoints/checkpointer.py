@@ -50,7 +50,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import flax.serialization
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -64,6 +63,7 @@ from flaxformer_nmt.checkpoints.reader import (
   UNREADABLE,
   CheckpointDir,
   PyTree,
+  from_state_dict,
   open_manager,
   state_dict,
 )
@@ -245,7 +245,7 @@ class Checkpointer:
     step, state_sd, data = found
     self._last_save_time = time.monotonic()
     logging.info("Restored step %d from %s.", step, self._reader.path(step))
-    return flax.serialization.from_state_dict(template, state_sd), data, step
+    return from_state_dict(template, state_sd), data, step
 
   def _move_aside(self, step: int, path: epath.Path) -> str:
     """Moves a corrupt step to `unreadable/`, so the run can save that step number again."""

@@ -77,8 +77,22 @@ def state_dict(tree: PyTree) -> PyTree:
 
   Storing this rather than the Python objects keeps checkpoints readable if TrainState or optax's
   state classes change, and gives parameter paths like `params/encoder/layer_0/...` in errors.
+  A part the state leaves out (a field that is None: `TrainState.loss_scale` outside float16) is
+  not stored at all, so checkpoints of such runs keep the layout they had before the field.
   """
-  return flax.serialization.to_state_dict(tree)
+  state = flax.serialization.to_state_dict(tree)
+  if isinstance(state, dict):
+    state = {k: v for k, v in state.items() if v is not None}
+  return state
+
+
+def from_state_dict(template: PyTree, state: PyTree) -> PyTree:
+  """`template`'s objects from a state dict read back (`state_dict`'s inverse): the parts the
+  template leaves out (None) are None again."""
+  full = flax.serialization.to_state_dict(template)
+  if isinstance(full, dict) and isinstance(state, dict):
+    state = {**{k: None for k, v in full.items() if v is None}, **state}
+  return flax.serialization.from_state_dict(template, state)
 
 
 def _abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:

@@ -89,9 +89,10 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       positional="sinusoidal",  # or "learned" (Table 3 row E)
       share_embeddings=True,  # source, target and pre-softmax share one matrix
       max_len=256,  # longest sequence a learned positional table (or decode) supports
-      # Matrix products in "bfloat16" or "float32"; "auto": bfloat16 on TPUs and on GPUs from
-      # Ampere (A100, H100) on, float32 on CPUs and older GPUs. Parameters, Adam moments,
-      # layer norms, softmaxes, logits and the loss are float32 in every case.
+      # Matrix products in "bfloat16", "float16" (with a dynamic loss scale: optim.loss_scale_*)
+      # or "float32"; "auto": bfloat16 on TPUs and on GPUs from Ampere (A100, H100) on, float16
+      # on older GPUs (T4, V100), float32 on CPUs. Parameters, Adam moments, layer norms,
+      # softmaxes, logits and the loss are float32 in every case.
       dtype="auto",
       remat=False,  # recompute each layer's activations in the backward pass (saves memory)
       # How dropout masks are drawn: "threefry16" (two 16-bit masks per 32-bit draw: half the
@@ -156,6 +157,11 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       # the optimizer state), evaluated beside the raw parameters; --checkpoint=ema reads it.
       # 0.9999 is Marian's smoothing for long runs; shorter runs want 0.999 or less.
       ema_decay=0.0,
+      # model.dtype="float16" only: the loss is multiplied by a scale that starts here, halves
+      # on a step whose gradient overflows (the update is skipped) and doubles after
+      # loss_scale_period finite steps in a row (training/loss_scale.py).
+      loss_scale_init=2.0**15,
+      loss_scale_period=2000,
     )
   )
 

@@ -129,18 +129,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"config.model.attention='jax' needs keys as wide as values, but config.model.d_k={m.d_k} "
       f"where d_model / num_heads = {m.d_model // m.num_heads}: use 'ours'."
     )
-  if m.dtype == "float16":
-    _fail(
-      "config.model.dtype='float16' is not supported: float16 training needs loss scaling, "
-      "which this trainer does not do. Use 'bfloat16' (TPU, A100/H100 and newer GPUs) or "
-      "'float32' (T4, V100, CPU), or 'auto' to pick between them."
-    )
   _one_of(config, "model.dtype", DTYPES)
 
   _at_least(config, "data.prefetch_batches", 0)
   _at_least(config, "optim.warmup_steps", 1)
   _one_of(config, "optim.schedule", SCHEDULES)
   _at_least(config, "optim.accumulate_steps", 1)
+  if "loss_scale_period" in config.optim:  # absent from configs saved before float16 existed
+    _at_least(config, "optim.loss_scale_period", 1)
+  if "loss_scale_init" in config.optim:
+    _at_least(config, "optim.loss_scale_init", 1)
   for path in ("beta1", "beta2"):
     _in_unit(config, f"optim.{path}")
   for path in ("eps", "lr_scale"):

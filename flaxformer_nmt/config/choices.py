@@ -2,7 +2,7 @@
 the code that acts on a value imports its tuple from here (so the searches, the model and the
 evaluation import no validation code, and no two lists can drift apart)."""
 
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 SOURCES = ("demo", "tfds", "files")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
 POSITIONALS = ("sinusoidal", "learned")

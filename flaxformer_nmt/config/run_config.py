@@ -272,8 +272,13 @@ def _set(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
     node[name] = value
 
 
-def resolve_dtype(config: ml_collections.ConfigDict, resolved: str) -> None:
+def resolve_dtype(config: ml_collections.ConfigDict, resolved: str, *, resuming: bool) -> None:
   """Training records the compute dtype it runs with: "auto" becomes `resolved` (what it means
-  on this machine), so config.json says the precision and a resume keeps it."""
+  on this machine), so config.json says the precision and a resume keeps it.
+
+  A run that is `resuming` with "auto" still in its config.json was saved before dtypes were
+  recorded, when "auto" never meant float16: where it would mean float16 now (an older GPU), it
+  keeps float32, what it trained in, rather than switching precision halfway.
+  """
   if config.model.dtype == "auto":
-    config.model.dtype = resolved
+    config.model.dtype = "float32" if resuming and resolved == "float16" else resolved

@@ -8,9 +8,11 @@ at depth. One embedding matrix serves the source, the target and the pre-softmax
 Batches may be packed (several sentence pairs per row); `*_segmentation` ids keep attention inside
 each pair and `*_position` restarts positions per pair. Without them a row is one sentence.
 
-Mixed precision (`dtype=bfloat16`): parameters stay float32 and are cast at each matrix product;
-matrix products run in `dtype`, while the residual stream, layer norms, softmaxes, logits and the
-loss are float32 (a residual added in bfloat16 loses the small updates of late training). `remat`
+Mixed precision (`dtype=bfloat16` or `float16`): parameters stay float32 and are cast at each
+matrix product; matrix products run in `dtype`, while the residual stream, layer norms, softmaxes,
+logits and the loss are float32 (a residual added in bfloat16 loses the small updates of late
+training; float16's range ends at 65,504, and its small gradients need the trainer's loss scale,
+training/loss_scale.py). `remat`
 recomputes each layer's activations in the backward pass instead of keeping them.
 """
 
@@ -30,7 +32,7 @@ from flaxformer_nmt.model import layers
 
 Array = jax.Array
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +64,8 @@ class TransformerConfig:
     """Builds the model's config from `config.model` (checked by `config.checks.validate`).
 
     `auto_dtype` is what `model.dtype="auto"` resolves to on this machine
-    (`parallel.auto_dtype()`: bfloat16 on TPUs and recent GPUs, float32 on CPUs).
+    (`parallel.auto_dtype()`: bfloat16 on TPUs and recent GPUs, float16 on older GPUs, float32
+    on CPUs).
     """
     # Fields carry over by name, so a field added to both places needs no code here.
     copied = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}

@@ -120,7 +120,9 @@ def auto_dtype() -> str:
   """The activation dtype `model.dtype="auto"` means on this machine.
 
   bfloat16 where the hardware computes it natively (TPUs; NVIDIA GPUs from Ampere, compute
-  capability 8.0, on), float32 elsewhere: CPUs, and older GPUs (T4, V100), which emulate bfloat16.
+  capability 8.0, on). float16 on older NVIDIA GPUs (T4, V100: tensor cores for float16 only,
+  about 8x their float32 rate; bfloat16 is emulated there), trained with a loss scale. float32 on
+  CPUs, where both half types are emulated and slower than float32.
   """
   device = jax.devices()[0]
   if device.platform == "tpu":
@@ -130,9 +132,9 @@ def auto_dtype() -> str:
     if capability is None:
       return "bfloat16"  # ROCm: every MI200/MI300 computes bfloat16
     try:
-      return "bfloat16" if int(str(capability).split(".")[0]) >= 8 else "float32"
+      return "bfloat16" if int(str(capability).split(".")[0]) >= 8 else "float16"
     except ValueError:
-      return "float32"
+      return "float32"  # a capability we cannot read: the safe choice
   return "float32"
 
 

@@ -15,7 +15,7 @@ from flaxformer_nmt.workdir import Workdir
 def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
   """The train figures of a log step from the per-step metrics since the last one."""
   tokens = sum(m["tokens"] for m in history)
-  return {
+  summary = {
     "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
     "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
     "learning_rate": history[-1]["learning_rate"],
@@ -23,8 +23,14 @@ def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str
     "param_norm": history[-1]["param_norm"],
     "target_tokens_per_s": tokens / max(seconds, 1e-9),
     "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),
-    "skipped_steps": sum(m["nonfinite"] for m in history),
+    # Updates skipped since the last log: non-finite steps (config.skip_nonfinite) and float16
+    # overflows.
+    "skipped_steps": sum(m["nonfinite"] + m.get("overflow", 0.0) for m in history),
   }
+  if "loss_scale" in history[-1]:  # float16 (training/loss_scale.py)
+    summary["loss_scale"] = history[-1]["loss_scale"]  # the last step's
+    summary["skipped_steps_total"] = history[-1]["skipped_steps_total"]  # over the whole run
+  return summary
 
 
 class MetricWriter:

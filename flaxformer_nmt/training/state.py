@@ -9,13 +9,14 @@ a resume restores into (`abstract_state`, allocating nothing: the real initial s
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.model.transformer import init_params
-from flaxformer_nmt.training import optim
+from flaxformer_nmt.training import loss_scale, optim
 from flaxformer_nmt.training.steps import TrainState, create_train_state
 from flaxformer_nmt.workdir import Workdir
 
@@ -27,11 +28,16 @@ class TrainSetup:
     self.components = components
     self.config = components.config
     self.tx, self.schedule = optim.make_optimizer(self.config.optim, components.model_cfg.d_model)
+    # float16 activations need a dynamic loss scale (training/loss_scale.py); others have none.
+    self.scales_loss = components.model_cfg.dtype == jnp.float16
+
+  def _initial_loss_scale(self) -> loss_scale.LossScale | None:
+    return loss_scale.initial(self.config.optim) if self.scales_loss else None
 
   def _make_initial_state(self) -> TrainState:
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(self.config.seed))
     params = jax.jit(init_params, static_argnums=0)(self.components.model_cfg, init_rng)
-    return create_train_state(params, self.tx, dropout_rng)
+    return create_train_state(params, self.tx, dropout_rng, self._initial_loss_scale())
 
   def initial_state(self) -> TrainState:
     """The state at step 0: freshly initialised parameters, Adam's zeros (host arrays)."""
@@ -42,7 +48,8 @@ class TrainSetup:
     built on the Components' abstract parameters (the model is not traced again)."""
     key = jax.random.PRNGKey(0)  # the shape and dtype of the dropout key split from the seed's
     return jax.eval_shape(
-      lambda params: create_train_state(params, self.tx, key), self.components.abstract_params
+      lambda params: create_train_state(params, self.tx, key, self._initial_loss_scale()),
+      self.components.abstract_params,
     )
 
 

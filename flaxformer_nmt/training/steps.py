@@ -17,6 +17,7 @@ import optax
 
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.transformer import Transformer
+from flaxformer_nmt.training import loss_scale as loss_scale_lib
 
 Array = jax.Array
 Batch = dict[str, Array]  # inputs, targets, *_position, *_segmentation: [rows, length] int32
@@ -30,10 +31,23 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: Array  # base dropout key; step t on device d uses fold_in(fold_in(rng, t), d)
+  # float16 runs only (training/loss_scale.py); None otherwise, and then not in checkpoints.
+  loss_scale: loss_scale_lib.LossScale | None = None
 
 
-def create_train_state(params: Any, tx: optax.GradientTransformation, rng: Array) -> TrainState:
-  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+def create_train_state(
+  params: Any,
+  tx: optax.GradientTransformation,
+  rng: Array,
+  loss_scale: loss_scale_lib.LossScale | None = None,
+) -> TrainState:
+  return TrainState(
+    step=jnp.array(0, jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=rng,
+    loss_scale=loss_scale,
+  )
 
 
 def _forward(model: Transformer, params: Any, batch: Batch, train: bool, rngs=None) -> Array:
@@ -90,6 +104,7 @@ def train_step(
   axis_name: str,
   accumulate_steps: int = 1,
   skip_nonfinite: bool = False,
+  loss_scale_period: int = 2000,
 ) -> tuple[TrainState, dict[str, Array]]:
   """One update on the global batch, of which this device holds a shard.
 
@@ -104,7 +119,12 @@ def train_step(
   sum is divided by the same global token count, micro-batches are weighted by their tokens and
   the update equals that of one step on the whole batch (up to float rounding; dropout masks
   differ, as micro-batch i draws them from fold_in(key, i)).
+
+  A float16 run (`state.loss_scale` set) differentiates the loss times the scale, divides the
+  summed gradient by it, and on a non-finite summed gradient skips the update whatever
+  `skip_nonfinite` says (training/loss_scale.py); `loss_scale_period` finite steps double it.
   """
+  scaling = state.loss_scale
   weights = (batch["targets"] > 0).astype(jnp.float32)  # [rows, tgt_len]
   global_tokens = jax.lax.psum(jnp.sum(weights), axis_name)
   dropout_rng = jax.random.fold_in(
@@ -120,7 +140,10 @@ def train_step(
       loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
         logits, micro["targets"], micro_weights, label_smoothing
       )
-      return loss_sum / jnp.maximum(global_tokens, 1.0), (loss_sum, nll_sum)
+      loss = loss_sum / jnp.maximum(global_tokens, 1.0)
+      if scaling is not None:
+        loss = loss * scaling.scale
+      return loss, (loss_sum, nll_sum)
 
     return jax.grad(loss_fn, has_aux=True)(state.params)
 
@@ -141,12 +164,14 @@ def train_step(
       (jnp.arange(accumulate_steps), _micro_batches(batch, accumulate_steps)),
     )
   grads = jax.lax.psum(grads, axis_name)
+  if scaling is not None:
+    grads = loss_scale_lib.unscale(grads, scaling)
   grad_norm = _global_norm(grads)
   updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
 
   finite = jnp.isfinite(jax.lax.psum(loss_sum, axis_name)) & jnp.isfinite(grad_norm)
-  if skip_nonfinite:
+  if skip_nonfinite or scaling is not None:
     # Keep the old parameters and moments; the step counter still advances so the data and the
     # dropout keys move on past the bad batch.
     def keep(new: Any, old: Any) -> Any:
@@ -155,6 +180,14 @@ def train_step(
     new_params = keep(new_params, state.params)
     new_opt_state = keep(new_opt_state, state.opt_state)
   new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt_state)
+  nonfinite = 1.0 - finite.astype(jnp.float32)
+  overflow = jnp.zeros([], jnp.float32)
+  if scaling is not None:
+    new_state = new_state.replace(
+      loss_scale=loss_scale_lib.next_state(scaling, finite, loss_scale_period)
+    )
+    overflow = loss_scale_lib.overflowed(scaling, finite)
+    nonfinite = nonfinite - overflow  # an overflow is the scale's business, not an error
 
   metrics = {
     "loss_sum": loss_sum,
@@ -167,8 +200,14 @@ def train_step(
     grad_norm=grad_norm,
     param_norm=_global_norm(new_params),
     learning_rate=schedule(applied_count(state)),  # the rate this update applied
-    nonfinite=1.0 - finite.astype(jnp.float32),
+    nonfinite=nonfinite,
   )
+  if scaling is not None:
+    metrics.update(
+      overflow=overflow,
+      loss_scale=scaling.scale,  # the scale this step ran with
+      skipped_steps_total=new_state.loss_scale.skipped_steps,
+    )
   return new_state, metrics
 
 

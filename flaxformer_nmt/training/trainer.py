@@ -142,6 +142,7 @@ class Trainer:
       label_smoothing=config.label_smoothing,
       accumulate_steps=config.optim.accumulate_steps,
       skip_nonfinite=config.skip_nonfinite,
+      loss_scale_period=int(config.optim.get("loss_scale_period", 2000)),
     )
     self.p_eval_step = parallel.pmap_eval_step(
       steps.eval_step, model=model, label_smoothing=config.label_smoothing
@@ -196,6 +197,12 @@ class Trainer:
         )
       if m["nonfinite"]:
         logging.warning("Skipped step %d: non-finite loss or gradient.", bad_step)
+      if m.get("overflow"):  # float16: the update is skipped and the loss scale halved
+        logging.info(
+          "Step %d overflowed float16 at loss scale %g: skipped, the scale halved.",
+          bad_step,
+          m["loss_scale"],
+        )
     return history
 
   def log(self, total: int) -> None:

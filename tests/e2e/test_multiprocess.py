@@ -173,6 +173,59 @@ def test_two_processes_train_like_one_through_sigterm_and_kill(base, reference):
   assert len(list(workdir.glob("events.out.tfevents.*"))) == 3  # one per launch, process 0 only
 
 
+# float16 with a loss scale that doubles and halves within 12 steps (as test_resume.py's).
+FLOAT16 = [
+  "--config.model.dtype=float16",
+  "--config.optim.loss_scale_init=1048576",
+  "--config.optim.loss_scale_period=3",
+  "--config.num_train_steps=12",
+  "--config.best_metric=",  # this test compares training; best/ is the first test's
+]
+
+
+def test_two_processes_train_like_one_in_float16(base):
+  """2 x 4 devices against 1 x 8 in float16: every process skips the same steps (the skip is
+  decided on the summed gradient, which every device holds), so the loss scale, its counts and
+  the skipped steps agree exactly, and losses and parameters within the rounding of
+  cross-process sums."""
+  runs = {}
+  for processes, devices in ((1, 8), (2, 4)):
+    workdir = base / f"f16_{processes}x{devices}"
+    job = cluster.launch(
+      [f"--workdir={workdir}", *TINY, *FLOAT16],
+      processes=processes,
+      devices=devices,
+      log_prefix=workdir.parent / workdir.name,
+      cache_dir=base / "jax_cache",
+    )
+    assert job.wait(TIMEOUT_S) == [0] * processes, job.log()[-4000:]
+    runs[processes] = workdir
+  (one, two) = (helpers.read_metrics(runs[p], "train") for p in (1, 2))
+  assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 13))
+  scales = [r["loss_scale"] for r in one]
+  assert [r["loss_scale"] for r in two] == scales
+  pairs = list(zip(scales, scales[1:], strict=False))
+  assert any(b > a for a, b in pairs) and any(b < a for a, b in pairs)  # it doubled and halved
+  assert [r["skipped_steps_total"] for r in two] == [r["skipped_steps_total"] for r in one]
+  # float16 rounds the small differences of the cross-process sums 8x coarser than float32.
+  np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], atol=1e-3)
+  (state_1, data_1), (state_2, data_2) = (_read_checkpoint(runs[p], 12) for p in (1, 2))
+  assert data_1["streams"] == data_2["streams"]
+  flat_1, flat_2 = dict(_flat(state_1)), dict(_flat(state_2))
+  assert flat_1.keys() == flat_2.keys() and "/loss_scale/scale" in flat_1
+  for name in ("/loss_scale/scale", "/loss_scale/good_steps", "/loss_scale/skipped_steps"):
+    assert flat_1[name] == flat_2[name], name
+  # Measured: the parameters within 0.5% of each leaf's norm, Adam's first moments within 1.2%
+  # (float16 activations turn the last-bit differences of float32 sums into whole float16 steps);
+  # a process that skipped another step, or unscaled differently, is off by the leaf's own size.
+  for name, value in flat_1.items():
+    if value.dtype.kind == "f":
+      gap = np.linalg.norm(flat_2[name] - value) / max(np.linalg.norm(value), 1e-12)
+      assert gap < (0.02 if name.startswith("/params/") else 0.05), (name, gap)
+    else:
+      np.testing.assert_array_equal(flat_2[name], value, err_msg=name)
+
+
 def _tiny_overrides() -> dict:
   """TINY's overrides as the API takes them."""
   overrides = {}

@@ -53,11 +53,21 @@ TINY = [
   "--config.optim.ema_decay=0.9",  # the parameter average is part of the state that must resume
 ]
 
+# float16 with a loss scale that moves both ways within the run: 2^20 overflows now and then
+# (skipped steps, the scale halved) and doubles after 3 finite steps, so a resume must bring back
+# the scale, its count of finite steps and the skipped-step count exactly.
+FLOAT16 = [
+  "--config.model.dtype=float16",
+  "--config.optim.loss_scale_init=1048576",
+  "--config.optim.loss_scale_period=3",
+]
+
 
 class Trainer:
   """Starts `main.py` training subprocesses; each workdir's output goes to `<workdir>.log`."""
 
-  def __init__(self, base: pathlib.Path) -> None:
+  def __init__(self, base: pathlib.Path, extra: tuple[str, ...] = ()) -> None:
+    self.extra = list(extra)  # overrides of every run (FLOAT16)
     self.env = dict(os.environ)
     # Two devices: the pmapped path with (un)replication, at a fraction of eight's compile time.
     self.env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -86,6 +96,7 @@ class Trainer:
           f"--config={config}",
           f"--workdir={workdir}",
           *TINY,
+          *self.extra,
           *self.vocab,
           *overrides,
         ],
@@ -162,11 +173,8 @@ def _assert_bitwise(a: dict, b: dict, where: str = "") -> None:
   assert a.tobytes() == b.tobytes(), f"{where} differs"
 
 
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory) -> Trainer:
-  """A Trainer whose uninterrupted reference run (`<base>/reference`) has finished."""
-  base = tmp_path_factory.mktemp("resume")
-  trainer = Trainer(base)
+def _trainer_with_reference(base: pathlib.Path, extra: tuple[str, ...] = ()) -> Trainer:
+  trainer = Trainer(base, extra)
   reference = trainer.reference
   proc = trainer.start(reference, f"--config.num_train_steps={TOTAL}")
   assert trainer.finish(proc, reference) == 0, trainer.log(reference)[-4000:]
@@ -175,7 +183,21 @@ def trainer(tmp_path_factory) -> Trainer:
   return trainer
 
 
-def test_kill9_at_random_steps_then_resume_is_bitwise_identical(trainer, tmp_path):
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory) -> Trainer:
+  """A Trainer whose uninterrupted reference run (`<base>/reference`) has finished."""
+  return _trainer_with_reference(tmp_path_factory.mktemp("resume"))
+
+
+@pytest.fixture(scope="module")
+def trainer_float16(tmp_path_factory) -> Trainer:
+  """The same in float16 (FLOAT16)."""
+  return _trainer_with_reference(tmp_path_factory.mktemp("resume16"), tuple(FLOAT16))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kill9_at_random_steps_then_resume_is_bitwise_identical(request, dtype, tmp_path):
+  trainer = request.getfixturevalue("trainer" if dtype == "float32" else "trainer_float16")
   workdir = tmp_path / "killed"
   rng = random.Random(int(os.environ.get("RESUME_TEST_SEED", "0")))
   # From step 5 on, checkpoint 2 is surely committed, so every segment after the first resumes.
@@ -203,6 +225,13 @@ def test_kill9_at_random_steps_then_resume_is_bitwise_identical(trainer, tmp_pat
   got_state, got_data = _read(workdir, TOTAL)
   assert got_data == want_data
   assert "ema" in want_state["opt_state"]["1"]  # the EMA is compared bit for bit too
+  if dtype == "float16":  # the loss scale too, after it moved both ways
+    scales = [r["loss_scale"] for r in _metrics(trainer.reference)]
+    assert any(b < a for a, b in zip(scales, scales[1:], strict=False))
+    assert any(b > a for a, b in zip(scales, scales[1:], strict=False))
+    assert int(want_state["loss_scale"]["skipped_steps"]) > 0
+  else:
+    assert "loss_scale" not in want_state  # float32 checkpoints keep their layout
   _assert_bitwise(got_state, want_state)
   assert not _partial(workdir)  # the half-written checkpoint was cleaned up on resuming
 
@@ -243,6 +272,11 @@ def test_sigterm_saves_then_a_nan_stops_with_nothing_saved_then_resume(trainer, 
   assert trainer.finish(proc, workdir) == 0, trainer.log(workdir)[-4000:]
   assert trainer.log(workdir).count(f"Resumed from step {stopped}") == 2
   assert _steps(workdir)[-1] == stopped + 2
+
+
+def _metrics(workdir: pathlib.Path) -> list[dict]:
+  lines = (workdir / "train_metrics.jsonl").read_text().splitlines()
+  return [json.loads(line) for line in lines if line.strip()]
 
 
 def _leaves(tree) -> list[np.ndarray]:

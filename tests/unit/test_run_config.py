@@ -158,10 +158,26 @@ def test_reconcile_takes_what_the_mode_may_change_and_refuses_the_rest():
 
 def test_resolve_dtype_records_what_auto_meant():
   config = loading.load("demo")
-  run_config.resolve_dtype(config, "bfloat16")
+  run_config.resolve_dtype(config, "bfloat16", resuming=False)
   assert config.model.dtype == "bfloat16"
-  run_config.resolve_dtype(config, "float32")  # a resolved dtype stays
+  run_config.resolve_dtype(config, "float32", resuming=True)  # a resolved dtype stays
   assert config.model.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+  ("resolved", "resuming", "expected"),
+  [
+    ("float16", False, "float16"),  # a new run on a T4 or V100
+    ("float16", True, "float32"),  # a run from before dtypes were recorded: it trained in float32
+    ("bfloat16", True, "bfloat16"),  # what "auto" meant before float16 existed too
+    ("float32", True, "float32"),
+  ],
+)
+def test_auto_never_switches_a_resumed_run_to_float16(resolved, resuming, expected):
+  config = loading.load("demo")
+  assert config.model.dtype == "auto"
+  run_config.resolve_dtype(config, resolved, resuming=resuming)
+  assert config.model.dtype == expected
 
 
 def test_a_trained_run_needs_no_config_and_refuses_a_conflict_untouched(saved_run):
