@@ -1,8 +1,7 @@
 r"""The training runs behind the BLEU figures of the README and docs/, recorded.
 
   python benchmarks/experiments.py --experiment=demo                # the quick start: record `demo`
-  python benchmarks/experiments.py --experiment=demo --workdir=runs/demo_bf16 \
-      --set=model.dtype=bfloat16 --record=demo_bf16
+  python benchmarks/experiments.py --experiment=demo_precisions   # float32, bfloat16, float16
   python benchmarks/experiments.py --experiment=fine_tune_demo      # docs/fine-tuning.md
   python benchmarks/experiments.py --experiment=multi30k --data_dir=data/multi30k --minutes=60
   python benchmarks/experiments.py --experiment=multi30k_seeds --data_dir=data/multi30k --minutes=20
@@ -19,6 +18,8 @@ last line. Rerunning an experiment resumes its training runs and returns their s
 then evaluates again; nothing already trained is lost to an interruption.
 
 - `demo`: configs/demo.py trained to its end (600 steps); its dev and test BLEU.
+- `demo_precisions`: the demo in float32, bfloat16 and float16 (benchmarks/precisions.py): test
+  BLEU, steps per second, float16's loss scale.
 - `fine_tune_demo`: the demo model (trained first if --source is missing) fine-tuned on a shifted
   domain of 5-6 digit numbers (docs/fine-tuning.md's recipe), its best and EMA parameters, and a
   run fine-tuned on a mix of the shifted and the original domain; each scored on both test sets.
@@ -55,6 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import precisions
 from absl import app, flags, logging
 
 from flaxformer_nmt.benchmarking import record
@@ -64,6 +66,7 @@ _EXPERIMENT = flags.DEFINE_enum(
   None,
   [
     "demo",
+    "demo_precisions",
     "fine_tune_demo",
     "multi30k",
     "multi30k_seeds",
@@ -125,6 +128,13 @@ def demo() -> dict[str, Any]:
   workdir = _WORKDIR.value or "runs/demo"
   trained = main_py("--config=configs/demo.py", f"--workdir={workdir}")
   return {"workdir": workdir, **_trained(trained), **scores(trained), **signatures(trained)}
+
+
+def demo_precisions() -> dict[str, Any]:
+  root = _WORKDIR.value or "runs/demo"  # runs/demo_float32, runs/demo_bfloat16, ...
+  return precisions.demo_precisions(
+    main_py, root, lambda trained: {**_trained(trained), **scores(trained)}
+  )
 
 
 def fine_tune_demo() -> dict[str, Any]:
@@ -499,6 +509,7 @@ def _lines(path: str) -> list[str]:
 
 EXPERIMENTS: dict[str, Callable[[], dict[str, Any]]] = {
   "demo": demo,
+  "demo_precisions": demo_precisions,
   "fine_tune_demo": fine_tune_demo,
   "multi30k": multi30k,
   "multi30k_seeds": multi30k_seeds,

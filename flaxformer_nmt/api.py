@@ -45,6 +45,16 @@ def load_config(
   return config
 
 
+def precision() -> dict[str, Any]:
+  """What `model.dtype="auto"` trains in on this machine: {"device", "platform",
+  "compute_capability", "dtype", "loss_scale"}. bfloat16 on TPUs and on GPUs from compute
+  capability 8.0 (A100, L4, H100), float16 with a dynamic loss scale on older GPUs (Colab's T4,
+  V100), float32 on CPUs. A run records what it resolved in its config.json and keeps it."""
+  from flaxformer_nmt.runtime import parallel  # pylint: disable=g-import-not-at-top
+
+  return parallel.precision()
+
+
 def load_run_config(
   workdir: str, overrides: Mapping[str, Any] | None = None
 ) -> ml_collections.ConfigDict:

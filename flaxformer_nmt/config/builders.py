@@ -63,6 +63,9 @@ ADDED_FIELDS: dict[str, object] = {
   "data.corpora": "",
   "data.temperature": 5.0,
   "data.zero_shot": "",
+  # float16's loss scale (training/loss_scale.py): used by float16 runs only, which came later.
+  "optim.loss_scale_init": 2.0**15,
+  "optim.loss_scale_period": 2000,
 }
 
 

@@ -138,6 +138,21 @@ def auto_dtype() -> str:
   return "float32"
 
 
+def precision() -> dict[str, Any]:
+  """What `model.dtype="auto"` picks here and why: the first device's kind, its CUDA compute
+  capability (GPUs), the dtype, and whether training it keeps a loss scale (float16). For
+  notebooks and logs: one glance says whether a Colab runtime will train in float16."""
+  device = jax.devices()[0]
+  dtype = auto_dtype()
+  return {
+    "device": str(getattr(device, "device_kind", device.platform)),
+    "platform": device.platform,
+    "compute_capability": getattr(device, "compute_capability", None),
+    "dtype": dtype,
+    "loss_scale": dtype == "float16",
+  }
+
+
 # ------------------------------------------------------------------------------------------------
 # pmap.
 

@@ -45,6 +45,8 @@ def test_notebook_runs_headless_top_to_bottom_twice(tmp_path: pathlib.Path, monk
   trained = [line for line in text.splitlines() if line.startswith(("step 30:", "test sacreBLEU"))]
   assert len(trained) == 2 and trained[0].startswith("step 30: dev loss ")
   assert "WMT14 skipped" in text and "TensorBoard: tensorboard --logdir" in text
+  # The precision cell and the run's record of it (a CPU: float32, no loss scale).
+  assert "model.dtype='auto' trains in float32\n" in text and "trained in float32 (" in text
   assert text.count("  ->  ") == 3  # three translations
   assert "sacreBLEU" in text and "tokenized BLEU" in text and "demo test" in text
   workdir = tmp_path / "runs" / "demo"

@@ -60,6 +60,9 @@ def test_auto_dtype_per_device_kind(monkeypatch, device, expected):
   `compute_capability` attributes JAX's CUDA devices carry."""
   monkeypatch.setattr(jax, "devices", lambda *a, **k: [device])
   assert parallel.auto_dtype() == expected
+  said = api.precision()  # what the notebook prints
+  assert said["dtype"] == expected and said["loss_scale"] == (expected == "float16")
+  assert said["platform"] == device.platform
 
 
 # ------------------------------------------------------------------------ the scale's rule
