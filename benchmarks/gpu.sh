@@ -7,9 +7,9 @@
 # each with our attention (model.attention="ours") and with jax.nn.dot_product_attention ("jax":
 # cuDNN's fused kernel where it takes the shapes); then cached beam-4 decoding of base at the TPU
 # estimate's batch (32 sentences) and at 256. Records go to $OUT as <bench>_<gpu>_<size>[_jax].json
-# (gpu = h100, h200, ... from the device name). Each run has its own time limit, so one that hangs
-# costs only itself; the script exits 1 if any run failed. Needs the project's dependencies
-# importable (PYTHONPATH=. from the checkout).
+# (gpu = h100, h200, ... from the device name); last, base in float16. Each run has its own time
+# limit, so one that hangs costs only itself; the script exits 1 if any run failed. Needs the
+# project's dependencies importable (PYTHONPATH=. from the checkout).
 set -uo pipefail
 failed=0
 OUT=${OUT:?set OUT to the folder for the records}
@@ -42,5 +42,8 @@ decode 70 "decode_${GPU}_base" --batch_size=32
 decode 70 "decode_${GPU}_base_b256" --batch_size=256
 step 100 "train_step_${GPU}_big" --size=big
 step 100 "train_step_${GPU}_big_jax" --size=big --set model.attention=jax
+# The T4/V100 path (what "auto" picks below compute capability 8.0), on this GPU: float16 with
+# its dynamic loss scale.
+step 85 "train_step_${GPU}_base_fp16" --size=base --dtype=float16
 ls "$OUT"
 exit $((failed > 0))

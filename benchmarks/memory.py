@@ -38,10 +38,10 @@ from absl import app, flags, logging
 from flaxformer_nmt.benchmarking import record, tpu_estimate
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
-from flaxformer_nmt.training import optim, steps
+from flaxformer_nmt.training import loss_scale, optim, steps
 
 flags.DEFINE_list("sizes", ["base"], "Model sizes from the size table.")
-flags.DEFINE_list("dtypes", ["bfloat16"], "Matrix-product dtypes: bfloat16, float32.")
+flags.DEFINE_list("dtypes", ["bfloat16"], "Matrix-product dtypes: bfloat16, float16, float32.")
 flags.DEFINE_integer("tokens_per_device", 25_000, "Target tokens per device per update.")
 flags.DEFINE_integer("max_len", 256, "Row length of the packed batch.")
 flags.DEFINE_integer("vocab_size", 37_000, "Shared vocabulary size.")
@@ -81,7 +81,10 @@ def compile_step(size: str, dtype: str, k: int, device: jax.Device) -> dict[str,
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
 
   params = jax.eval_shape(lambda r: init_params(cfg, r), jax.random.PRNGKey(0))
-  state = jax.eval_shape(lambda p: steps.create_train_state(p, tx, jax.random.PRNGKey(1)), params)
+  scale = loss_scale.initial(c.optim) if dtype == "float16" else None  # as training keeps it
+  state = jax.eval_shape(
+    lambda p: steps.create_train_state(p, tx, jax.random.PRNGKey(1), scale), params
+  )
   state = jax.tree.map(abstract, state)
   batch = {
     name: jax.ShapeDtypeStruct((rows, FLAGS.max_len), jnp.int32, sharding=replicated)

@@ -53,7 +53,7 @@ from flaxformer_nmt.model.transformer import (
   init_params,
 )
 from flaxformer_nmt.runtime import parallel
-from flaxformer_nmt.training import optim, steps
+from flaxformer_nmt.training import loss_scale, optim, steps
 
 flags.DEFINE_enum("size", "base", sorted(config_lib.SIZES), "Model size from the size table.")
 flags.DEFINE_integer("tokens_per_step", 4096, "Target (and source) tokens per global step.")
@@ -63,8 +63,9 @@ flags.DEFINE_integer("steps", 10, "Timed steps (after one warm-up step).")
 flags.DEFINE_enum(
   "dtype",
   "auto",
-  ["auto", "float32", "bfloat16"],
-  "Matrix-product dtype (auto: bfloat16 on TPUs and Ampere+ GPUs, else float32).",
+  ["auto", "float32", "bfloat16", "float16"],
+  "Matrix-product dtype (auto: bfloat16 on TPUs and Ampere+ GPUs, float16 on older GPUs, float32 "
+  "on CPUs). float16 steps carry the dynamic loss scale, as training does.",
 )
 flags.DEFINE_bool("remat", False, "Rematerialise each layer in the backward pass (model.remat).")
 flags.DEFINE_integer("accumulate_steps", 1, "Micro-batches per step (optim.accumulate_steps).")
@@ -235,8 +236,9 @@ def main(argv: list[str]) -> None:
   k = FLAGS.accumulate_steps
   rows = max(FLAGS.tokens_per_step // FLAGS.max_len // (n_dev * k), 1) * n_dev * k
   params = jax.jit(lambda r: init_params(cfg, r))(jax.random.PRNGKey(0))
+  scale = loss_scale.initial(c.optim) if cfg.dtype == jnp.float16 else None
   state = parallel.replicate(
-    jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1)))
+    jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1), scale))
   )
   p_step = parallel.pmap_train_step(
     steps.train_step,

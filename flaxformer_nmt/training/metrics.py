@@ -89,8 +89,9 @@ class TrainClock:
 
 def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> None:
   wait = metrics.get("input_wait_fraction")
+  scale = metrics.get("loss_scale")  # float16 runs
   logging.info(
-    "step %d/%d%s  loss %.4f  nll %.4f  lr %.3g  |g| %.3g  %.0f tgt tok/s%s  ETA %s",
+    "step %d/%d%s  loss %.4f  nll %.4f  lr %.3g  |g| %.3g%s  %.0f tgt tok/s%s  ETA %s",
     step,
     total,
     "" if "epoch" not in metrics else f"  epoch {metrics['epoch']:.2f}",
@@ -98,6 +99,7 @@ def log_train(step: int, total: int, metrics: dict[str, float], eta: str) -> Non
     metrics["nll"],
     metrics["learning_rate"],
     metrics["grad_norm"],
+    "" if scale is None else f"  loss scale {scale:g}",
     metrics["target_tokens_per_s"],
     "" if wait is None else f"  input wait {wait:.0%}",
     eta,

@@ -333,9 +333,7 @@ def test_files_chain(tmp_path):
         assert "test_sacrebleu_beam4" in last["ensemble_averaged"]
       elif "--experiment=multi30k_constraints" in command.text:
         last = _last_json(proc)
-        record = json.loads(
-          (box.repo / "benchmarks/results/multi30k_constraints.json").read_text()
-        )
+        record = json.loads((box.repo / "benchmarks/results/multi30k_constraints.json").read_text())
         assert record["result"] == last and last["step"] == 20
         # Even a 20-step model meets every term: the search guarantees them, not the model.
         assert last["terms"]["met"]["term_rate"] == 1.0 and last["terms"]["terms"] > 0
@@ -363,19 +361,22 @@ def test_benchmark_commands(tmp_path):
   """The benchmark scripts, the demo experiments made small, and the server benchmark on the
   demo model they trained."""
   overrides = {**_BENCHMARKS, "demo": readme.DEMO}
-  ran_bf16 = False
+  ran_precisions = False
   for command, proc, box in run_chain("benchmarks", tmp_path, overrides):
     result = _last_json(proc)
     assert result, command.text
-    if "--record=demo_bf16" in command.text:  # the results table's demo in bfloat16
-      record = json.loads((box.repo / "benchmarks/results/demo_bf16.json").read_text())
-      saved = json.loads((box.repo / "runs/demo_bf16/config.json").read_text())
-      assert record["result"] == result and saved["model"]["dtype"] == "bfloat16"
-      ran_bf16 = True
+    if "--experiment=demo_precisions" in command.text:  # the results table's demo per dtype
+      record = json.loads((box.repo / "benchmarks/results/demo_precisions.json").read_text())
+      assert record["result"] == result
+      for dtype, run in result["runs"].items():
+        saved = json.loads((box.repo / f"runs/demo_{dtype}/config.json").read_text())
+        assert saved["model"]["dtype"] == dtype and run["steps_per_s"] > 0
+      assert result["runs"]["float16"]["loss_scale_first"] == 2.0**15
+      ran_precisions = True
     if "benchmarks/serve.py" in command.text:
       assert all(c["answers_equal_translate"] for c in result["clients"].values()), result
       assert result["server_exit_status"] == 0
-  assert ran_bf16
+  assert ran_precisions
 
 
 @readme_run
