@@ -34,7 +34,7 @@ from flaxformer_nmt.benchmarking import tpu_estimate as te
 from flaxformer_nmt.model import attention as attention_layers
 from flaxformer_nmt.model import layers, losses
 from flaxformer_nmt.model import transformer as model
-from flaxformer_nmt.training import optim, steps
+from flaxformer_nmt.training import loss_scale, optim, steps
 
 BATCH_FIELDS = (
   "inputs",
@@ -81,7 +81,8 @@ def estimate_step(
   tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
   key = jax.random.PRNGKey(0)
   params = jax.eval_shape(lambda r: model.init_params(cfg, r), key)
-  state = jax.eval_shape(lambda p: steps.create_train_state(p, tx, key), params)
+  scale = loss_scale.initial(c.optim) if cfg.dtype == jnp.float16 else None  # as training
+  state = jax.eval_shape(lambda p: steps.create_train_state(p, tx, key, scale), params)
   batch = {n: jax.ShapeDtypeStruct((rows, max_len), jnp.int32) for n in BATCH_FIELDS}
   tokens = rows * max_len
   counts = dict(

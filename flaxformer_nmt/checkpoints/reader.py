@@ -273,12 +273,9 @@ class CheckpointDir:
     args = ocp.args.Composite(**{DATA_ITEM: ocp.args.JsonRestore()})
     return _with_retries(self.path(step), lambda: self.manager.restore(step, args=args))[DATA_ITEM]
 
-  def check_matches(self, step: int, template: PyTree) -> None:
-    """CheckpointMismatchError if `step`'s parameter names or shapes differ from `template`'s.
-
-    Reads the metadata only (no arrays), so a resume or an evaluation with the wrong --config
-    stops before any data is read. Unreadable if the metadata cannot be read.
-    """
+  def _saved_paths(self, step: int) -> dict[str, Any]:
+    """`{"params/encoder/...": metadata}` of every array `step` holds, from its metadata alone
+    (read once per checkpoint and process). Unreadable if it cannot be read."""
     path = self.path(step)
     identity = _metadata_identity(path)
     saved = _METADATA_SEEN.get(identity) if identity is not None else None
@@ -294,6 +291,19 @@ class CheckpointDir:
       saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
       if identity is not None:
         _METADATA_SEEN[identity] = saved
+    return saved
+
+  def holds(self, step: int, part: str) -> bool:
+    """Whether `step`'s state has a top-level `part` ("loss_scale": saved by a float16 run)."""
+    return any(p.split("/")[0] == part for p in self._saved_paths(step))
+
+  def check_matches(self, step: int, template: PyTree) -> None:
+    """CheckpointMismatchError if `step`'s parameter names or shapes differ from `template`'s.
+
+    Reads the metadata only (no arrays), so a resume or an evaluation with the wrong --config
+    stops before any data is read. Unreadable if the metadata cannot be read.
+    """
+    path, saved = self.path(step), self._saved_paths(step)
     wanted = _flatten(template)
     prefixes = {p.split("/")[0] for p in wanted}
     saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}

@@ -139,6 +139,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _at_least(config, "optim.loss_scale_period", 1)
   if "loss_scale_init" in config.optim:
     _at_least(config, "optim.loss_scale_init", 1)
+    if config.optim.loss_scale_init > 2.0**24:
+      _fail(
+        f"config.optim.loss_scale_init must be <= 2^24 = 16777216 (float16's whole range), got "
+        f"{config.optim.loss_scale_init!r}."
+      )
   for path in ("beta1", "beta2"):
     _in_unit(config, f"optim.{path}")
   for path in ("eps", "lr_scale"):

@@ -122,7 +122,8 @@ def auto_dtype() -> str:
   bfloat16 where the hardware computes it natively (TPUs; NVIDIA GPUs from Ampere, compute
   capability 8.0, on). float16 on older NVIDIA GPUs (T4, V100: tensor cores for float16 only,
   about 8x their float32 rate; bfloat16 is emulated there), trained with a loss scale. float32 on
-  CPUs, where both half types are emulated and slower than float32.
+  CPUs, where both half types are emulated (XLA:CPU widens them around each product) and gain
+  nothing but a rounding risk.
   """
   device = jax.devices()[0]
   if device.platform == "tpu":

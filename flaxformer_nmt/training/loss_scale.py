@@ -29,10 +29,10 @@ import ml_collections
 
 Array = jax.Array
 
-# The floor of the scale. A step that is not finite at this scale is not an overflow the scale can
-# cure (a NaN from the data or a diverged model): the trainer treats it as a non-finite loss.
+# The floor of the scale. A gradient that is not finite at this scale is not an overflow the scale
+# can cure: the trainer treats it as a non-finite loss.
 MIN_SCALE = 1.0
-_MAX_SCALE = 2.0**24  # float16's whole range: a larger scale would overflow every step anyway
+MAX_SCALE = 2.0**24  # float16's whole range: a larger scale would overflow every step anyway
 
 
 @flax.struct.dataclass
@@ -59,27 +59,29 @@ def unscale(grads: object, state: LossScale) -> object:
   return jax.tree.map(lambda g: g * inverse.astype(g.dtype), grads)
 
 
-def next_state(state: LossScale, finite: Array, period: int) -> LossScale:
-  """After one step: halve on a non-finite gradient (not below MIN_SCALE), double after `period`
-  finite steps in a row (not above 2^24), count the skips.
+def overflowed(state: LossScale, loss_finite: Array, grads_finite: Array) -> Array:
+  """Whether a step overflowed in a way the scale answers: a finite loss whose scaled gradient is
+  not finite, at a scale above the floor. A non-finite loss is not one (the scale does not touch
+  the forward pass: bad data or a diverged model), nor is a non-finite gradient at the floor.
 
-  `finite`: a boolean scalar that every device computed from the same summed gradient.
+  The arguments: boolean scalars every device computed from the same summed loss and gradient.
+  """
+  return loss_finite & ~grads_finite & (state.scale > MIN_SCALE)
+
+
+def next_state(state: LossScale, finite: Array, overflow: Array, period: int) -> LossScale:
+  """After one step: halve on an `overflow` (not below MIN_SCALE), double after `period` finite
+  steps in a row (not above MAX_SCALE), count every update skipped (any step not `finite`).
+
+  A non-finite step that is not an overflow (the trainer's NonFiniteLossError, or a skip under
+  config.skip_nonfinite) leaves the scale as it was and restarts the count of finite steps.
   """
   good = state.good_steps + 1
   grow = finite & (good >= period)
-  scale = jnp.where(
-    finite,
-    jnp.where(grow, jnp.minimum(state.scale * 2.0, _MAX_SCALE), state.scale),
-    jnp.maximum(state.scale * 0.5, MIN_SCALE),
-  )
+  scale = jnp.where(grow, jnp.minimum(state.scale * 2.0, MAX_SCALE), state.scale)
+  scale = jnp.where(overflow, jnp.maximum(state.scale * 0.5, MIN_SCALE), scale)
   return LossScale(
     scale=scale.astype(jnp.float32),
     good_steps=jnp.where(finite & ~grow, good, 0).astype(jnp.int32),
     skipped_steps=(state.skipped_steps + jnp.where(finite, 0, 1)).astype(jnp.int32),
   )
-
-
-def overflowed(state: LossScale, finite: Array) -> Array:
-  """Whether a non-finite step is an overflow the scale answers (True), not a real non-finite
-  loss (False: the scale is at its floor already). float32 scalar, for the step's metrics."""
-  return ((~finite) & (state.scale > MIN_SCALE)).astype(jnp.float32)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import jax
@@ -13,13 +14,22 @@ from flaxformer_nmt.workdir import Workdir
 
 
 def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
-  """The train figures of a log step from the per-step metrics since the last one."""
+  """The train figures of a log step from the per-step metrics since the last one.
+
+  The loss and the gradient norm are those of the steps whose figures are finite: a float16
+  overflow (a finite loss, a gradient of inf) or a step skipped under skip_nonfinite would
+  otherwise write inf or NaN into train_metrics.jsonl for the whole window. A window of skipped
+  steps alone reports what they were.
+  """
   tokens = sum(m["tokens"] for m in history)
+  finite_loss = [m for m in history if math.isfinite(m["loss_sum"])] or history
+  loss_tokens = sum(m["tokens"] for m in finite_loss)
+  finite_grad = [m for m in history if math.isfinite(m["grad_norm"])] or history
   summary = {
-    "loss": sum(m["loss_sum"] for m in history) / max(tokens, 1.0),
-    "nll": sum(m["nll_sum"] for m in history) / max(tokens, 1.0),
+    "loss": sum(m["loss_sum"] for m in finite_loss) / max(loss_tokens, 1.0),
+    "nll": sum(m["nll_sum"] for m in finite_loss) / max(loss_tokens, 1.0),
     "learning_rate": history[-1]["learning_rate"],
-    "grad_norm": history[-1]["grad_norm"],
+    "grad_norm": finite_grad[-1]["grad_norm"],  # the last applied update's
     "param_norm": history[-1]["param_norm"],
     "target_tokens_per_s": tokens / max(seconds, 1e-9),
     "source_tokens_per_s": sum(m["source_tokens"] for m in history) / max(seconds, 1e-9),

@@ -14,6 +14,7 @@ import ml_collections
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
+from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.model.transformer import init_params
 from flaxformer_nmt.training import loss_scale, optim
@@ -61,6 +62,7 @@ def check_resume_fits(
   run would switch its parameter average on or off: a run keeps one (config.optim.ema_decay > 0)
   or not, as its checkpoints were saved (its config.json says which; the decay may change)."""
   params_lib.check_fits(workdir.checkpoints, components.abstract_params)
+  _check_precision_fits(workdir, components)
   saved = workdir.saved_config().get("optim", {})
   if "ema_decay" not in saved or not workdir.training_steps():
     return
@@ -71,4 +73,28 @@ def check_resume_fits(
       f"config.optim.ema_decay={now:g}, but the checkpoints in {workdir.checkpoints} were saved "
       f"with ema_decay={was:g}: a run under way cannot turn its parameter average {turn} (start "
       f"another workdir, with config.init_from={workdir.path} to keep the parameters)."
+    )
+
+
+def _check_precision_fits(workdir: Workdir, components: Components) -> None:
+  """CheckpointMismatchError if the newest training checkpoint was saved in float16 (it holds a
+  loss scale) and this run is not, or the other way round: a run keeps its precision. The command
+  line refuses such a change earlier (config/run_config.py); this guards the API and the tests,
+  which may build a run's config afresh."""
+  steps = reader.CheckpointDir(workdir.checkpoints)
+  saved = steps.steps()
+  if not saved:
+    return
+  try:
+    was_float16 = steps.holds(saved[-1], "loss_scale")
+  except reader.Unreadable:
+    return  # left to the restore, which falls back past a corrupt step
+  now_float16 = components.model_cfg.dtype == jnp.float16
+  if was_float16 != now_float16:
+    dtype = jnp.dtype(components.model_cfg.dtype).name
+    saved_as = "float16 (with a loss scale)" if was_float16 else "float32 or bfloat16"
+    raise errors.CheckpointMismatchError(
+      f"config.model.dtype={dtype!r}, but the checkpoints in {workdir.checkpoints} were saved in "
+      f"{saved_as}: a run under way keeps its precision (start another workdir, with "
+      f"config.init_from={workdir.path} to keep the parameters)."
     )

@@ -170,7 +170,8 @@ def train_step(
   updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
 
-  finite = jnp.isfinite(jax.lax.psum(loss_sum, axis_name)) & jnp.isfinite(grad_norm)
+  loss_finite = jnp.isfinite(jax.lax.psum(loss_sum, axis_name))
+  finite = loss_finite & jnp.isfinite(grad_norm)
   if skip_nonfinite or scaling is not None:
     # Keep the old parameters and moments; the step counter still advances so the data and the
     # dropout keys move on past the bad batch.
@@ -180,14 +181,14 @@ def train_step(
     new_params = keep(new_params, state.params)
     new_opt_state = keep(new_opt_state, state.opt_state)
   new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt_state)
-  nonfinite = 1.0 - finite.astype(jnp.float32)
-  overflow = jnp.zeros([], jnp.float32)
+  overflow = jnp.zeros([], bool)
   if scaling is not None:
+    overflow = loss_scale_lib.overflowed(scaling, loss_finite, jnp.isfinite(grad_norm))
     new_state = new_state.replace(
-      loss_scale=loss_scale_lib.next_state(scaling, finite, loss_scale_period)
+      loss_scale=loss_scale_lib.next_state(scaling, finite, overflow, loss_scale_period)
     )
-    overflow = loss_scale_lib.overflowed(scaling, finite)
-    nonfinite = nonfinite - overflow  # an overflow is the scale's business, not an error
+  # An overflow is the scale's business; any other non-finite step is the trainer's.
+  nonfinite = (~finite & ~overflow).astype(jnp.float32)
 
   metrics = {
     "loss_sum": loss_sum,
@@ -204,7 +205,7 @@ def train_step(
   )
   if scaling is not None:
     metrics.update(
-      overflow=overflow,
+      overflow=overflow.astype(jnp.float32),
       loss_scale=scaling.scale,  # the scale this step ran with
       skipped_steps_total=new_state.loss_scale.skipped_steps,
     )

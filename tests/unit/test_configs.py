@@ -103,6 +103,7 @@ def test_unknown_size_or_pair_is_one_clear_error():
     ("model.dropout_rate", -0.1, "config.model.dropout_rate must be in [0, 1)"),
     ("model.positional", "rotary", "config.model.positional must be one of"),
     ("optim.loss_scale_init", 0.5, "config.optim.loss_scale_init must be >= 1, got 0.5"),
+    ("optim.loss_scale_init", 2.0**30, "config.optim.loss_scale_init must be <= 2^24"),
     ("optim.loss_scale_period", 0, "config.optim.loss_scale_period must be >= 1, got 0"),
     ("model.dtype", "fp8", "config.model.dtype must be one of"),
     ("decode.beam_style", "marian", "config.decode.beam_style must be one of"),

@@ -3,7 +3,7 @@ picks on each kind of device, float16 decoding, and checkpoints with and without
 
 XLA's CPU emulates float16, so these run the narrow one-layer model on a fixed batch for a few
 steps. The kill -9 resume and the 2 x 4 = 1 x 8 runs in float16 are end-to-end tests
-(tests/e2e/test_train.py, test_multiprocess.py)."""
+(tests/e2e/test_resume.py, test_multiprocess.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxformer_nmt import api
+from flaxformer_nmt import api, errors
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import builders as config_lib
+from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import loss_scale, optim, steps
+from flaxformer_nmt.training import metrics as metrics_lib
 from flaxformer_nmt.training import state as state_lib
 from flaxformer_nmt.workdir import Workdir
 
@@ -77,16 +79,21 @@ def _fields(s: loss_scale.LossScale) -> tuple[float, int, int]:
 
 
 def test_the_scale_halves_on_overflow_and_doubles_after_the_period():
+  yes, no = jnp.array(True), jnp.array(False)
   s = _scale(1024.0, good=2)
-  assert _fields(loss_scale.next_state(s, jnp.array(False), period=3)) == (512.0, 0, 1)
-  assert _fields(loss_scale.next_state(s, jnp.array(True), period=3)) == (2048.0, 0, 0)
-  assert _fields(loss_scale.next_state(_scale(1024.0), jnp.array(True), period=3)) == (1024, 1, 0)
-  # Bounded: never below the floor (then an overflow is a real non-finite loss), nor above 2^24.
+  assert _fields(loss_scale.next_state(s, no, yes, period=3)) == (512.0, 0, 1)  # overflow
+  assert _fields(loss_scale.next_state(s, yes, no, period=3)) == (2048.0, 0, 0)  # 3rd finite
+  assert _fields(loss_scale.next_state(_scale(1024.0), yes, no, period=3)) == (1024, 1, 0)
+  # Not finite, not an overflow (a NaN loss, skipped under skip_nonfinite): the scale stays.
+  assert _fields(loss_scale.next_state(s, no, no, period=3)) == (1024.0, 0, 1)
+  # What an overflow is: a finite loss, a gradient that is not, a scale above the floor.
+  assert bool(loss_scale.overflowed(s, loss_finite=yes, grads_finite=no))
+  assert not bool(loss_scale.overflowed(s, loss_finite=no, grads_finite=no))
   floor = _scale(loss_scale.MIN_SCALE)
-  assert _fields(loss_scale.next_state(floor, jnp.array(False), 3))[0] == loss_scale.MIN_SCALE
-  assert float(loss_scale.overflowed(floor, jnp.array(False))) == 0.0
-  assert float(loss_scale.overflowed(s, jnp.array(False))) == 1.0
-  top = loss_scale.next_state(_scale(2.0**24, good=2), jnp.array(True), period=3)
+  assert not bool(loss_scale.overflowed(floor, loss_finite=yes, grads_finite=no))
+  # Bounded: never below the floor, nor above 2^24.
+  assert _fields(loss_scale.next_state(floor, no, yes, 3))[0] == loss_scale.MIN_SCALE
+  top = loss_scale.next_state(_scale(2.0**24, good=2), yes, no, period=3)
   assert float(top.scale) == 2.0**24
 
 
@@ -154,21 +161,21 @@ def test_float16_trains_as_float32_does_within_tolerance():
 
 @pytest.mark.parametrize("accumulate_steps", [1, 2])
 def test_an_overflow_skips_the_update_on_every_device_and_halves_the_scale(accumulate_steps):
-  """A scale of 2^60 overflows float16's cotangents (a real overflow, nothing injected): the
+  """A scale of 2^24 overflows float16's cotangents (a real overflow, nothing injected): the
   update is skipped on both devices alike (parameters, Adam's moments and count as they were),
   the step and the data move on, the scale halves, and it is counted as skipped, not as an
   error. Then, at a sane scale, two finite steps double it (period 2)."""
-  c = _narrow_config("float16", loss_scale_init=2.0**60, loss_scale_period=2)
+  c = _narrow_config("float16", loss_scale_init=2.0**24, loss_scale_period=2)
   step, start = _pmapped_run(c, devices=2, accumulate_steps=accumulate_steps)
   batch = _batch(2)
   after, metrics = step(start, batch)
   for name in ("params", "opt_state"):
     checkpoint_states.assert_bitwise_equal(getattr(after, name), getattr(start, name))
   assert list(after.step) == [1, 1]
-  assert list(after.loss_scale.scale) == [2.0**59] * 2
+  assert list(after.loss_scale.scale) == [2.0**23] * 2
   assert list(after.loss_scale.skipped_steps) == [1, 1]
   assert list(metrics["overflow"]) == [1.0, 1.0] and list(metrics["nonfinite"]) == [0.0, 0.0]
-  assert list(metrics["loss_scale"]) == [2.0**60] * 2  # the scale the step ran with
+  assert list(metrics["loss_scale"]) == [2.0**24] * 2  # the scale the step ran with
 
   sane = after.replace(loss_scale=after.loss_scale.replace(scale=np.full(2, 2.0**10, np.float32)))
   grown, metrics = step(sane, batch)
@@ -184,6 +191,44 @@ def test_an_overflow_skips_the_update_on_every_device_and_halves_the_scale(accum
   assert list(grown.loss_scale.skipped_steps) == [1, 1] and list(metrics["overflow"]) == [0, 0]
   leaves = jax.tree.leaves(grown)
   assert all(np.array_equal(leaf[0], leaf[1]) for leaf in leaves)  # the replicas agree
+
+
+def test_a_nan_loss_in_float16_is_a_nonfinite_step_not_an_overflow(monkeypatch):
+  """A loss that is NaN in the forward pass (the "bad batch" of test_train.py) is no overflow:
+  the step is flagged non-finite (the trainer stops on it, or skips it under skip_nonfinite), the
+  update is skipped and counted, and the scale stays where it was."""
+  poison = 63
+  real_loss = losses.label_smoothed_cross_entropy
+
+  def loss_with_poison(logits, targets, weights, smoothing):
+    loss_sum, nll_sum, tokens = real_loss(logits, targets, weights, smoothing)
+    return jnp.where(jnp.any(targets == poison), jnp.nan, loss_sum), nll_sum, tokens
+
+  monkeypatch.setattr(losses, "label_smoothed_cross_entropy", loss_with_poison)
+  step, start = _pmapped_run(_narrow_config("float16", loss_scale_init=1024.0))
+  batch = _batch(1)
+  bad = dict(batch, targets=np.full_like(batch["targets"], poison))
+  after, metrics = step(start, bad)
+  assert float(metrics["nonfinite"][0]) == 1.0 and float(metrics["overflow"][0]) == 0.0
+  assert float(after.loss_scale.scale[0]) == 1024.0 and int(after.loss_scale.skipped_steps[0]) == 1
+  checkpoint_states.assert_bitwise_equal(after.params, start.params)
+
+
+def test_a_log_line_ending_on_an_overflow_reports_finite_figures():
+  """train_metrics.jsonl after a window whose last step overflowed: the gradient norm is the last
+  applied update's (not inf), the loss that of every step's forward pass, the skip counted."""
+  step = dict(tokens=10.0, source_tokens=9.0, learning_rate=1e-3, param_norm=5.0, nonfinite=0.0)
+  history = [
+    dict(step, loss_sum=20.0, nll_sum=18.0, grad_norm=0.5, overflow=0.0, loss_scale=2048.0),
+    dict(step, loss_sum=22.0, nll_sum=19.0, grad_norm=np.inf, overflow=1.0, loss_scale=4096.0),
+  ]
+  for m, total in zip(history, (0.0, 1.0), strict=True):
+    m["skipped_steps_total"] = total
+  summary = metrics_lib.summarize_train(history, seconds=2.0)
+  assert summary["grad_norm"] == 0.5 and summary["loss"] == 2.1 and summary["nll"] == 1.85
+  assert summary["skipped_steps"] == 1.0 and summary["skipped_steps_total"] == 1.0
+  assert summary["loss_scale"] == 4096.0  # the scale the last step ran with
+  assert all(np.isfinite(v) for v in summary.values())
 
 
 # ------------------------------------------------------------------------ checkpoints
@@ -211,6 +256,20 @@ def test_a_checkpoint_saved_before_float16_restores(saved_run):
     restored, data, step = ckpt.restore(setup.abstract_state())
   assert step == 12 and int(restored.step) == 12 and restored.loss_scale is None
   assert "streams" in data
+
+
+def test_a_float32_run_does_not_resume_in_float16(saved_run):
+  """Built in process (the API, tests), where the command line's config check does not stand
+  between: the checkpoints' own layout (no loss scale) refuses float16 before any data is read."""
+  config, workdir = saved_run
+  config.model.dtype = "float16"
+  components = Components.load(config, Workdir(str(workdir)))
+  with pytest.raises(errors.CheckpointMismatchError, match="were saved in float32 or bfloat16"):
+    state_lib.check_resume_fits(config, Workdir(str(workdir)), components)
+  config.model.dtype = "float32"
+  state_lib.check_resume_fits(
+    config, Workdir(str(workdir)), Components.load(config, Workdir(str(workdir)))
+  )
 
 
 # ------------------------------------------------------------------------ decoding
