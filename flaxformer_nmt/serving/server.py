@@ -73,11 +73,16 @@ class Backend:
     limits: Limits,
     details: dict[str, Any],
     check_lines: Callable[[list[str]], None],
+    announce: Callable[[float], None] = lambda ready_s: None,
   ) -> None:
+    """Publishes the batcher, after `announce(seconds since the server began)` has run (the
+    "Ready" log line): whoever sees /health say "ok" finds that line already written and
+    `ready_seconds` in the details."""
     with self._lock:
       self.limits, self.check_lines = limits, check_lines
-      self.details = {"run": self.run_name, **details}
       self.ready_s = time.monotonic() - self.began
+      self.details = {"run": self.run_name, **details, "ready_seconds": round(self.ready_s, 1)}
+      announce(self.ready_s)
       self.batcher = batcher  # last: a route that sees it sees the rest
 
   @property

@@ -219,18 +219,25 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
     "batch_shapes_compiled": compiled,
   }
   tokenizer = loaded.components.tokenizer
+  compile_s = time.perf_counter() - began
+
+  def announce(ready_s: float) -> None:
+    logging.info(
+      "Ready: serving %s at %s (%d batch shapes compiled in %.1f s; %.1f s after the server "
+      "listened). SIGTERM or Ctrl-C stops.",
+      loaded.description,
+      backend.url,
+      compiled,
+      compile_s,
+      ready_s,
+    )
+
   backend.ready(
-    batcher, allowed, details, lambda lines: protocol.check_encodable(lines, tokenizer.encode)
-  )
-  backend.details["ready_seconds"] = round(backend.ready_s or 0.0, 1)
-  logging.info(
-    "Ready: serving %s at %s (%d batch shapes compiled in %.1f s; %.1f s after the server "
-    "listened). SIGTERM or Ctrl-C stops.",
-    loaded.description,
-    backend.url,
-    compiled,
-    time.perf_counter() - began,
-    backend.ready_s,
+    batcher,
+    allowed,
+    details,
+    lambda lines: protocol.check_encodable(lines, tokenizer.encode),
+    announce,
   )
   return Started(batcher, compiled)
 
