@@ -22,6 +22,9 @@ from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
+# One xdist worker runs the module, so `trained_tiny` (12 s) is trained once, not once per worker.
+pytestmark = pytest.mark.xdist_group("decode_transformer")
+
 # ------------------------------------------------------------------------------------------------
 # The Transformer (tiny size). One model, trained once, serves every test below: compiling is
 # what costs time on CPU, so the tests share programs where they can.
