@@ -272,20 +272,6 @@ BAD_REQUESTS = [
 ]
 
 
-def test_the_ready_line_is_written_before_health_says_ok():
-  # A client that sees "ok" must find the "Ready" log line already written and ready_seconds set
-  # (an e2e test once read the log between the two).
-  backend = server.Backend("echo-run")
-  seen = []
-  b = batcher_lib.DynamicBatcher(Echo(), max_rows=8, max_wait_s=0.0, max_queue=8)
-  backend.ready(
-    b, LIMITS, {"model": "echo"}, lambda lines: None, lambda s: seen.append(backend.is_ready)
-  )
-  b.close()
-  assert seen == [False] and backend.is_ready
-  assert backend.details["ready_seconds"] == round(backend.ready_s, 1) >= 0
-
-
 def test_bad_requests_get_400_with_one_line_and_the_server_stays_up():
   app, b = _app(Echo())
   calls = [("POST", "/translate", body) for body, _ in BAD_REQUESTS]

@@ -368,3 +368,17 @@ def test_metrics_in_prometheus_text():
     "flaxformer_nmt_ready 1.0",
   ):
     assert line in text, line
+
+
+def test_the_ready_line_is_written_before_health_says_ok():
+  # A client that sees "ok" must find the "Ready" log line already written and ready_seconds set
+  # (an e2e test once read the log between the two).
+  backend = server.Backend("echo-run")
+  seen = []
+  b = batcher_lib.DynamicBatcher(Echo(), max_rows=8, max_wait_s=0.0, max_queue=8)
+  backend.ready(
+    b, LIMITS, {"model": "echo"}, lambda lines: None, lambda s: seen.append(backend.is_ready)
+  )
+  b.close()
+  assert seen == [False] and backend.is_ready
+  assert backend.details["ready_seconds"] == round(backend.ready_s, 1) >= 0
