@@ -1,5 +1,6 @@
 """Test set-up for both tiers: 8 virtual CPU devices, so pmap code is exercised as on an
-8-accelerator host, and one compilation cache per test session.
+8-accelerator host, and one compilation cache per package stack, kept between runs
+(tests/jax_caches.py).
 
 XLA reads the flag once, when jax is first imported, so it must be set before any test imports jax.
 tests/unit/conftest.py keeps the unit tier in-process and away from the training loop;
@@ -38,30 +39,41 @@ import pytest  # noqa: E402
 def pytest_configure(config):
   # Registered in pyproject.toml too; repeated here so a bare `pytest tests/x.py` knows it.
   config.addinivalue_line("markers", "readme: runs the README's commands (.ci/run: -m readme)")
+  config.addinivalue_line("markers", "slow: over 10 s cold; -m 'not slow' leaves them out")
+
+
+def pytest_sessionstart(session):
+  """Caps the kept compilation caches once per run, in the controller, before a worker writes."""
+  import jax_caches  # pylint: disable=g-import-not-at-top
+
+  if not hasattr(session.config, "workerinput") and os.environ.get(jax_caches.ENV) != "cold":
+    jax_caches.prune()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_compilation_cache(tmp_path_factory) -> pathlib.Path:
-  """One JAX compilation cache for the whole test session, in-process and in subprocesses.
+  """The JAX compilation cache of this package stack (tests/jax_caches.py), in-process and in
+  subprocesses: kept between test runs, outside the checkout.
 
-  Most of a test's time is XLA compiling the same few tiny-model programs again: in each xdist
-  worker and in every main.py or multi-process launch. The cache lives in the session's own
-  folder (pytest prunes old ones), so every session starts cold, as CI does; nothing carries over.
+  Most of a test's time is XLA compiling the same few tiny-model programs: in each xdist worker,
+  in every main.py or multi-process launch, and in every run of the tests. A run that finds the
+  programs of an earlier one loads them instead. `FLAXFORMER_NMT_TEST_CACHE=cold` gives a run an
+  empty cache of its own (a new machine's, CI's first); docs/developing.md.
   """
   import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS is set)
 
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = root.parent  # the session's folder, shared by its workers
-  cache = root / "jax_compilation_cache"
-  cache.mkdir(exist_ok=True)
-  for name, value in (
-    ("jax_compilation_cache_dir", str(cache)),
-    ("jax_persistent_cache_min_compile_time_secs", 0.0),  # the tiny model compiles in < 1 s
-  ):
-    jax.config.update(name, value)
-    os.environ[name.upper()] = str(value)  # for main.py and multi-process launches
-  return cache
+  import jax_caches  # pylint: disable=g-import-not-at-top
+
+  session = jax_caches.session_of(tmp_path_factory)
+  variables = jax_caches.environment(os.environ.get("XLA_FLAGS", ""), session)
+  os.environ.update(variables)  # for main.py and multi-process launches
+  jax.config.update("jax_compilation_cache_dir", variables["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  try:
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  except AttributeError:  # an older JAX without the option: its default stands
+    pass
+  return pathlib.Path(variables["JAX_COMPILATION_CACHE_DIR"])
 
 
 @pytest.fixture

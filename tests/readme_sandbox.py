@@ -15,11 +15,14 @@ import subprocess
 import sys
 
 import helpers
+import jax_caches
 import readme
 from cluster import free_port
 
 REPO = helpers.REPO
 _TIMEOUT = 600  # seconds for one README command
+# Two virtual devices, as two cores; the launchers give each process 4, the loop sets its own.
+_XLA_FLAGS = "--xla_force_host_platform_device_count=2"
 
 _MAIN_SHIM = """\
 # README test stand-in for main.py and the flaxformer-nmt command: the real main.py (or, for
@@ -117,10 +120,11 @@ def _free_port_in(low: int, high: int) -> int:
   raise AssertionError(f"no free port in [{low}, {high})")
 
 
-def _compile_cache(root: pathlib.Path) -> pathlib.Path:
-  """A JAX compilation cache beside the session's test folders (shared by xdist workers)."""
-  base = root.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else root.parent
-  return base / "readme_jax_cache"
+def _compile_cache(root: pathlib.Path) -> dict[str, str]:
+  """The JAX compilation cache of the chains' stack (two devices; tests/jax_caches.py), kept
+  between test runs, or the session's own empty one under FLAXFORMER_NMT_TEST_CACHE=cold."""
+  session = root.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else root.parent
+  return jax_caches.environment(_XLA_FLAGS, session)
 
 
 class Sandbox:
@@ -154,13 +158,11 @@ class Sandbox:
       README_TEST_OVERRIDES=json.dumps(overrides),
       README_TEST_PORT=str(free_port()),
       README_TEST_SLURM_PORT=str(_free_port_in(61440, 65536)),
-      # Two virtual devices, as two cores; the launchers give each process 4, the loop sets its own.
-      XLA_FLAGS="--xla_force_host_platform_device_count=2",
+      XLA_FLAGS=_XLA_FLAGS,
       MOCK_WMT14_SIZES="3000,32,48",
       # One compilation cache for the session's chains: the commands of a chain compile the same
       # steps again and again (training, then eval, translate, attention ... each a new process).
-      JAX_COMPILATION_CACHE_DIR=str(_compile_cache(root)),
-      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2",
+      **_compile_cache(root),
       SACREBLEU=str(root / "sacrebleu"),
       PYTHONPATH=str(REPO),
     )

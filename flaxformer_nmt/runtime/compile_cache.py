@@ -12,8 +12,9 @@ next command that needs the same program on the same JAX and hardware reads it b
   "off"   no cache;
   a path  that folder (made 0700 if it does not exist).
 The cache holds executable code that JAX loads and runs as it is (JAX documents it as trusted
-input), hence a folder only this user can write. It is capped at MAX_BYTES (JAX evicts the least
-recently used entries). Clearing it is deleting the folder: `rm -rf ~/.cache/flaxformer_nmt/jax`.
+input), hence a folder only this user can write. A folder of ours is capped at MAX_BYTES (JAX evicts
+the least recently used entries); an adopted one keeps JAX's own cap setting.
+Clearing it is deleting the folder: `rm -rf ~/.cache/flaxformer_nmt/jax`.
 """
 
 from __future__ import annotations
@@ -61,8 +62,11 @@ def enable(setting: str) -> str | None:
     return None
   if _enabled is not None:
     return _enabled
-  if jax.config.jax_compilation_cache_dir and setting in ("", "auto"):
-    # Set already, by JAX_COMPILATION_CACHE_DIR or the program embedding us: theirs is kept.
+  adopted = bool(jax.config.jax_compilation_cache_dir and setting in ("", "auto"))
+  if adopted:
+    # Set already, by JAX_COMPILATION_CACHE_DIR or the program embedding us: theirs is kept, with
+    # its size cap (JAX_COMPILATION_CACHE_MAX_SIZE; JAX's default is none). A cap makes JAX list
+    # the whole folder at every write, which whoever owns the folder may have chosen against.
     path = jax.config.jax_compilation_cache_dir
   try:
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -82,10 +86,10 @@ def enable(setting: str) -> str | None:
   jax.config.update("jax_compilation_cache_dir", path)
   # Every program, however quick to compile: a CPU run's are small, and many.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  for name, value in (
-    ("jax_persistent_cache_min_entry_size_bytes", 0),
-    ("jax_compilation_cache_max_size", MAX_BYTES),
-  ):
+  options = [("jax_persistent_cache_min_entry_size_bytes", 0)]
+  if not adopted:
+    options.append(("jax_compilation_cache_max_size", MAX_BYTES))
+  for name, value in options:
     try:
       jax.config.update(name, value)
     except AttributeError:  # an older JAX without the option: its default stands

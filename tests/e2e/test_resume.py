@@ -21,6 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import jax_caches
+
 # The tests share module fixtures: one worker runs them all (pyproject: --dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("resume")
 
@@ -66,16 +68,18 @@ FLOAT16 = [
 class Trainer:
   """Starts `main.py` training subprocesses; each workdir's output goes to `<workdir>.log`."""
 
-  def __init__(self, base: pathlib.Path, extra: tuple[str, ...] = ()) -> None:
+  def __init__(
+    self, base: pathlib.Path, session: pathlib.Path, extra: tuple[str, ...] = ()
+  ) -> None:
     self.extra = list(extra)  # overrides of every run (FLOAT16)
     self.env = dict(os.environ)
     # Two devices: the pmapped path with (un)replication, at a fraction of eight's compile time.
     self.env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     self.env["JAX_PLATFORMS"] = "cpu"
     self.env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    # Runs after the first load their programs instead of compiling them (most of a run's time).
-    self.env["JAX_COMPILATION_CACHE_DIR"] = str(base / "jax_cache")
-    self.env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny model compiles in < 1 s
+    # Runs load their programs instead of compiling them (most of a run's time): the two-device
+    # stack's cache, kept between test runs (tests/jax_caches.py).
+    self.env.update(jax_caches.environment(self.env["XLA_FLAGS"], session))
     self.vocab: list[str] = []  # set once the reference run has trained a vocabulary
     self.reference = base / "reference"  # the uninterrupted run
 
@@ -173,8 +177,9 @@ def _assert_bitwise(a: dict, b: dict, where: str = "") -> None:
   assert a.tobytes() == b.tobytes(), f"{where} differs"
 
 
-def _trainer_with_reference(base: pathlib.Path, extra: tuple[str, ...] = ()) -> Trainer:
-  trainer = Trainer(base, extra)
+def _trainer_with_reference(tmp_path_factory, name: str, extra: tuple[str, ...] = ()) -> Trainer:
+  base = tmp_path_factory.mktemp(name)
+  trainer = Trainer(base, jax_caches.session_of(tmp_path_factory), extra)
   reference = trainer.reference
   proc = trainer.start(reference, f"--config.num_train_steps={TOTAL}")
   assert trainer.finish(proc, reference) == 0, trainer.log(reference)[-4000:]
@@ -186,13 +191,13 @@ def _trainer_with_reference(base: pathlib.Path, extra: tuple[str, ...] = ()) -> 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory) -> Trainer:
   """A Trainer whose uninterrupted reference run (`<base>/reference`) has finished."""
-  return _trainer_with_reference(tmp_path_factory.mktemp("resume"))
+  return _trainer_with_reference(tmp_path_factory, "resume")
 
 
 @pytest.fixture(scope="module")
 def trainer_float16(tmp_path_factory) -> Trainer:
   """The same in float16 (FLOAT16)."""
-  return _trainer_with_reference(tmp_path_factory.mktemp("resume16"), tuple(FLOAT16))
+  return _trainer_with_reference(tmp_path_factory, "resume16", tuple(FLOAT16))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
