@@ -40,7 +40,7 @@ def _trigram_step(log_table: np.ndarray) -> search_lib.StepFn:
 
 
 def _trigram_cache(bias: np.ndarray, beam: int) -> dict:
-  rows = np.repeat(bias, beam, axis=0)  # sentence-major: row b * beam + j
+  rows = jnp.repeat(bias, beam, axis=0)  # sentence-major: row b * beam + j (traceable)
   return {
     "prev": jnp.zeros((rows.shape[0],), jnp.int32),
     "bias": jnp.asarray(rows, jnp.float32),

@@ -4,8 +4,10 @@ sentence without terms, and at the narrowest beam the translator would use."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,14 +28,21 @@ def _contains(seq, term) -> bool:
   return any(tuple(seq[i : i + n]) == tuple(term) for i in range(len(seq) - n + 1))
 
 
+@jax.jit
+def _advance_and_met(c, progress, token):
+  """One tracker step, jitted as the search runs it (eagerly, each operation is a program)."""
+  progress = constraints.advance(c, progress, token)
+  return progress, constraints.met(c, progress)
+
+
 def _met_after(terms, sequence):
   """The tracker's pieces met after each token of `sequence`, one sentence, one hypothesis."""
   c = _packed([terms])
-  progress = jnp.zeros((1, 1, c.tokens.shape[1]), jnp.int32)
+  progress = np.zeros((1, 1, c.tokens.shape[1]), np.int32)
   out = []
   for token in sequence:
-    progress = constraints.advance(c, progress, jnp.array([[token]], jnp.int32))
-    out.append(int(constraints.met(c, progress)[0, 0]))
+    progress, met = _advance_and_met(c, progress, np.array([[token]], np.int32))
+    out.append(int(np.asarray(met)[0, 0]))
   return out
 
 
@@ -47,8 +56,9 @@ def test_tracker_counts_pieces_and_falls_back_like_kmp():
 
 def test_next_pieces_are_what_each_unmet_term_needs():
   c = _packed([[[A, B], [C]]])
-  progress = jnp.array([[[1, 0], [2, 1]]], jnp.int32)  # [batch 1, hypotheses 2, terms 2]
-  np.testing.assert_array_equal(constraints.next_pieces(c, progress), [[[B, C], [-1, -1]]])
+  progress = np.array([[[1, 0], [2, 1]]], np.int32)  # [batch 1, hypotheses 2, terms 2]
+  pieces = jax.jit(constraints.next_pieces)(c, progress)
+  np.testing.assert_array_equal(pieces, [[[B, C], [-1, -1]]])
 
 
 def _brute_force(log_table, bias_row, max_len, alpha, terms):
@@ -70,17 +80,34 @@ def _brute_force(log_table, bias_row, max_len, alpha, terms):
   return best
 
 
-def _search(log_table, bias, max_lengths, terms, *, beam, alpha, style, nbest=1, width=None):
+@functools.partial(jax.jit, static_argnames=("beam", "alpha", "style", "nbest", "width"))
+def _jitted_search(log_table, bias, max_lengths, c, *, beam, alpha, style, nbest, width):
+  """The search in one program, as the translator runs it, the chain an argument: chains of one
+  shape share the program."""
   return constrained.constrained_search(
     _trigram_step(log_table),
     _trigram_cache(bias, beam),
-    jnp.asarray(max_lengths),
-    _packed(terms),
+    max_lengths,
+    c,
     beam_size=beam,
     alpha=alpha,
-    max_decode_len=width or int(max(max_lengths)),
+    max_decode_len=width,
     style=style,
     nbest=nbest,
+  )
+
+
+def _search(log_table, bias, max_lengths, terms, *, beam, alpha, style, nbest=1, width=None):
+  return _jitted_search(
+    np.asarray(log_table, np.float32),
+    np.asarray(bias, np.float32),
+    np.asarray(max_lengths, np.int32),
+    _packed(terms),
+    beam=beam,
+    alpha=alpha,
+    style=style,
+    nbest=nbest,
+    width=width or int(max(max_lengths)),
   )
 
 
@@ -99,7 +126,9 @@ def test_wide_beam_is_the_best_hypothesis_holding_every_term(alpha, style):
   log_table, bias = _chain(1)
   terms = [[[C, D]], [[B], [D, D]], [[A, A, A]], []]
   max_lengths = np.array([4, 5, 4, 3])
-  result = _search(log_table, bias, max_lengths, terms, beam=4**3, alpha=alpha, style=style)
+  result = jax.device_get(
+    _search(log_table, bias, max_lengths, terms, beam=4**3, alpha=alpha, style=style)
+  )
   for b in range(4):
     normalized, tokens = _brute_force(log_table, bias[b], int(max_lengths[b]), alpha, terms[b])
     n = len(tokens)
@@ -141,8 +170,11 @@ def test_a_sentence_without_terms_is_searched_as_by_plain_beam_search(style, nbe
 @pytest.mark.parametrize("style", choices.BEAM_STYLES)
 def test_every_output_holds_its_terms_at_the_narrowest_beam(style):
   """Beam = the most pieces + 1 (what the translator widens to), many random chains and terms,
-  n-best lists included: every finished hypothesis holds all of its sentence's terms."""
+  n-best lists included: every finished hypothesis holds all of its sentence's terms. The
+  searches share one width (each sentence's own cap is `max_lengths`), so only the beam sizes
+  compile apart."""
   rng = np.random.default_rng(3)
+  width = 2 * 2 + 3  # the most pieces (2 terms of 2) + the most room beyond them
   for seed in range(6):
     log_table, bias = _chain(10 + seed)
     terms = [
@@ -151,8 +183,19 @@ def test_every_output_holds_its_terms_at_the_narrowest_beam(style):
     ]
     pieces = max(sum(len(t) for t in row) for row in terms)
     max_lengths = np.array([pieces + int(x) for x in rng.integers(0, 4, size=4)])
-    result = _search(
-      log_table, bias, max_lengths, terms, beam=pieces + 1, alpha=0.6, style=style, nbest=2
+    assert max_lengths.max() <= width
+    result = jax.device_get(
+      _search(
+        log_table,
+        bias,
+        max_lengths,
+        terms,
+        beam=pieces + 1,
+        alpha=0.6,
+        style=style,
+        nbest=2,
+        width=width,
+      )
     )
     for b in range(4):
       for rank in range(2):

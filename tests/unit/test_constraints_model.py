@@ -4,6 +4,8 @@ search (test_constrained.py checks the search itself against brute force)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -144,8 +146,10 @@ def test_teacher_forced_scores_equal_the_nbest_scores(ensemble):
   result = decode.decode_batch(model, params, inputs, cfg)  # fields [4, n, ...]
   rows = np.asarray(result.tokens).reshape(16, -1)  # EOS then PAD (or cut at the cap)
   sources = np.repeat(inputs, 4, axis=0)
-  log_prob, tokens = scoring.token_log_probs(model, params, sources, rows)
+  # Jitted as --mode=score runs it (eagerly, every operation of the model is a program).
+  score = jax.jit(functools.partial(scoring.token_log_probs, model))
+  log_prob, tokens = jax.device_get(score(params, sources, rows))
   np.testing.assert_array_equal(tokens, np.asarray(result.lengths).reshape(-1))
-  scores = np.asarray(log_prob) / np.asarray(search.length_penalty(tokens, 0.6))
+  scores = log_prob / np.asarray(search.length_penalty(tokens, 0.6))
   diff = np.abs(scores - np.asarray(result.normalized_scores).reshape(-1))
   assert diff.max() < 1e-3, diff.max()

@@ -8,6 +8,8 @@ committed small trained workdir).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -294,7 +296,9 @@ def test_alignments_follow_the_cross_attention_of_a_hand_built_model():
 
   inputs = jnp.asarray([[5, 6, 7, 8, EOS_ID, PAD_ID]], jnp.int32)  # source words 0..3
   tokens = jnp.asarray([[6, 8, 5, 7, EOS_ID, PAD_ID, PAD_ID]], jnp.int32)
-  positions = np.asarray(model_step.source_positions(model, params, inputs, tokens, 0))[0]
+  # Jitted as the decoders run it (eagerly, every operation of the model is a program of its own).
+  align = jax.jit(functools.partial(model_step.source_positions, model, layer=0))
+  positions = np.asarray(align(params, inputs, tokens))[0]
   # t = 1..3: the inputs 6, 8, 5 sit at source positions 1, 3, 0; EOS and padding: none.
   assert positions[1:].tolist() == [1, 3, 0, -1, -1, -1]
   assert 0 <= positions[0] < 4  # after the start symbol, which no source token matches

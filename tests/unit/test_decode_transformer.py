@@ -24,6 +24,9 @@ from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, ini
 
 # One xdist worker runs the module, so `trained_tiny` (12 s) is trained once, not once per worker.
 pytestmark = pytest.mark.xdist_group("decode_transformer")
+# The tests that need `trained_tiny`: training it takes about 9 s cold, so whichever of them runs
+# first takes over 10 s (docs/developing.md: `-m "not slow"` leaves them out while editing).
+_needs_training = pytest.mark.slow
 
 # ------------------------------------------------------------------------------------------------
 # The Transformer (tiny size). One model, trained once, serves every test below: compiling is
@@ -77,6 +80,7 @@ def trained_tiny():
   return model, params, jnp.asarray(inputs)
 
 
+@_needs_training
 def test_cached_decoding_matches_full_forward_pass(trained_tiny):
   model, params, _ = trained_tiny
   _assert_cached_decoding_matches_full_forward_pass(model, params)
@@ -110,20 +114,26 @@ def _assert_cached_decoding_matches_full_forward_pass(model: Transformer, params
   targets = rng.integers(3, _VOCAB, size=(3, 6)).astype(np.int32)
   targets[:, -1] = EOS_ID
   targets[2, 3:] = [EOS_ID, PAD_ID, PAD_ID]
-  full = jax.jit(model.apply)({"params": params}, inputs, targets)  # [batch, tgt_len, vocab]
+  # [batch, tgt_len, vocab], in numpy: the loop below indexes it with host masks (on a device
+  # array each mask's shape would be a program of its own).
+  full = np.asarray(jax.jit(model.apply)({"params": params}, inputs, targets))
 
   encoded = jax.jit(functools.partial(model.apply, method=Transformer.encode))(
     {"params": params}, inputs
   )
-  step = jax.jit(decode.model_step_fn(model, params, encoded, jnp.asarray(inputs)))
-  cache = init_decode_cache(model, batch_size=3, max_decode_len=6, src_len=7)
+  # The parameters and the encoder output are arguments, not constants folded into the program
+  # (which XLA would compile far slower), as in the decoders' own loop.
+  step = jax.jit(lambda p, e, x, cache, ids: decode.model_step_fn(model, p, e, x)(cache, ids))
+  # The empty cache made in one program (eagerly, each leaf's zeros would be one).
+  cache = jax.jit(lambda: init_decode_cache(model, batch_size=3, max_decode_len=6, src_len=7))()
   decoder_input = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # shifted right, PAD first
   for t in range(6):
-    logits, cache = step(cache, jnp.asarray(decoder_input[:, t : t + 1]))
+    logits, cache = step(params, encoded, inputs, cache, decoder_input[:, t : t + 1])
     real = targets[:, t] != PAD_ID  # positions after a target's end are padding in the full pass
-    np.testing.assert_allclose(logits[real], full[real, t], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(logits)[real], full[real, t], atol=1e-4, rtol=1e-4)
 
 
+@_needs_training
 def test_beam_one_equals_greedy_on_the_transformer(trained_tiny):
   model, params, inputs = trained_tiny
   search = decode.SearchConfig(beam_size=1, alpha=0.6, max_len_offset=3)
@@ -139,6 +149,7 @@ def test_beam_one_equals_greedy_on_the_transformer(trained_tiny):
   assert np.any(np.asarray(greedy.tokens) == EOS_ID)  # the trained model does stop
 
 
+@_needs_training
 def test_t2t_beam_one_is_greedy_search_on_the_transformer(trained_tiny):
   """t2t's own beam 1 would search on past EOS; beam size 1 runs greedy search instead."""
   model, params, inputs = trained_tiny
@@ -149,6 +160,7 @@ def test_t2t_beam_one_is_greedy_search_on_the_transformer(trained_tiny):
   np.testing.assert_array_equal(beam.lengths, greedy.lengths)
 
 
+@_needs_training
 @pytest.mark.parametrize("style", choices.BEAM_STYLES)
 def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny, style):
   model, params, inputs = trained_tiny
@@ -172,6 +184,7 @@ def test_beam_four_scores_at_least_greedy_on_the_transformer(trained_tiny, style
   np.testing.assert_allclose(beam.scores, rescored, rtol=1e-4, atol=1e-4)
 
 
+@_needs_training
 def test_per_sentence_cross_attention_equals_repeating_the_source_per_beam(trained_tiny):
   """Beam rows share their sentence's one copy of the encoder keys/values; the textbook way
   repeats the encoder output K times and reorders it with the beams every step. Same search."""

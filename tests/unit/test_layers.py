@@ -76,12 +76,13 @@ def test_attention_gradient_equals_autodiff(rate, kind, d_k):
   def reference(q, k, v):
     return jnp.sum(_autodiff_attention(q, k, v, mask, rate, rng, kind) * probe)
 
-  np.testing.assert_allclose(ours(q, k, v), reference(q, k, v), rtol=1e-5)
-  got = jax.grad(ours, argnums=(0, 1, 2))(q, k, v)
-  want = jax.grad(reference, argnums=(0, 1, 2))(q, k, v)
+  # Each side jitted, as training runs it (eagerly, each operation is a program of its own).
+  np.testing.assert_allclose(jax.jit(ours)(q, k, v), jax.jit(reference)(q, k, v), rtol=1e-5)
+  got = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(q, k, v)
+  want = jax.device_get(jax.jit(jax.grad(reference, argnums=(0, 1, 2)))(q, k, v))
   for name, g, w in zip("qkv", got, want, strict=True):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
-  assert float(jnp.abs(want[0]).max()) > 1e-2  # the check compares real gradients
+  assert float(np.abs(want[0]).max()) > 1e-2  # the check compares real gradients
 
 
 def test_masks_value_by_value():
@@ -116,14 +117,15 @@ def test_self_attention_cache_after_one_step(d_k):
   """
   mha = attention_layers.MultiHeadAttention(num_heads=2, d_model=8, d_k=d_k)
   h_k = d_k or 4
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
-  variables = mha.init(jax.random.PRNGKey(1), x, x, None, decode=True)
-  cache = jax.tree.map(jnp.zeros_like, variables["cache"])
-  params = variables["params"]
+  x = np.random.RandomState(0).randn(2, 3, 8).astype(np.float32)
+  # init and the step each in one program (eagerly, each operation is a program of its own).
+  variables = jax.jit(lambda key: mha.init(key, x, x, None, decode=True))(jax.random.PRNGKey(1))
+  cache = jax.tree.map(np.zeros_like, jax.device_get(variables["cache"]))
+  params = jax.device_get(variables["params"])
   step_input = x[:, :1]
-  _, mutated = mha.apply(
-    {"params": params, "cache": cache}, step_input, step_input, None, decode=True, mutable=["cache"]
-  )
+  _, mutated = jax.jit(
+    lambda p, c, y: mha.apply({"params": p, "cache": c}, y, y, None, decode=True, mutable=["cache"])
+  )(params, cache, step_input)
   new = mutated["cache"]
   assert int(new["cache_index"]) == 1
   want_key = np.einsum(

@@ -100,7 +100,9 @@ def test_with_more_requests_than_a_batch_holds_turns_go_round():
 
 def test_turns_split_a_batch_equally_and_give_the_rest_to_the_others():
   echo = Echo()
-  b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=5.0, max_queue=8)
+  # Every request is queued under the batcher's lock, before it can look: the wait only delays the
+  # last, partial batch (at 5 s it was 5 s of this test).
+  b = batcher_lib.DynamicBatcher(echo, max_rows=8, max_wait_s=0.2, max_queue=8)
   with b._cond:
     futures = [b.submit([f"a{i}" for i in range(20)]), b.submit(["x"]), b.submit(["y", "z"])]
   [f.result(10) for f in futures]
@@ -110,7 +112,7 @@ def test_turns_split_a_batch_equally_and_give_the_rest_to_the_others():
 
 def test_a_failed_batch_is_retried_per_request_so_only_the_faulty_one_fails():
   echo = Echo()
-  b = batcher_lib.DynamicBatcher(echo, max_rows=16, max_wait_s=5.0, max_queue=16)
+  b = batcher_lib.DynamicBatcher(echo, max_rows=16, max_wait_s=0.2, max_queue=16)  # as above
   with b._cond:
     innocent = [b.submit([f"ok{i}", "fine"]) for i in range(5)]
     faulty = b.submit(["x", "POISON"])
