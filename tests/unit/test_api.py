@@ -33,6 +33,7 @@ def test_load_config_errors_name_the_culprit(name, overrides, message):
     api.load_config(name, overrides)
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_evaluate_translate_average_attention_export_on_a_trained_model(saved_run, tmp_path):
   """Every inference mode through the API on a trained workdir (the committed small one). The
   test scores are sacreBLEU's own figures for the hypotheses eval wrote, exactly."""
