@@ -29,11 +29,29 @@ if [ -z "$python" ]; then
   python=python3
   echo "compat[$stack]: SKIPPED Python 3.13 (none found on this machine); running under $(python3 --version) instead."
 fi
+# COMPAT_VENV names a virtual environment kept between runs (.ci/run keeps one per leg): it is
+# made if missing, and made anew if it is not this Python's or the install in it fails. The newest
+# leg upgrades every package in it (eager), so a kept venv still tests today's releases.
 venv=${COMPAT_VENV:-$(mktemp -d)/venv}
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+case "$stack" in
+  newest) upgrade=(--upgrade --upgrade-strategy eager) ;;
+  *) upgrade=() ;;
+esac
+version() { "$1" -c "import sys; print(sys.version_info[:2])" 2>/dev/null; }
+install() {
+  if [ "$(version "$venv/bin/python")" != "$(version "$python")" ]; then
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  "$venv/bin/python" -m pip install -q "${upgrade[@]}" -e ".[test]" "${constraints[@]}"
+}
+if ! install; then
+  echo "compat[$stack]: the install in $venv failed; making the venv anew."
+  rm -rf "$venv"
+  install
+fi
 . "$venv/bin/activate"
-python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-python -m pip install -q -e ".[test]" "${constraints[@]}"
 python - "$stack" <<'PY'
 import sys, jax, jaxlib, flax, optax, orbax.checkpoint, numpy
 print(f"compat[{sys.argv[1]}]: Python {sys.version.split()[0]}, jax {jax.__version__}, "
