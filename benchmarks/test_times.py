@@ -9,12 +9,14 @@ developer types: first cold (what a new machine and CI's first run get), then wa
 later run gets). The unit tier also runs `-m "not slow"` warm: the edit-test loop of
 docs/developing.md. Each run's wall-clock seconds (pytest's start to exit), its counts, its
 per-file totals and its 20 slowest tests (setup and teardown included, from pytest's JUnit XML)
-go into the record; the record is written after every run, so a long run loses nothing.
+go into the record. The figures so far are written after every run (<record>.json.partial, until
+the record replaces it), so a long run loses nothing.
 Last line JSON, recorded in benchmarks/results/<--record>.json (default test_times).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from typing import Any
 from absl import app, flags
 
 from flaxformer_nmt.benchmarking import junit, record
+from flaxformer_nmt.runtime import files
 
 _TIERS = flags.DEFINE_list("tiers", ["unit", "all"], "unit: tests/unit; all: the README's command.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "pytest-xdist workers (-n), as the README's command.")
@@ -52,6 +55,17 @@ def run_tier(paths: list[str], cache: str, scratch: str, name: str, *extra: str)
   return result
 
 
+def _progress(name: str, result: dict[str, Any]) -> None:
+  """The figures so far, beside the record (<name>.json.partial, removed when the record is
+  written): the record itself would be read by the very tests being timed (test_figures.py)."""
+  if record.RESULTS_DIR.value != "none":
+    os.makedirs(record.results_dir(), exist_ok=True)
+    path = os.path.join(record.results_dir(), f"{name}.json.partial")
+    files.write_text(
+      path, json.dumps(record.make_record(name, result, record.command_line(sys.argv)))
+    )
+
+
 def main(argv: list[str]) -> None:
   del argv
   unknown = set(_TIERS.value) - set(PATHS)
@@ -64,9 +78,9 @@ def main(argv: list[str]) -> None:
       cache = os.path.join(scratch, f"{tier}_cache")  # empty: the cold run fills it
       runs = result.setdefault(tier, {})
       runs["cold"] = run_tier(PATHS[tier], cache, scratch, f"{tier}_cold")
-      record.save(name, result, record.command_line(sys.argv))  # nothing lost if stopped later
+      _progress(name, result)  # nothing lost if stopped later
       runs["warm"] = run_tier(PATHS[tier], cache, scratch, f"{tier}_warm")
-      record.save(name, result, record.command_line(sys.argv))
+      _progress(name, result)
       if tier == "unit":
         runs["not_slow_warm"] = run_tier(
           PATHS[tier], cache, scratch, "unit_not_slow", "-m", "not slow"
@@ -74,6 +88,9 @@ def main(argv: list[str]) -> None:
   failed = [f"{t}/{r}" for t in _TIERS.value for r, x in result[t].items() if x["returncode"]]
   result["failed_runs"] = failed
   record.report(result)
+  partial = os.path.join(record.results_dir(), f"{name}.json.partial")
+  if os.path.exists(partial):
+    os.remove(partial)
   if failed:
     sys.exit(f"test_times: these runs failed: {failed}")
 
