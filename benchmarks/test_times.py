@@ -32,17 +32,23 @@ from flaxformer_nmt.runtime import files
 _TIERS = flags.DEFINE_list("tiers", ["unit", "all"], "unit: tests/unit; all: the README's command.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "pytest-xdist workers (-n), as the README's command.")
 _SLOWEST = flags.DEFINE_integer("slowest", 20, "How many of the slowest tests each run lists.")
+_PATHS = flags.DEFINE_list(
+  "paths", [], "Test paths every tier runs instead of its own (a quick check of this script)."
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What each tier runs: the README's test command and docs/developing.md's (python -m pytest ...).
 PATHS = {"unit": ["tests/unit"], "all": ["tests"]}
+_INHERITED = ("PYTEST_", "XLA_FLAGS", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
 
 
 def run_tier(paths: list[str], cache: str, scratch: str, name: str, *extra: str) -> dict[str, Any]:
   """Runs `python -m pytest -q -n W <paths> <extra>` against the tests' cache `cache`."""
   report = os.path.join(scratch, f"{name}.xml")
   argv = [sys.executable, "-m", "pytest", "-q", "-n", str(_WORKERS.value), *paths, *extra]
-  env = dict(os.environ, FLAXFORMER_NMT_TEST_CACHE=cache)
+  # As a developer's shell runs it: nothing of a pytest or JAX set-up this script may run under.
+  env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED)}
+  env["FLAXFORMER_NMT_TEST_CACHE"] = cache
   print(f"[{name}] {' '.join(argv[1:])} (cache {cache})", flush=True)
   start = time.perf_counter()
   proc = subprocess.run(
@@ -77,14 +83,13 @@ def main(argv: list[str]) -> None:
     for tier in _TIERS.value:
       cache = os.path.join(scratch, f"{tier}_cache")  # empty: the cold run fills it
       runs = result.setdefault(tier, {})
-      runs["cold"] = run_tier(PATHS[tier], cache, scratch, f"{tier}_cold")
+      paths = _PATHS.value or PATHS[tier]
+      runs["cold"] = run_tier(paths, cache, scratch, f"{tier}_cold")
       _progress(name, result)  # nothing lost if stopped later
-      runs["warm"] = run_tier(PATHS[tier], cache, scratch, f"{tier}_warm")
+      runs["warm"] = run_tier(paths, cache, scratch, f"{tier}_warm")
       _progress(name, result)
       if tier == "unit":
-        runs["not_slow_warm"] = run_tier(
-          PATHS[tier], cache, scratch, "unit_not_slow", "-m", "not slow"
-        )
+        runs["not_slow_warm"] = run_tier(paths, cache, scratch, "unit_not_slow", "-m", "not slow")
   failed = [f"{t}/{r}" for t in _TIERS.value for r, x in result[t].items() if x["returncode"]]
   result["failed_runs"] = failed
   record.report(result)

@@ -66,6 +66,8 @@ _BENCHMARKS = {
   "recipe_cost": ["--notpu_estimate"],
   "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
   + ["--vocab_size=300"],
+  # The tests' timing, on one small test file instead of the tiers (pytest within pytest).
+  "test_times": ["--tiers=unit", "--paths=tests/unit/test_junit_summary.py"],
   # The server against translate on 16 demo lines, 1 and 2 clients, small batches and buckets.
   "serve": ["--num_lines=16", "--clients=1,2", "--latency_lines=2"]
   + ["--set=decode.batch_size=4", "--set=data.max_len=24"],
