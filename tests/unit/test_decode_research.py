@@ -25,6 +25,9 @@ from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, ini
 
 import helpers
 
+# One xdist worker runs the module: its module fixture (`tiny`) is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("decode_research")
+
 LINES = ["Grüße aus Köln", "", "ab cd", "eine sehr lange Zeile!", "c", "naïve ding"]
 
 

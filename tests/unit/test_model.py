@@ -17,6 +17,9 @@ from flaxformer_nmt.model.transformer import (
 
 import helpers
 
+# One xdist worker runs the module: its module fixture (`setup`) is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("model")
+
 VOCAB = 50
 
 
