@@ -11,8 +11,8 @@ JAX_COMPILATION_CACHE_MAX_SIZE, lists the whole folder at every write: slower wi
 
 Where (first that applies):
   FLAXFORMER_NMT_TEST_CACHE=cold   an empty folder inside the session's temporary folder: a cold
-                                   run, as a new machine gets (benchmarks/test_times.py uses it);
-  FLAXFORMER_NMT_TEST_CACHE=DIR    under DIR;
+                                   run, as a new machine gets;
+  FLAXFORMER_NMT_TEST_CACHE=DIR    under DIR (benchmarks/test_times.py: a new, empty DIR);
   otherwise                        under $XDG_CACHE_HOME/flaxformer_nmt/tests (~/.cache/...).
 Deleting the folder gives a cold run too. Nothing here imports jax: conftest.py calls it before
 JAX is imported.
@@ -24,11 +24,15 @@ import hashlib
 import importlib.metadata
 import os
 import pathlib
+import re
 import sys
+import time
 
 ENV = "FLAXFORMER_NMT_TEST_CACHE"
 COLD = "cold"
 MAX_BYTES = 3 << 30  # 3 GiB: a test run writes a few hundred MB of tiny-model programs
+_STACK = re.compile(r"py\d+\.\d+-jax.+-jaxlib.+-xla[0-9a-f]{8}")  # stack_key's names
+_ENTRY_SUFFIXES = ("-cache", "-atime")  # JAX's entry files (jax/_src/lru_cache.py)
 
 
 def _version(package: str) -> str:
@@ -86,31 +90,35 @@ def environment(xla_flags: str, session_tmp: pathlib.Path | None = None) -> dict
   }
 
 
-def prune(max_bytes: int = MAX_BYTES) -> int:
-  """Deletes the least recently used entries of every stack's cache until each holds at most
-  `max_bytes` (3/4 of it once it has to prune); the number deleted. Entries in use by another run
-  are at worst compiled again by it."""
+def prune(max_bytes: int = MAX_BYTES, max_idle_days: float = 30.0) -> int:
+  """Caps every stack's cache: deletes the least recently used entries until each holds at most
+  `max_bytes` (3/4 of it once it has to prune), empty entries (a process killed as it began to
+  write one: JAX would read it, warn and never replace it), and whole stacks unused for
+  `max_idle_days` (an old jax's). Touches only stack folders and JAX's entry files in them.
+  Returns the number of files deleted. An entry in use by another run is at worst compiled again."""
   deleted = 0
   top = root()
   if not top.is_dir():
     return 0
   for stack in top.iterdir():
-    if not stack.is_dir():
+    if not (stack.is_dir() and _STACK.fullmatch(stack.name)):
       continue
     entries = []
     for path in stack.iterdir():
+      if not path.name.endswith(_ENTRY_SUFFIXES) or not path.is_file():
+        continue
       try:
         st = path.stat()
       except OSError:
         continue
-      if path.is_file():
-        entries.append((max(st.st_atime, st.st_mtime), st.st_size, path))
+      entries.append((max(st.st_atime, st.st_mtime), st.st_size, path))
+    newest = max((used for used, _, _ in entries), default=0.0)
+    idle = entries and time.time() - newest > max_idle_days * 86400
     total = sum(size for _, size, _ in entries)
-    if total <= max_bytes:
-      continue
-    for _, size, path in sorted(entries):
-      if total <= max_bytes * 3 // 4:
-        break
+    over = total > max_bytes
+    for _, size, path in sorted(entries):  # least recently used first
+      if not (idle or size == 0 or (over and total > max_bytes * 3 // 4)):
+        continue
       path.unlink(missing_ok=True)
       total -= size
       deleted += 1

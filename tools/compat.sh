@@ -30,7 +30,8 @@ if [ -z "$python" ]; then
   echo "compat[$stack]: SKIPPED Python 3.13 (none found on this machine); running under $(python3 --version) instead."
 fi
 # COMPAT_VENV names a virtual environment kept between runs (.ci/run keeps one per leg): it is
-# made if missing, and made anew if it is not this Python's or the install in it fails. The newest
+# made if missing, and made anew if it is not this Python's, was made from another pyproject.toml,
+# or the install in it fails. The newest
 # leg upgrades every package in it (eager), so a kept venv still tests today's releases.
 venv=${COMPAT_VENV:-$(mktemp -d)/venv}
 case "$stack" in
@@ -38,18 +39,24 @@ case "$stack" in
   *) upgrade=() ;;
 esac
 version() { "$1" -c "import sys; print(sys.version_info[:2])" 2>/dev/null; }
-install() {
-  if [ "$(version "$venv/bin/python")" != "$(version "$python")" ]; then
+# What the venv was made from: a kept venv made from another pyproject.toml (or constraints) is
+# made anew, so a dependency the project no longer declares cannot linger in it unseen.
+stamp=$(cat pyproject.toml tools/constraints-colab.txt | sha256sum | cut -c1-16)
+install_venv() {
+  if [ "$(version "$venv/bin/python")" != "$(version "$python")" ] \
+    || [ "$(cat "$venv/.made_from" 2>/dev/null)" != "$stack $stamp" ]; then
     rm -rf "$venv"
     "$python" -m venv "$venv"
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  "$venv/bin/python" -m pip install -q "${upgrade[@]}" -e ".[test]" "${constraints[@]}"
+  # ${a[@]+"${a[@]}"}: an empty array under `set -u` on bash < 4.4 too.
+  "$venv/bin/python" -m pip install -q ${upgrade[@]+"${upgrade[@]}"} -e ".[test]" \
+    ${constraints[@]+"${constraints[@]}"} && echo "$stack $stamp" > "$venv/.made_from"
 }
-if ! install; then
+if ! install_venv; then
   echo "compat[$stack]: the install in $venv failed; making the venv anew."
   rm -rf "$venv"
-  install
+  install_venv
 fi
 . "$venv/bin/activate"
 python - "$stack" <<'PY'

@@ -142,16 +142,19 @@ def test_wide_beam_is_the_best_hypothesis_holding_every_term(alpha, style):
 def test_a_sentence_without_terms_is_searched_as_by_plain_beam_search(style, nbest):
   log_table, bias = _chain(2)
   max_lengths = np.array([6, 4, 7, 5])
-  plain = beam_search.beam_search(
-    _trigram_step(log_table),
-    _trigram_cache(bias, 3),
-    jnp.asarray(max_lengths),
-    beam_size=3,
-    alpha=0.6,
-    max_decode_len=8,
-    style=style,
-    nbest=nbest,
-  )
+  # Jitted as `_search` is, so both sides are one program each and may be compared exactly.
+  plain = jax.jit(
+    lambda table, rows_bias, lengths: beam_search.beam_search(
+      _trigram_step(table),
+      _trigram_cache(rows_bias, 3),
+      lengths,
+      beam_size=3,
+      alpha=0.6,
+      max_decode_len=8,
+      style=style,
+      nbest=nbest,
+    )
+  )(np.asarray(log_table, np.float32), np.asarray(bias, np.float32), max_lengths.astype(np.int32))
   ours = _search(
     log_table,
     bias,
