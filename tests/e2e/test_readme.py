@@ -66,8 +66,7 @@ _BENCHMARKS = {
   "recipe_cost": ["--notpu_estimate"],
   "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
   + ["--vocab_size=300"],
-  # The tests' timing, on one small test file instead of the tiers (pytest within pytest).
-  "test_times": ["--tiers=unit", "--paths=tests/unit/test_junit_summary.py"],
+  "test_times": ["--tiers=unit", "--paths=tests/unit/test_junit_summary.py"],  # one small file
   # The server against translate on 16 demo lines, 1 and 2 clients, small batches and buckets.
   "serve": ["--num_lines=16", "--clients=1,2", "--latency_lines=2"]
   + ["--set=decode.batch_size=4", "--set=data.max_len=24"],
@@ -90,8 +89,7 @@ def test_install_commands_resolve_and_ci_runs_the_test_command(tmp_path):
   compat = (REPO / "tools" / "compat.sh").read_text()  # .ci/run's last lines: colab, newest
   assert all(f"bash tools/compat.sh {leg}" in ci for leg in ("colab", "newest"))
   for command in readme.in_chain("ci"):
-    # The edit loop's `-m "not slow"` only leaves out tests of a command CI runs whole.
-    text = command.text.replace(' -m "not slow"', "")
+    text = command.text.replace(' -m "not slow"', "")  # leaves out tests of what CI runs whole
     ran = text == ci_cmd or any(text in t for t in (ci, compat))
     assert ran, f".ci/run does not run {command.text}"
   assert ci_cmd in [c.text for c in readme.in_chain("ci")]
