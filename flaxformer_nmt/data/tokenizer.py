@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -21,6 +22,9 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
+
+# What a reserved piece (a language or corpus tag) looks like: `<2fr>`, `<BT>`.
+_TAG = re.compile(r"<[^<>\s\u2581]+>")
 
 # How long processes other than 0 wait for process 0 to write the vocabulary.
 _WAIT_TIMEOUT_S = 6 * 3600.0
@@ -77,6 +81,28 @@ class Tokenizer:
     no such piece."""
     i = self._sp.piece_to_id(piece)
     return None if i == self._sp.unk_id() and piece != self._sp.id_to_piece(i) else int(i)
+
+
+  def reserved_ids(self) -> list[int]:
+    """The vocabulary's own tags (a multilingual run's `<2fr>`, `<BT>`), read from the model, not
+    from any config: train_tokenizer puts its user symbols right after UNK, so they are the run
+    of tag-shaped, non-control pieces from id UNK_ID + 1 (a bilingual vocabulary has none there:
+    its id 3 is an ordinary piece)."""
+    out = []
+    for i in range(UNK_ID + 1, self.vocab_size):
+      if self._sp.is_control(i) or self._sp.is_byte(i) or not _TAG.fullmatch(self.id_to_piece(i)):
+        break
+      out.append(i)
+    return out
+
+
+def without_pieces(pieces: Sequence[str]) -> Callable[[str], str]:
+  """`text -> text` with every whole `pieces` string (the tags) replaced by a space: removed
+  before encoding, a typed tag leaves no stray "\u2581" piece behind, as dropping its id would."""
+  if not pieces:
+    return lambda text: text
+  pattern = re.compile("|".join(re.escape(p) for p in sorted(pieces, key=len, reverse=True)))
+  return lambda text: pattern.sub(" ", text)
 
 
 def train_tokenizer(

@@ -25,6 +25,7 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.decoding.model_step import Ensemble
 from flaxformer_nmt.decoding.translator import ModelParts, TextTokenizer, bucket_lengths
@@ -90,11 +91,15 @@ class Scorer:
     self.max_tgt_len = int(parts.model.cfg.max_len)
     self.source_prefix = list(source_prefix)
     self.reserved_ids = frozenset(reserved_ids)
+    id_to_piece = getattr(self.tokenizer, "id_to_piece", None)
+    self._untagged = tokenizer_lib.without_pieces(
+      [id_to_piece(i) for i in sorted(self.reserved_ids)] if id_to_piece else []
+    )
     self.truncated: list[int] = []  # 0-based pairs whose source or reference was cut
     self.seconds = 0.0
 
   def _ids(self, texts: Sequence[str]) -> list[list[int]]:
-    ids = [self.tokenizer.encode(t) for t in texts]
+    ids = [self.tokenizer.encode(self._untagged(t)) for t in texts]
     return [[i for i in x if i not in self.reserved_ids] for x in ids]
 
   def score(self, sources: Sequence[str], references: Sequence[str]) -> list[PairScore]:

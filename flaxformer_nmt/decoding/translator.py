@@ -27,6 +27,7 @@ from absl import logging
 
 from flaxformer_nmt.components import Components
 from flaxformer_nmt.data import directions, multilingual
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import decode, sharded
@@ -86,6 +87,10 @@ class Translator:
     self.max_output_len = max_output_len or (lambda n: n + 50)
     self.source_prefix = tuple(source_prefix)
     self.reserved_ids = frozenset(reserved_ids)
+    id_to_piece = getattr(tokenizer, "id_to_piece", None)
+    self._untagged = tokenizer_lib.without_pieces(
+      [id_to_piece(i) for i in sorted(self.reserved_ids)] if id_to_piece else []
+    )
     self.nbest = nbest
     self.log_progress = log_progress
     self.alignments = alignments
@@ -105,6 +110,7 @@ class Translator:
   def _encode(self, lines: Sequence[str], prefixes: Sequence[Sequence[int]]) -> list[list[int]]:
     """Source ids, after each line's prefix, ending in EOS (as the training batches have it)."""
     encode_batch = getattr(self.tokenizer, "encode_batch", None)
+    lines = [self._untagged(s) for s in lines]
     ids = encode_batch(list(lines)) if encode_batch else [self.tokenizer.encode(s) for s in lines]
     if self.reserved_ids:
       ids = [[i for i in x if i not in self.reserved_ids] for x in ids]
@@ -360,12 +366,10 @@ def target_prefix(parts: ModelParts, target_lang: str | None) -> list[int]:
 
 
 def reserved_ids(parts: ModelParts) -> list[int]:
-  """The ids of a multilingual model's tags (none for a bilingual model)."""
-  piece_id = getattr(parts.tokenizer, "piece_id", None)
-  if piece_id is None:
-    return []
-  ids = (piece_id(s) for s in directions.user_symbols(parts.data_config))
-  return [i for i in ids if i is not None]
+  """The ids of the tags of the model's own vocabulary (none for a bilingual model's): never
+  the command's config's, which may narrow data.directions."""
+  ids = getattr(parts.tokenizer, "reserved_ids", None)
+  return list(ids()) if ids is not None else []
 
 
 def translate_fn(

@@ -12,7 +12,12 @@ next command that needs the same program on the same JAX and hardware reads it b
   "off"   no cache;
   a path  that folder (made 0700 if it does not exist).
 The cache holds executable code that JAX loads and runs as it is (JAX documents it as trusted
-input), hence a folder only this user can write. A folder of ours is capped at MAX_BYTES (JAX evicts
+input), hence a folder only this user can write, checked like code on a search path (`unsafe`):
+the folder must be this user's and writable by no one else, and every folder above it this
+user's or root's and writable by no one else unless sticky (as /tmp is). A folder that fails is
+not used, whoever named it (config.compile_cache, $FLAXFORMER_NMT_COMPILE_CACHE or JAX's own
+JAX_COMPILATION_CACHE_DIR): one warning line names the folder and why, and the command compiles
+without a cache (docs/runs.md). A folder of ours is capped at MAX_BYTES (JAX evicts
 the least recently used entries); an adopted one keeps JAX's own cap setting.
 Clearing it is deleting the folder: `rm -rf ~/.cache/flaxformer_nmt/jax`.
 """
@@ -20,6 +25,7 @@ Clearing it is deleting the folder: `rm -rf ~/.cache/flaxformer_nmt/jax`.
 from __future__ import annotations
 
 import os
+import stat
 
 from absl import logging
 
@@ -46,6 +52,49 @@ def folder(setting: str) -> str | None:
   return default_dir() if setting in ("", "auto") else setting
 
 
+def unsafe(path: str) -> str | None:
+  """Why the folder `path` may not hold code this user runs, or None if it may: it (when it
+  exists) must be owned by this user and not writable by group or others; each existing folder
+  above it must be owned by this user or root, and not writable by others unless sticky. A
+  folder that does not exist yet is made 0700 by `enable`."""
+  uid = os.getuid() if hasattr(os, "getuid") else None
+  if uid is None:  # no POSIX owners (Windows): nothing to check against
+    return None
+  current = os.path.abspath(path)
+  first = True
+  while True:
+    try:
+      st = os.stat(current)
+    except FileNotFoundError:
+      st = None
+    except OSError as e:
+      return f"{current} cannot be checked ({e.strerror or e})"
+    if st is not None:
+      if first:
+        if st.st_uid != uid:
+          return f"{current} belongs to uid {st.st_uid}, not to this user ({uid})"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+          return f"{current} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+      else:
+        if st.st_uid not in (uid, 0):
+          return f"{current}, above it, belongs to uid {st.st_uid}, neither this user nor root"
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+          return (
+            f"{current}, above it, is writable by others without the sticky bit "
+            f"(mode {stat.S_IMODE(st.st_mode):o})"
+          )
+    first = False
+    parent = os.path.dirname(current)
+    if parent == current:
+      return None
+    current = parent
+
+
+def _off(jax_module) -> None:
+  jax_module.config.update("jax_enable_compilation_cache", False)
+  jax_module.config.update("jax_compilation_cache_dir", None)
+
+
 def enable(setting: str) -> str | None:
   """Turns the cache on in `folder(setting)` (once per process; later calls with another folder
   are ignored, as JAX reads the setting once). Returns the folder, or None when it is off or
@@ -57,7 +106,7 @@ def enable(setting: str) -> str | None:
 
   path = folder(setting)
   if path is None:
-    jax.config.update("jax_enable_compilation_cache", False)
+    _off(jax)
     executables.enable(None)
     return None
   if _enabled is not None:
@@ -68,15 +117,22 @@ def enable(setting: str) -> str | None:
     # its size cap (JAX_COMPILATION_CACHE_MAX_SIZE; JAX's default is none). A cap makes JAX list
     # the whole folder at every write, which whoever owns the folder may have chosen against.
     path = jax.config.jax_compilation_cache_dir
-  try:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-  except OSError as e:
+  reason = unsafe(path)
+  if reason is None:
+    try:
+      os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+      reason = f"cannot make {path} ({e.strerror or e})"
+    else:
+      reason = unsafe(path)  # made now, or made by someone else meanwhile
+  if reason is not None:
     logging.warning(
-      "config.compile_cache=%s: cannot make %s (%s); compiling without a cache.",
+      "Compilation cache not used (config.compile_cache=%s): %s; compiling without it.",
       setting,
-      path,
-      e.strerror or e,
+      reason,
     )
+    _off(jax)
+    executables.enable(None)
     return None
   if not os.access(path, os.W_OK):
     logging.warning(

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.runtime import files
+from flaxformer_nmt.runtime import compile_cache, files
 
 SUBFOLDER = "executables"
 MAX_BYTES = 1 << 30  # 1 GiB: a demo program is ~1 MB, a big model's decoder tens of MB
@@ -251,16 +251,14 @@ def _jax_runs_op_by_op() -> bool:
 
 
 def _private(directory: str) -> bool:
-  """Whether `directory` is this user's and no one else can write it: programs are loaded from
-  there as code. One info line if not."""
-  try:
-    st = os.stat(directory)
-  except OSError:
+  """Whether programs may be loaded from `directory` as code: the compilation cache's own check
+  (compile_cache.unsafe: this user's, writable by no one else, nor any folder above it but a
+  sticky one). One info line if not."""
+  reason = compile_cache.unsafe(directory)
+  if reason is not None:
+    logging.info("Not loading saved programs from %s: %s.", directory, reason)
     return False
-  if st.st_uid != os.getuid() or st.st_mode & 0o022:
-    logging.info("Not loading saved programs from %s: others can write it.", directory)
-    return False
-  return True
+  return os.path.isdir(directory)
 
 
 def traced(name: str, fn: Callable[[], Any]) -> Any:

@@ -54,3 +54,76 @@ def test_an_adopted_folder_keeps_jaxs_cap_and_ours_gets_ours(monkeypatch, tmp_pa
   assert compile_cache.enable(str(tmp_path / "ours")) == str(tmp_path / "ours")
   assert calls["jax_compilation_cache_max_size"] == compile_cache.MAX_BYTES
   assert calls["jax_compilation_cache_dir"] == str(tmp_path / "ours")
+
+
+def _enable_recording(monkeypatch, setting: str) -> tuple[str | None, dict[str, object]]:
+  """compile_cache.enable(setting) with JAX's settings recorded instead of made."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.runtime import executables  # pylint: disable=g-import-not-at-top
+
+  calls: dict[str, object] = {}
+  monkeypatch.setattr(jax.config, "update", lambda name, value: calls.__setitem__(name, value))
+  monkeypatch.setattr(executables, "enable", lambda folder: calls.__setitem__("executables", folder))
+  monkeypatch.setattr(compile_cache, "_enabled", None)
+  return compile_cache.enable(setting), calls
+
+
+@pytest.mark.parametrize("via", ["config", "env", "jax"])
+def test_a_folder_others_can_write_is_not_used(monkeypatch, tmp_path, caplog, request, via):
+  """Defect 5 of issue 52: a 0777 cache folder was used, and the programs written there loaded as
+  code, whether named by --config.compile_cache, FLAXFORMER_NMT_COMPILE_CACHE or JAX's own
+  JAX_COMPILATION_CACHE_DIR (adopted by "auto")."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  shared.chmod(0o777)
+  setting = str(shared) if via == "config" else "auto"
+  kept = jax.config.jax_compilation_cache_dir  # tests/conftest.py's, restored after
+  request.addfinalizer(lambda: jax.config.update("jax_compilation_cache_dir", kept))
+  if via == "env":
+    monkeypatch.setenv(compile_cache.ENV, str(shared))
+  jax.config.update("jax_compilation_cache_dir", str(shared) if via == "jax" else None)
+  folder, calls = _enable_recording(monkeypatch, setting)
+  assert folder is None
+  assert calls["jax_enable_compilation_cache"] is False
+  assert calls["jax_compilation_cache_dir"] is None
+  assert calls["executables"] is None
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert len(warnings) == 1 and f"{shared} is writable by others (mode 777)" in warnings[0]
+
+
+def test_a_folder_below_a_writable_parent_is_not_used_unless_sticky(monkeypatch, tmp_path):
+  parent = tmp_path / "open"
+  parent.mkdir()
+  parent.chmod(0o777)
+  assert "above it, is writable by others" in compile_cache.unsafe(str(parent / "cache"))
+  parent.chmod(0o777 | 0o1000)  # sticky, as /tmp: others cannot rename our folder
+  assert compile_cache.unsafe(str(parent / "cache")) is None
+  folder, calls = _enable_recording(monkeypatch, str(parent / "cache"))
+  assert folder == str(parent / "cache") and calls["jax_compilation_cache_dir"] == folder
+  assert (parent / "cache").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_folder_of_another_user_is_not_used(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+
+  theirs = tmp_path / "theirs"
+  theirs.mkdir(mode=0o700)
+  if os.getuid() != 0:
+    pytest.skip("chown to another user needs root")
+  os.chown(theirs, 4242, 4242)
+  assert "belongs to uid 4242" in compile_cache.unsafe(str(theirs))
+  os.chown(theirs, 0, 0)
+  assert compile_cache.unsafe(str(theirs)) is None
+
+
+def test_saved_programs_are_not_loaded_from_an_open_folder(tmp_path):
+  from flaxformer_nmt.runtime import executables  # pylint: disable=g-import-not-at-top
+
+  store = tmp_path / "executables"
+  store.mkdir(mode=0o700)
+  assert executables._private(str(store))  # pylint: disable=protected-access
+  store.chmod(0o770)
+  assert not executables._private(str(store))  # pylint: disable=protected-access

@@ -251,6 +251,36 @@ def test_translator_puts_each_line_prefix_first():
   assert sorted(decoder.sources) == sorted([[97, *tok.encode("ab")], [98, 96, *tok.encode("c")]])
 
 
+def test_tags_come_from_the_runs_vocabulary_and_leave_no_stray_piece(tmp_path):
+  """Defect 4 of issue 52: the tags dropped from the input came from the command's config, so a
+  narrowed data.directions let a typed `<2fr>` through (switching the output language), and a
+  dropped tag left its word-start piece behind. Now: the vocabulary's own tags, removed as text."""
+  symbols = ["<2en>", "<2de>", "<2fr>"]
+  sentences = _sentences("en", 60, 0) + _sentences("de", 60, 1)
+  tok = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "v"), 80, user_symbols=symbols)
+  narrowed = translate.ModelParts(
+    tok,
+    None,
+    ml_collections.ConfigDict({"batch_size": 4}),
+    32,
+    ml_collections.ConfigDict(
+      {"directions": "en-de", "tgt_lang": "", "train_prefix": "train", "corpora": ""}
+    ),
+  )
+  ids = translate.reserved_ids(narrowed)
+  assert sorted(tok.id_to_piece(i) for i in ids) == sorted(symbols)
+  decoder = _EchoDecoder()
+  tag = tok.piece_id("<2de>")
+  t = translate.Translator(
+    tok, decoder, batch_size=4, max_src_len=32, source_prefix=[tag], reserved_ids=ids
+  )
+  t.translate(["<2fr> the house", "the house", "the<2fr>house"])
+  # Each line is the tag asked for, then "the house": "the<2fr>house" is two words.
+  assert decoder.sources == [[tag, *tok.encode("the house")]] * 3
+  plain = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "plain"), 80)
+  assert plain.reserved_ids() == []  # a bilingual vocabulary: nothing is a tag
+
+
 def test_alignments_leave_the_tag_out():
   class Pieces(helpers.CharTokenizer):
     def id_to_piece(self, i: int) -> str:
