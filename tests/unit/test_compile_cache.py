@@ -64,7 +64,7 @@ def _enable_recording(monkeypatch, setting: str) -> tuple[str | None, dict[str, 
 
   calls: dict[str, object] = {}
   monkeypatch.setattr(jax.config, "update", lambda name, value: calls.__setitem__(name, value))
-  monkeypatch.setattr(executables, "enable", lambda folder: calls.__setitem__("executables", folder))
+  monkeypatch.setattr(executables, "enable", lambda f: calls.__setitem__("executables", f))
   monkeypatch.setattr(compile_cache, "_enabled", None)
   return compile_cache.enable(setting), calls
 
