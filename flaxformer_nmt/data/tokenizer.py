@@ -82,7 +82,6 @@ class Tokenizer:
     i = self._sp.piece_to_id(piece)
     return None if i == self._sp.unk_id() and piece != self._sp.id_to_piece(i) else int(i)
 
-
   def reserved_ids(self) -> list[int]:
     """The vocabulary's own tags (a multilingual run's `<2fr>`, `<BT>`), read from the model, not
     from any config: train_tokenizer puts its user symbols right after UNK, so they are the run
