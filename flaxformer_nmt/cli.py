@@ -337,7 +337,7 @@ def main(argv: list[str]) -> None:
     if flags.FLAGS.mode == "prepare":
       modes.prepare(config, workdir)
     elif flags.FLAGS.mode == "train":
-      modes.train(config, workdir)
+      modes.train(config, workdir, _given_config_name())
     elif flags.FLAGS.mode == "eval":
       f = flags.FLAGS
       modes.evaluate(config, workdir, f.checkpoint, tuple(f.ensemble), f.constraints)
@@ -373,6 +373,13 @@ def main(argv: list[str]) -> None:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
     # Anything else is a bug and keeps its traceback.
     _user_error(e)
+
+
+def _given_config_name() -> str:
+  """What --config named on the command line (`demo`, `configs/demo.py`), "" when it was left
+  out (then the run's own config.json stands for it)."""
+  spec = _config_spec(sys.argv) or ""
+  return "" if spec.startswith(saved_run.PATH) else spec
 
 
 def _serve(config: Any, workdir: str) -> None:

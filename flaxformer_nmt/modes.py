@@ -25,6 +25,7 @@ from flaxformer_nmt.config import checks, run_config
 from flaxformer_nmt.data import directions
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import evaluation, translator
+from flaxformer_nmt.run import identity, paths
 from flaxformer_nmt.runtime import accelerators, compile_cache, files, parallel, records
 from flaxformer_nmt.workdir import Workdir
 
@@ -38,10 +39,31 @@ def _begin(
   run = Workdir(workdir)
   run.check()
   saved = run_config.saved(run.path)
-  if saved is not None and (config is None or mode != "train" or run.training_steps()):
-    config = run_config.reconcile(
-      config if config is not None else saved, saved, mode, run.config_path
-    )
+  if config is not None:
+    config = config.copy_and_resolve_references()  # the caller's config stays as it was
+    paths.absolute(config)
+  if saved is not None:
+    paths.absolute(saved, saved=run.config_path)
+  resuming = mode == "train" and bool(run.training_steps())
+  if saved is not None and (config is None or mode != "train" or resuming):
+    recorded = run.training_data() if resuming else None
+    try:
+      config = run_config.reconcile(
+        config if config is not None else saved,
+        saved,
+        mode,
+        run.config_path,
+        # Checked by content below: a moved corpus or vocabulary may be named anew.
+        by_content=("data.vocab_path",) + (("data.dir",) if recorded else ()),
+      )
+    except errors.ConfigError as e:
+      name = run.trained_with()
+      if not name:
+        raise
+      raise errors.ConfigError(f"{run.path} was trained with `{name}`: {e}") from None
+    _check_vocabulary(config, saved, run)
+    if resuming:
+      _check_training_data(config, saved, run, recorded)
     if mode == "eval":
       _say_if_another_test_set(config, saved)
   elif config is None:
@@ -55,6 +77,53 @@ def _begin(
   accelerators.warn_if_unused()
   compile_cache.enable(config.get("compile_cache", "auto"))
   return config, run
+
+
+def _trained_with(run: Workdir) -> str:
+  """ "runs/demo (trained with `demo`)": which config a refused command's run came from."""
+  name = run.trained_with()
+  return f"{run.path} (trained with `{name}`)" if name else run.path
+
+
+def _check_vocabulary(
+  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict, run: Workdir
+) -> None:
+  """ConfigError, before any work, when the command's data.vocab_path is not the run's own
+  vocabulary by content (another path to the same file, or a copy, is fine)."""
+  given = config.data.vocab_path
+  if not given or given == saved.data.vocab_path:
+    return
+  own = run.vocabulary(saved)
+  if not os.path.isfile(given):
+    raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
+  if os.path.isfile(own) and not files.same_bytes(given, own):
+    raise errors.ConfigError(
+      f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(run)}: "
+      f"its content differs from {own}. Leave it out (the run's own is used)."
+    )
+
+
+def _check_training_data(
+  config: ml_collections.ConfigDict,
+  saved: ml_collections.ConfigDict,
+  run: Workdir,
+  recorded: dict[str, Any] | None,
+) -> None:
+  """ConfigError, before any work, when a resume would train on other data than the run
+  recorded (run/identity.py); one warning for a run that recorded none (saved before)."""
+  if recorded is None:
+    logging.warning(
+      "%s has no record of its training data (it was trained before runs recorded one): "
+      "resuming on what the config names now, and recording it.",
+      run.path,
+    )
+    return
+  differs = identity.difference(recorded, identity.training_data(config, recorded))
+  if differs:
+    raise errors.ConfigError(
+      f"{_trained_with(run)} was trained on other data: {differs}. Point "
+      f"data.dir at the run's own files, or train in another --workdir."
+    )
 
 
 def _say_if_another_test_set(
@@ -71,8 +140,11 @@ def _say_if_another_test_set(
     )
 
 
-def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
-  """Trains (or resumes, or returns a finished run's saved figures); see training/loop.py."""
+def train(
+  config: ml_collections.ConfigDict | None, workdir: str, config_name: str = ""
+) -> dict[str, Any]:
+  """Trains (or resumes, or returns a finished run's saved figures); see training/loop.py.
+  `config_name`: what --config named (`demo`), recorded for messages about the run."""
   from flaxformer_nmt.training import loop  # the training loop: this mode only
 
   config, run = _begin(config, workdir, "train")
@@ -91,7 +163,7 @@ def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, A
   config = config.copy_and_resolve_references()  # the caller's config stays as it was
   # Recorded; a resume keeps it.
   run_config.resolve_dtype(config, parallel.auto_dtype(), resuming=bool(run.training_steps()))
-  result = loop.train_and_evaluate(config, run)
+  result = loop.train_and_evaluate(config, run, config_name)
   run.write_result(result)
   return result
 

@@ -1,8 +1,13 @@
 """A run's folder, and the one type that knows what it holds: `Workdir`.
 
   <workdir>/
-    config.json                 the config training ran with (compared on every rerun)
-    spm.model                   the shared vocabulary (unless config.data.vocab_path names one)
+    config.json                 the config training ran with (compared on every rerun), its
+                                paths absolute (run/paths.py)
+    run.json                    what the run was made from: the config's name as given
+                                (--config=demo) and its training data's fingerprint
+                                (run/identity.py), checked on every resume
+    spm.model                   the shared vocabulary: trained here, or a copy of the file
+                                config.data.vocab_path names (runs from before: that file)
     data_cache/                 tokenized corpora
     checkpoints/<step>/         training checkpoints: state (with the EMA), input position
     averaged/<name>/<step>/     averages (--mode=average), named by what they hold, e.g.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import ml_collections
@@ -98,6 +104,10 @@ class Workdir:
     return self.join("data_cache")
 
   @property
+  def run_record_path(self) -> str:
+    return self.join("run.json")
+
+  @property
   def lock_path(self) -> str:
     return self.join("train.lock")
 
@@ -122,13 +132,28 @@ class Workdir:
     return self.join(f"{mode}_result.json")
 
   def vocabulary(self, config: ml_collections.ConfigDict | None = None) -> str:
-    """The run's SentencePiece model: `data.vocab_path` of `config` (default: of the run's saved
-    config.json), else `<workdir>/spm.model`."""
+    """The run's SentencePiece model: its own `<workdir>/spm.model` when it holds one (trained
+    here, or copied from data.vocab_path when training started), else `data.vocab_path` of
+    `config` (default: of the run's saved config.json: a run from before the copy), else where
+    `<workdir>/spm.model` is to be trained."""
+    own = self.join(VOCABULARY)
+    if os.path.isfile(own):
+      return own
     if config is not None:
       vocab_path = config.data.vocab_path
     else:
       vocab_path = self.saved_config().get("data", {}).get("vocab_path", "")
-    return vocab_path or self.join(VOCABULARY)
+    return vocab_path or own
+
+  def keep_vocabulary(self, config: ml_collections.ConfigDict) -> None:
+    """Copies the file data.vocab_path names into the run (`spm.model`), once, so the run keeps
+    its vocabulary whatever happens to that path later."""
+    own = self.join(VOCABULARY)
+    given = config.data.vocab_path
+    if not given or os.path.isfile(own) or not os.path.isfile(given):
+      return
+    with files.atomic_path(own) as scratch:
+      shutil.copyfile(given, scratch)
 
   # ------------------------------------------------------------------------------- records
 
@@ -145,6 +170,27 @@ class Workdir:
         return f.read()
     except OSError:
       return None
+
+  def run_record(self) -> dict[str, Any]:
+    """run.json (what the run was made from), or {} for a run from before it."""
+    try:
+      with open(self.run_record_path, encoding="utf-8") as f:
+        return json.load(f)
+    except (OSError, ValueError):
+      return {}
+
+  def training_data(self) -> dict[str, Any] | None:
+    """The fingerprint of the data the run trained on (run/identity.py), if it recorded one."""
+    return self.run_record().get("training_data")
+
+  def trained_with(self) -> str:
+    """The config the run was trained with, as its first training command named it ("" if
+    unknown)."""
+    return str(self.run_record().get("config", ""))
+
+  def write_run_record(self, config_name: str, training_data: dict[str, Any]) -> None:
+    record = {"config": config_name or self.trained_with(), "training_data": training_data}
+    files.write_text(self.run_record_path, json.dumps(record, indent=2) + "\n")
 
   def write_config(self, config: ml_collections.ConfigDict) -> None:
     files.write_text(self.config_path, config.to_json_best_effort(indent=2))

@@ -218,6 +218,7 @@ def reconcile(
   saved_config: ml_collections.ConfigDict,
   mode: str,
   where: str,
+  by_content: tuple[str, ...] = (),
 ) -> ml_collections.ConfigDict:
   """The config a `mode` command runs with on a saved run: the run's `saved_config`, with the
   command's value wherever `may_change` allows it, and wherever the run saved no such field.
@@ -236,6 +237,9 @@ def reconcile(
       continue  # "auto" on a run that recorded its resolved dtype: the run's
     if path == "data.directions" and mode not in TRAIN_MODES and _narrows(value, old):
       _set(result, path, value)  # eval scores some of the run's directions
+      continue
+    if path in by_content and value:
+      _set(result, path, value)
       continue
     if not may_change(path, mode):
       reason = {

@@ -217,14 +217,14 @@ def load_or_train_tokenizer(
   Multi-process runs: only process 0 trains; the others wait for the file to appear in the (shared)
   workdir. That is simple and enough because the write is an atomic rename.
   """
+  if os.path.isfile(path):  # the run's own (trained, or kept from data.vocab_path)
+    logging.info("Reusing the vocabulary %s.", path)
+    return check_symbols(Tokenizer(path), user_symbols)
   if data_config.vocab_path:
     if not os.path.isfile(data_config.vocab_path):
       raise errors.DataError(f"config.data.vocab_path={data_config.vocab_path}: no such file.")
     logging.info("Using the vocabulary %s (data.vocab_path).", data_config.vocab_path)
     return check_symbols(Tokenizer(data_config.vocab_path), user_symbols)
-  if os.path.isfile(path):
-    logging.info("Reusing the vocabulary %s.", path)
-    return check_symbols(Tokenizer(path), user_symbols)
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top  # only multi-process runs need it here
 

@@ -21,6 +21,7 @@ from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.decoding import evaluation
+from flaxformer_nmt.run import identity
 from flaxformer_nmt.runtime import parallel, records
 from flaxformer_nmt.training import init_from
 from flaxformer_nmt.training.lock import WorkdirLock
@@ -107,13 +108,18 @@ def _final_dev_figures(trainer: Trainer) -> dict[str, float]:
   return records.last_record_of_step(path, trainer.step) or {}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Workdir) -> dict[str, Any]:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: Workdir, config_name: str = ""
+) -> dict[str, Any]:
   """Trains (resuming from the workdir's latest checkpoint) and returns the final figures.
 
-  `config` is validated (`modes.train`, the entry of the command and of the API, does it once).
+  `config` is validated (`modes.train`, the entry of the command and of the API, does it once);
+  `config_name` is what --config named (recorded in run.json, for messages).
   """
   workdir.create()
   with WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
+    if parallel.is_main_process():
+      workdir.keep_vocabulary(config)  # the others read data.vocab_path: the same bytes
     components, source = _components_before_data(config, workdir)
     tokenizer = components.tokenizer if components is not None else None
     data = data_lib.make_data(config, workdir, tokenizer=tokenizer)
@@ -124,6 +130,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Workdir) -> d
       # Written once the checkpoint is known to fit this config: a refused resume changes nothing.
       if parallel.is_main_process():
         workdir.write_config(config)
+        workdir.write_run_record(
+          config_name, identity.training_data(config, workdir.training_data())
+        )
       return _train(config, workdir, trainer, guard)
 
 

@@ -1,0 +1,1 @@
+"""The run: one command's view of a run folder, made once (paths, saved config, data identity)."""

@@ -1,0 +1,133 @@
+"""A run folder that cannot be misread (issue 52): paths saved absolute, the vocabulary kept in
+the run, the training data fingerprinted and checked on resume. These tests run `modes._begin`
+(every command's first step: the saved config and what this command may change of it) on runs
+laid out by hand; no training step is run."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from flaxformer_nmt import errors, modes
+from flaxformer_nmt.config import builders, run_config
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
+from flaxformer_nmt.run import identity
+from flaxformer_nmt.workdir import Workdir
+
+_EN = ["a small house", "the red car", "one blue bird", "two old trees"] * 5
+_DE = ["ein kleines haus", "das rote auto", "ein blauer vogel", "zwei alte baeume"] * 5
+
+
+def _corpus(folder: pathlib.Path, de: list[str]) -> None:
+  """train/dev/test of en-de in `folder`; `de` the training targets."""
+  folder.mkdir(parents=True)
+  for prefix in ("train", "dev", "test"):
+    (folder / f"{prefix}.en").write_text("\n".join(_EN) + "\n", encoding="utf-8")
+    target = de if prefix == "train" else _DE
+    (folder / f"{prefix}.de").write_text("\n".join(target) + "\n", encoding="utf-8")
+
+
+def _files_config(**data: object):
+  c = builders.base_config("tiny")
+  c.data.source = "files"
+  c.data.train_prefix, c.data.dev_prefix, c.data.test_prefix = "train", "dev", "test"
+  c.data.src_lang, c.data.tgt_lang = "en", "de"
+  c.data.update(data)
+  return c
+
+
+def _trained(monkeypatch, work: pathlib.Path, config, name: str = "my_config") -> Workdir:
+  """A run as a first training command leaves it: config.json as `modes._begin` made it
+  (written by the loop), run.json, and (stood in for) a checkpoint at step 300."""
+  config, run = modes._begin(config, str(work), "train")  # pylint: disable=protected-access
+  run.keep_vocabulary(config)
+  run.write_config(config)
+  run.write_run_record(name, identity.training_data(config))
+  monkeypatch.setattr(Workdir, "training_steps", lambda self: [300])
+  return run
+
+
+def test_a_relative_data_dir_is_saved_absolute_and_a_resume_elsewhere_reads_it(
+  monkeypatch, tmp_path
+):
+  """Defect 2 of issue 52: data.dir="data" was saved as typed, so a resume started in another
+  folder whose data/ held another corpus of the same size trained on it (rc 0)."""
+  first, other = tmp_path / "first", tmp_path / "other"
+  _corpus(first / "data", _DE)
+  _corpus(other / "data", list(reversed(_DE)))  # same lines, same sizes, other pairs
+  monkeypatch.chdir(first)
+  work = tmp_path / "run"
+  _trained(monkeypatch, work, _files_config(dir="data"))
+  assert run_config.saved(str(work)).data.dir == str(first / "data")
+  monkeypatch.chdir(other)
+  config, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
+  assert config.data.dir == str(first / "data")  # the run's data, from any folder
+  # Pointed at the other corpus on purpose: refused in one line naming the file that differs.
+  with pytest.raises(
+    errors.ConfigError, match=r"trained with `my_config`.* other data: .*train\.de"
+  ):
+    modes._begin(_files_config(dir="data"), str(work), "train")  # pylint: disable=protected-access
+
+
+def test_a_resume_is_refused_when_its_data_changed_in_place_and_allowed_once_moved(
+  monkeypatch, tmp_path
+):
+  data = tmp_path / "data"
+  _corpus(data, _DE)
+  work = tmp_path / "run"
+  _trained(monkeypatch, work, _files_config(dir=str(data)))
+  # Moved: the same content elsewhere is the run's data, and the new place is taken.
+  moved = tmp_path / "moved"
+  os.rename(data, moved)
+  config, _ = modes._begin(_files_config(dir=str(moved)), str(work), "train")  # pylint: disable=protected-access
+  assert config.data.dir == str(moved)
+  # Changed in place, same number of lines: refused before any work.
+  (moved / "train.de").write_text("\n".join(_DE[1:] + _DE[:1]) + "\n", encoding="utf-8")
+  with pytest.raises(errors.ConfigError, match="was trained on other data"):
+    modes._begin(_files_config(dir=str(moved)), str(work), "train")  # pylint: disable=protected-access
+
+
+def test_a_vocabulary_given_by_a_relative_path_is_kept_in_the_run(monkeypatch, tmp_path):
+  """Defect 3 of issue 52: data.vocab_path="spm/v.model" was saved as typed, so translate
+  started in another folder used the other folder's spm/v.model and wrote nonsense (rc 0); and
+  the absolute path to the same file was refused, the field being fixed."""
+  first, other = tmp_path / "first", tmp_path / "other"
+  for folder, lines in ((first, _EN + _DE), (other, _DE)):
+    (folder / "spm").mkdir(parents=True)
+    tokenizer_lib.train_tokenizer(lines, str(folder / "spm" / "v"), 40)
+  _corpus(first / "data", _DE)
+  monkeypatch.chdir(first)
+  work = tmp_path / "run"
+  run = _trained(monkeypatch, work, _files_config(dir="data", vocab_path="spm/v.model"))
+  monkeypatch.chdir(other)
+  own = run.vocabulary()
+  assert own == str(work / "spm.model")
+  assert (work / "spm.model").read_bytes() == (first / "spm" / "v.model").read_bytes()
+  config, _ = modes._begin(None, str(work), "translate")  # pylint: disable=protected-access
+  assert Workdir(str(work)).vocabulary(config) == own
+  # The same file by its absolute path: allowed. Another vocabulary: one line.
+  same = _files_config(dir=str(first / "data"), vocab_path=str(first / "spm" / "v.model"))
+  modes._begin(same, str(work), "translate")  # pylint: disable=protected-access
+  with pytest.raises(errors.ConfigError, match=r"vocab_path=.*other/spm/v.model is not the voc"):
+    modes._begin(  # pylint: disable=protected-access
+      _files_config(dir=str(first / "data"), vocab_path="spm/v.model"), str(work), "translate"
+    )
+
+
+def test_a_run_saved_with_relative_paths_is_read_from_the_current_folder(
+  monkeypatch, tmp_path, caplog
+):
+  """A run from before (docs/runs.md): its relative paths mean what they meant, with one
+  warning; a resume records its data from then on."""
+  _corpus(tmp_path / "data", _DE)
+  monkeypatch.chdir(tmp_path)
+  work = tmp_path / "old"
+  Workdir(str(work)).create()
+  Workdir(str(work)).write_config(_files_config(dir="data"))
+  monkeypatch.setattr(Workdir, "training_steps", lambda self: [300])
+  config, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
+  assert config.data.dir == str(tmp_path / "data")
+  said = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+  assert "saved with relative paths" in said and "no record of its training data" in said
