@@ -66,6 +66,7 @@ ADDED_FIELDS: dict[str, object] = {
   # float16's loss scale (training/loss_scale.py): used by float16 runs only, which came later.
   "optim.loss_scale_init": 2.0**15,
   "optim.loss_scale_period": 2000,
+  "eval.max_test_sentences": 0,
 }
 
 
@@ -252,6 +253,9 @@ def base_config(size: str) -> ml_collections.ConfigDict:
     dict(
       dev_bleu_sentences=256,  # dev sentences decoded at each eval during training
       dev_bleu_beam_size=1,  # greedy during training to keep evals cheap
+      # The final test (and --mode=eval) scores the first N test sentences of each direction;
+      # 0 = all. For short experiments: decoding a whole test set can take longer than training.
+      max_test_sentences=0,
       # Tokenized BLEU's ##AT## compound split (t2t's EN-DE script): "auto" = for German targets
       # only (EN-FR's tokenized BLEU is Moses + multi-bleu without it), "on", "off".
       compound_split="auto",

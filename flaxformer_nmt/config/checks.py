@@ -211,5 +211,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "computed on that many sentences); it is 0."
     )
   _at_least(config, "eval.dev_bleu_sentences", 0)
+  _at_least(config, "eval.max_test_sentences", 0)
   _at_least(config, "eval.dev_bleu_beam_size", 1)
   _one_of(config, "eval.compound_split", COMPOUND_SPLITS)

@@ -7,6 +7,8 @@ the training loop and `--mode=eval` call them. The metrics themselves are bleu.p
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -112,8 +114,9 @@ def test_scores(
   """Translates the test `pairs` greedily and with `beam_size`, and scores both both ways.
 
   Every process decodes its share and scores the whole set; process 0 writes
-  `<out_dir>/<test_set_tag>_<tag>_<search_tag>.{hyp.txt,scores.json}`: named by what was scored
-  (which test set, which parameters, which search), so no evaluation overwrites another's files.
+  `<out_dir>/<test_set_id>_<tag>_<search_tag>.{hyp.txt,scores.json}`: named by what was scored
+  (which test set by content, with which settings: scored_set_id; which parameters; which
+  search), so no evaluation overwrites another's files.
   The result names the test set
   (e.g. `newstest2014` for the WMT14 configs), its size and how the tokenized BLEU was made.
   With `languages` (a multilingual model's), it also gives each search's off-target rate: the
@@ -184,6 +187,42 @@ def test_set_tag(data_config: Any) -> str:
   return "test_" + "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
 
 
+def scored_set_id(
+  config: Any,
+  pairs: Sequence[tuple[str, str]],
+  direction: str | None = None,
+  extra: Any = None,
+) -> str:
+  """The name an evaluation's files carry for what was scored: `test_set_tag` (readable), the
+  direction, and a digest of everything else that changes the scores: the pairs themselves
+  (their text, so another folder's test set with the same prefix, or fewer sentences, is another
+  name), the longest source (data.max_len), the compute dtype and attention, every decoding
+  setting and the tokenized BLEU's compound split (and `extra`: a constrained search's terms).
+  The same evaluation gets the same name (its
+  files may be reused); any other never overwrites them."""
+  digest = hashlib.sha256()
+  for src, ref in pairs:
+    digest.update(f"{src}\t{ref}\n".encode())
+  settings = {
+    "max_len": config.data.max_len,
+    "dtype": config.model.dtype,
+    "attention": config.model.get("attention", ""),
+    "decode": config.decode.to_dict(),
+    "compound_split": config.eval.compound_split,
+    "extra": extra,
+  }
+  digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+  name = test_set_tag(config.data) + (f".{direction}" if direction else "")
+  return f"{name}.{digest.hexdigest()[:8]}"
+
+
+def test_pairs(config: Any, data: Data, direction: str | None = None) -> list[tuple[str, str]]:
+  """The test pairs scored: the first eval.max_test_sentences of the split (all when 0)."""
+  pairs = data.pairs("test", direction) if direction else data.pairs("test")
+  limit = int(config.eval.get("max_test_sentences", 0) or 0)
+  return list(pairs[:limit]) if limit else list(pairs)
+
+
 def search_tag(beam: int, beam_style: str, alpha: float, max_len_offset: int) -> str:
   """The search, for file names: `greedy`, or `beam4-shrinking-a0.6`; `-len50` is the default
   output length allowance and is left out."""
@@ -217,11 +256,12 @@ def score_test_set(
     tag=tag,
   )
   if not data.directions:
+    pairs = test_pairs(config, data)
     return test_scores(
-      data.pairs("test"),
+      pairs,
       translator.translate_fn(components, params, replicated=replicated),
       test_set=data.split_name("test"),
-      test_set_id=test_set_tag(config.data),
+      test_set_id=scored_set_id(config, pairs),
       tgt_lang=config.data.tgt_lang,
       **settings,
     )
@@ -231,11 +271,12 @@ def score_test_set(
     out[group] = {}
     for direction in names:
       target = direction.split("-", 1)[1]
+      pairs = test_pairs(config, data, direction)
       figures = test_scores(
-        data.pairs("test", direction),
+        pairs,
         translator.translate_fn(components, params, replicated=replicated, target_lang=target),
         test_set=data.split_name("test", direction),
-        test_set_id=f"{test_set_tag(config.data)}.{direction}",
+        test_set_id=scored_set_id(config, pairs, direction),
         tgt_lang=target,
         languages=languages,
         **settings,
@@ -263,7 +304,8 @@ def constrained_test_scores(
   translation made to contain its `terms` (--constraints=`terms_path`), and what was met; the
   files are named `..._beamK-..._constrained-<file name>` beside the unconstrained ones."""
   config = components.config
-  pairs = data.pairs("test")
+  pairs = test_pairs(config, data)
+  terms = terms[: len(pairs)] if config.eval.get("max_test_sentences", 0) else terms
   if len(terms) != len(pairs):
     raise errors.ConfigError(
       f"--constraints={terms_path} has {len(terms)} lines and the test set "
@@ -282,7 +324,7 @@ def constrained_test_scores(
     [h[0].text for h in hyps],
     [r for _, r in pairs],
     out_dir,
-    f"{test_set_tag(config.data)}_{tag}_{search}_constrained-{stem}",
+    f"{scored_set_id(config, pairs, extra=terms)}_{tag}_{search}_constrained-{stem}",
     config.data.tgt_lang,
     compound_split=split,
     write=parallel.is_main_process(),

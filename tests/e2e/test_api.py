@@ -13,7 +13,7 @@ def test_train_resumes_and_writes_its_result(tmp_path):
   first = api.train(config, str(tmp_path))
   assert first["step"] == 6 and "dev_loss" in first and "test_sacrebleu_beam2" in first
   assert first == json.loads((tmp_path / "train_result.json").read_text())
-  hyps = sorted((tmp_path / "eval").glob("test_demo.test16_step6_*.hyp.txt"))
+  hyps = sorted((tmp_path / "eval").glob("test_demo.test16.*_step6_*.hyp.txt"))
   stamps = [p.stat().st_mtime_ns for p in hyps]
   # The same call again (a notebook cell rerun after a runtime reset): the saved figures, with
   # nothing trained or decoded again.

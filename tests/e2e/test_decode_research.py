@@ -49,7 +49,7 @@ def test_main_py_nbest_alignments_sampling_and_an_ensemble(
   assert pair["checkpoint"].startswith("ensemble of 2 models") and str(seed1) in pair["checkpoint"]
   assert pair["test_sentences"] == alone["test_sentences"]
   written = sorted(
-    p.name for p in (work / "eval").glob("test_demo.test40_ensemble2_latest_*_beam2-*.hyp.txt")
+    p.name for p in (work / "eval").glob("test_demo.test40.*_ensemble2_latest_*_beam2-*.hyp.txt")
   )
   assert len(written) == 1, written  # named by what was loaded, beside step60's own files
   both = api.translate_nbest(config, str(work), ["three hundred"], 2, "latest", [str(seed1)], True)

@@ -89,7 +89,7 @@ def test_eval_with_the_workdir_alone_gives_trainings_test_figures(files_run, tmp
   # same bytes, and nothing else.
   names = sorted(p.name for p in (work / "eval").iterdir())
   assert names == sorted(p.name for p in (files_run[0] / "eval").iterdir())
-  assert all(n.startswith("test_files.test_step40_") for n in names), names
+  assert all(re.match(r"test_files\.test\.[0-9a-f]{8}_step40_", n) for n in names), names
   # Another test set and a search with another beam: new files beside the old, none touched.
   before = helpers.snapshot(work / "eval")
   proc = helpers.run_main(
@@ -106,7 +106,6 @@ def test_eval_with_the_workdir_alone_gives_trainings_test_figures(files_run, tmp
   "args,culprit",
   [
     (["--config=configs/demo.py", "--mode=eval"], "disagrees with the run: "),  # vocab_sample_size
-    (["--config.data.dir=elsewhere"], "a resumed run keeps how it computes"),  # a resume
     (["--mode=eval", "--config.model.num_heads=2"], "config.model.num_heads=2 disagrees"),
     (["--mode=translate", "--config.model.num_heads=2"], "config.model.num_heads=2 disagrees"),
     (["--config.model.num_heads=2"], "config.model.num_heads=2 disagrees"),  # a resume
@@ -124,6 +123,33 @@ def test_a_config_that_disagrees_is_one_line_and_changes_nothing(
   assert lines[0].startswith("error: ") and culprit in lines[0], lines[0]
   assert "/config.json has" in lines[0]
   assert helpers.snapshot(work) == before  # config.json and eval/ byte for byte, and the rest
+
+
+def test_a_resume_on_a_corpus_changed_in_place_is_one_line_and_a_moved_one_resumes(
+  files_run, tmp_path
+):
+  """Issue 52: the run recorded its training data (run.json); the same folder holding another
+  corpus of as many lines is refused, the same corpus moved elsewhere is taken (and recorded)."""
+  work = _copy(files_run, tmp_path)
+  corpus = work.parent / "corpus"
+  shutil.copytree(files_run[0].parent / "corpus", corpus)
+  lines = (corpus / "train.de").read_text(encoding="utf-8").splitlines()
+  (corpus / "train.de").write_text("\n".join(lines[1:] + lines[:1]) + "\n", encoding="utf-8")
+  before = helpers.snapshot(work)
+  args = (f"--workdir={work}", f"--config.data.dir={corpus}", "--config.num_train_steps=41")
+  proc = helpers.run_main(*args)
+  stderr = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(stderr) == 1, proc.stderr[-3000:]
+  assert f"{work} (trained with `configs/demo.py`) was trained on other data: " in stderr[0]
+  assert "train.de" in stderr[0]
+  assert helpers.snapshot(work) == before
+  shutil.rmtree(corpus)
+  shutil.copytree(files_run[0].parent / "corpus", corpus)  # the run's own corpus, moved
+  proc = helpers.run_main(*args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  saved = json.loads((work / "config.json").read_text())
+  assert saved["data"]["dir"] == str(corpus)
+  assert json.loads((work / "run.json").read_text())["config"] == "configs/demo.py"
 
 
 def test_training_recorded_its_dtype_and_logs_epochs_in_its_line(files_run):
