@@ -32,7 +32,7 @@ from absl import app, flags, logging
 from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 _DATA_DIR = flags.DEFINE_string(
   "data_dir", None, "Folder of <prefix>.<lang>[.gz] files.", required=True

@@ -45,11 +45,12 @@ import aiohttp
 import numpy as np
 from absl import app, flags, logging
 
-from flaxformer_nmt import api, loaded_model
+from flaxformer_nmt import api
 from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.data import demo
 from flaxformer_nmt.decoding import translator as translator_lib
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.run.folder import Workdir
 
 _CONFIG = flags.DEFINE_string(
   "config",

@@ -401,7 +401,15 @@ def _serve(config: Any, workdir: str) -> None:
     token=f.token,
     target_lang=f.target_lang,
   )
-  launch.run(config, workdir, f.checkpoint, tuple(f.ensemble), options, f.distributed)
+
+  def load() -> Any:  # on the server's loader thread: JAX is imported here, not before listening
+    from flaxformer_nmt import modes  # pylint: disable=g-import-not-at-top
+
+    return modes.serving_model(
+      config, workdir, f.checkpoint, tuple(f.ensemble), f.distributed, f.target_lang
+    )
+
+  launch.run(workdir, load, options)
 
 
 def full_help() -> str:

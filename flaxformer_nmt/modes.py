@@ -18,112 +18,29 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt import errors, loaded_model
-from flaxformer_nmt.checkpoints import averaging, selection
-from flaxformer_nmt.components import Components
-from flaxformer_nmt.config import checks, run_config
-from flaxformer_nmt.data import directions
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import averaging
+from flaxformer_nmt.config import directions, run_config
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import evaluation, translator
-from flaxformer_nmt.run import identity, paths
-from flaxformer_nmt.runtime import accelerators, compile_cache, files, parallel, records
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run import command, selection
+from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.runtime import accelerators, files, parallel, records
 
 
 def _begin(
   config: ml_collections.ConfigDict | None, workdir: str, mode: str
 ) -> tuple[ml_collections.ConfigDict, Workdir]:
-  """What every mode does first: the run's saved config and what this command may change of it
-  (config/run_config.py; None = the run's own), the config's rules, the workdir's, and the one
-  warning line when a GPU or TPU is visible but JAX runs on the CPU. Nothing is written."""
-  run = Workdir(workdir)
-  run.check()
-  saved = run_config.saved(run.path)
-  if config is not None:
-    config = config.copy_and_resolve_references()  # the caller's config stays as it was
-    paths.absolute(config)
-  if saved is not None:
-    paths.absolute(saved, saved=run.config_path)
-  resuming = mode == "train" and bool(run.training_steps())
-  if saved is not None and (config is None or mode != "train" or resuming):
-    recorded = run.training_data() if resuming else None
-    try:
-      config = run_config.reconcile(
-        config if config is not None else saved,
-        saved,
-        mode,
-        run.config_path,
-        # Checked by content below: a moved corpus or vocabulary may be named anew.
-        by_content=("data.vocab_path",) + (("data.dir",) if recorded else ()),
-      )
-    except errors.ConfigError as e:
-      name = run.trained_with()
-      if not name:
-        raise
-      raise errors.ConfigError(f"{run.path} was trained with `{name}`: {e}") from None
-    _check_vocabulary(config, saved, run)
-    if resuming:
-      _check_training_data(config, saved, run, recorded)
-    if mode == "eval":
-      _say_if_another_test_set(config, saved)
-  elif config is None:
-    raise errors.ConfigError(
-      f"{run.config_path}: no such file; give the config {workdir} was trained with."
-    )
-  checks.validate(config)
-  compile_cache.check(config.get("compile_cache", "auto"))
-  if mode == "train":
-    run.create()  # one line if it cannot be, before anything is compiled or read
+  """What every mode does first (run/command.py: the run's saved config read once, what this
+  command may change of it, its paths and data checked), then the one warning line when a GPU or
+  TPU is visible but JAX runs on the CPU. Nothing is written but a new training run's folder."""
+  run = command.open_run(config, workdir, mode)
+  if mode == "eval" and run.saved is not None:
+    _say_if_another_test_set(run.config, run.saved)
   accelerators.warn_if_unused()
-  compile_cache.enable(config.get("compile_cache", "auto"))
-  return config, run
-
-
-def _trained_with(run: Workdir) -> str:
-  """ "runs/demo (trained with `demo`)": which config a refused command's run came from."""
-  name = run.trained_with()
-  return f"{run.path} (trained with `{name}`)" if name else run.path
-
-
-def _check_vocabulary(
-  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict, run: Workdir
-) -> None:
-  """ConfigError, before any work, when the command's data.vocab_path is not the run's own
-  vocabulary by content (another path to the same file, or a copy, is fine)."""
-  given = config.data.vocab_path
-  if not given or given == saved.data.vocab_path:
-    return
-  own = run.vocabulary(saved)
-  if not os.path.isfile(given):
-    raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
-  if os.path.isfile(own) and not files.same_bytes(given, own):
-    raise errors.ConfigError(
-      f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(run)}: "
-      f"its content differs from {own}. Leave it out (the run's own is used)."
-    )
-
-
-def _check_training_data(
-  config: ml_collections.ConfigDict,
-  saved: ml_collections.ConfigDict,
-  run: Workdir,
-  recorded: dict[str, Any] | None,
-) -> None:
-  """ConfigError, before any work, when a resume would train on other data than the run
-  recorded (run/identity.py); one warning for a run that recorded none (saved before)."""
-  if recorded is None:
-    logging.warning(
-      "%s has no record of its training data (it was trained before runs recorded one): "
-      "resuming on what the config names now, and recording it.",
-      run.path,
-    )
-    return
-  differs = identity.difference(recorded, identity.training_data(config, recorded))
-  if differs:
-    raise errors.ConfigError(
-      f"{_trained_with(run)} was trained on other data: {differs}. Point "
-      f"data.dir at the run's own files, or train in another --workdir."
-    )
+  return run.config, run.folder
 
 
 def _say_if_another_test_set(

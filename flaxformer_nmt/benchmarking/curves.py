@@ -10,8 +10,8 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from flaxformer_nmt import errors  # noqa: E402
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import records
-from flaxformer_nmt.workdir import Workdir
 
 
 def read_dev_metrics(workdir: str) -> list[dict[str, float]]:

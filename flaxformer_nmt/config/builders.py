@@ -58,7 +58,7 @@ SIZES: dict[str, Size] = {
 ADDED_FIELDS: dict[str, object] = {
   "model.d_k": 0,
   "compile_cache": "auto",
-  # Many directions (data/directions.py): a run saved before them is bilingual.
+  # Many directions (config/directions.py): a run saved before them is bilingual.
   "data.directions": "",
   "data.corpora": "",
   "data.temperature": 5.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.config import directions
 from flaxformer_nmt.config.choices import (
   ATTENTIONS,
   BEAM_STYLES,
@@ -23,7 +24,6 @@ from flaxformer_nmt.config.choices import (
   SOURCES,
   VOCAB_MODEL_TYPES,
 )
-from flaxformer_nmt.data import directions
 
 
 def _fail(message: str) -> None:
@@ -64,7 +64,7 @@ def _one_of(config: ml_collections.ConfigDict, path: str, choices: tuple[str, ..
 
 
 def _multilingual(d: ml_collections.ConfigDict) -> None:
-  """data.directions and its companions (data/directions.py parses them, one line each)."""
+  """data.directions and its companions (config/directions.py parses them, one line each)."""
   trained = directions.parse_directions(str(d.get("directions", "")))
   zero = directions.zero_shot(d)
   if not trained:

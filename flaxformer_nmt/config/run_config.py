@@ -45,10 +45,10 @@ from flaxformer_nmt import errors
 
 FIXED, DECODING, RESUME, FREE = "fixed", "decoding", "resume", "free"
 TRAIN_MODES = ("train",)  # where DECODING fields are fixed: a resumed run keeps how it computes
-CONFIG_FILE = "config.json"  # in the run's folder (workdir.Workdir.config_path)
+CONFIG_FILE = "config.json"  # in the run's folder (run.folder.Workdir.config_path)
 
 # config.model fields that decide what a set of parameters computes: another run's parameters (an
-# ensemble member, a fine-tuning source) must agree on each (checkpoints/selection.py). Shapes
+# ensemble member, a fine-tuning source) must agree on each (run/selection.py). Shapes
 # catch most size changes (checkpoints.params.check_fits), but not num_heads or pre_ln.
 ARCHITECTURE = (
   "num_layers",

@@ -21,7 +21,7 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.data import directions
+from flaxformer_nmt.config import directions
 from flaxformer_nmt.runtime import files
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"

@@ -15,7 +15,7 @@ from typing import Protocol
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt.data import directions as directions_lib
+from flaxformer_nmt.config import directions as directions_lib
 from flaxformer_nmt.data import multilingual, packing, prefetch, sources, streams, tokenized
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 

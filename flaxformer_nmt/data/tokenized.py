@@ -78,7 +78,7 @@ def tokenize_pairs(
 ) -> TokenizedSplit:
   """Encodes a stream of pairs chunk by chunk; logs progress with rate and ETA on long inputs.
 
-  `src_prefix` (a multilingual split's tags, data/directions.py) starts every non-empty source;
+  `src_prefix` (a multilingual split's tags, config/directions.py) starts every non-empty source;
   an empty source stays empty, so training still drops the pair."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
   src_ids, src_lens, tgt_ids, tgt_lens = [], [], [], []

@@ -19,8 +19,7 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.components import Components
-from flaxformer_nmt.data import directions as directions_lib
+from flaxformer_nmt.config import directions as directions_lib
 from flaxformer_nmt.data.pipeline import Data
 from flaxformer_nmt.decoding import language_id, translator
 from flaxformer_nmt.decoding.bleu import (
@@ -29,6 +28,7 @@ from flaxformer_nmt.decoding.bleu import (
   splits_compounds,
   tokenized_bleu_method,
 )
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.runtime import parallel
 
 # (source sentences, beam size) -> their translations: how a model is asked to translate.

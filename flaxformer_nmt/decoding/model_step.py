@@ -9,26 +9,18 @@ with one decoder layer's cross-attention, for word alignments.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from flaxformer_nmt.decoding import search as search_lib
+from flaxformer_nmt.model.ensemble import Ensemble  # noqa: F401  (model_step.Ensemble)
 from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer
 
 Array = jax.Array
-
-
-class Ensemble(NamedTuple):
-  """The parameters of several models of one configuration, decoded as one (`ensemble_step_fn`).
-
-  Wherever a decode function takes `params`, an Ensemble may stand instead.
-  """
-
-  members: tuple[Any, ...]
 
 
 def model_step_fn(

@@ -27,8 +27,8 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import search as search_lib
-from flaxformer_nmt.decoding.model_step import Ensemble
 from flaxformer_nmt.decoding.translator import ModelParts, TextTokenizer, bucket_lengths
+from flaxformer_nmt.model.ensemble import Ensemble
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer
 from flaxformer_nmt.runtime import parallel

@@ -25,8 +25,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.components import Components
-from flaxformer_nmt.data import directions, multilingual
+from flaxformer_nmt.config import directions
+from flaxformer_nmt.data import multilingual
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
@@ -43,6 +43,7 @@ from flaxformer_nmt.decoding.lines import (  # noqa: F401  (BUCKETS, Hypothesis:
   next_power_of_two,
 )
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.runtime import files, parallel, progress
 
 # How many truncated line numbers the warning names.
@@ -313,7 +314,7 @@ def make_translator(
   """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
   asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
-  model_step.Ensemble; `replicated`: already on every local device (sharded.decode_fn).
+  model.ensemble.Ensemble; `replicated`: already on every local device (sharded.decode_fn).
   `nbest` hypotheses per line; `alignments` adds word alignments from
   config.decode.alignment_layer's cross-attention. `target_lang`: a multilingual model's output
   language (checked: directions.resolve_target)."""

@@ -23,7 +23,8 @@ from typing import Any
 
 import ml_collections
 
-from flaxformer_nmt.data import directions, multilingual, sources
+from flaxformer_nmt.config import directions
+from flaxformer_nmt.data import multilingual, sources
 
 VERSION = 1
 _CHUNK = 1 << 20

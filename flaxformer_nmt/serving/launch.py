@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from absl import logging
@@ -24,15 +24,10 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.serving.options import Options
 
 
-def run(
-  config: Any,
-  workdir: str,
-  which: str,
-  members: Sequence[str],
-  options: Options,
-  distributed: str = "auto",
-) -> dict[str, Any]:
-  """Serves the run in `workdir` until SIGTERM; the figures it writes to serve_result.json."""
+def run(workdir: str, load: Callable[[], Any], options: Options) -> dict[str, Any]:
+  """Serves the run in `workdir` until SIGTERM; the figures it writes to serve_result.json.
+  `load()` (the command's: modes.serving_model with its flags) checks the run and returns its
+  loaded model; it runs on the loader thread, and is where JAX is first imported."""
   options.check()
   try:
     import aiohttp  # noqa: F401  (the [serve] extra)
@@ -52,9 +47,7 @@ def run(
   guard = guard_lib.Guard(options.loopback, options.port, hosts, options.allowed_origins, token)
   uploads = server.Uploads()
   app = server.make_app(backend, guard, options.max_request_bytes, uploads)
-  loader = _Loader(
-    (config, workdir, which, members, distributed, options.target_lang), options, backend
-  )
+  loader = _Loader(load, options, backend)
 
   def on_listening(url: str, fail: Callable[[BaseException], None]) -> None:
     logging.info("Listening at %s; loading the model (GET /health shows start-up).", url)
@@ -112,7 +105,7 @@ def _exit_now() -> None:
 
 
 def _write(workdir: str, result: dict[str, Any]) -> None:
-  from flaxformer_nmt.workdir import Workdir  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.run.folder import Workdir  # pylint: disable=g-import-not-at-top
 
   Workdir(workdir).write_result(result)
 
@@ -120,8 +113,8 @@ def _write(workdir: str, result: dict[str, Any]) -> None:
 class _Loader:
   """The thread that imports JAX, loads the run and compiles (service.start)."""
 
-  def __init__(self, args: tuple[Any, ...], options: Options, backend: Any) -> None:
-    self._args = args  # modes.serving_model's
+  def __init__(self, load: Callable[[], Any], options: Options, backend: Any) -> None:
+    self._load = load
     self._options = options
     self._backend = backend
     self.loaded: Any = None
@@ -133,10 +126,9 @@ class _Loader:
 
   def _run(self, fail: Callable[[BaseException], None]) -> None:
     try:
-      from flaxformer_nmt import modes  # pylint: disable=g-import-not-at-top  (JAX: seconds)
+      self.loaded = self._load()  # imports JAX: seconds
       from flaxformer_nmt.serving import service  # pylint: disable=g-import-not-at-top
 
-      self.loaded = modes.serving_model(*self._args)
       service.start(self.loaded, self._options, self._backend)
     except BaseException as e:  # pylint: disable=broad-except  (raised on the main thread)
       fail(e)

@@ -1,6 +1,6 @@
 """`--mode=serve`'s model side: one loaded model, decoding as `--mode=translate` does.
 
-The model and its parameters are loaded once (loaded_model.py: any --checkpoint, --ensemble), on
+The model and its parameters are loaded once (run/loaded.py: any --checkpoint, --ensemble), on
 the loader's thread while the server already listens (launch.py). Each kind of search a request
 may ask for (n-best size, alignments) gets its own `Translator`, with the search, batch size,
 length buckets and per-device batching of `--mode=translate`, so the server runs the very programs
@@ -24,10 +24,10 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.data import directions
+from flaxformer_nmt.config import directions
 from flaxformer_nmt.decoding import translator as translator_lib
-from flaxformer_nmt.loaded_model import LoadedModel
 from flaxformer_nmt.model.tokens import PAD_ID
+from flaxformer_nmt.run.loaded import LoadedModel
 from flaxformer_nmt.runtime import parallel, progress
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, server

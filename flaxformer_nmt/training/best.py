@@ -27,10 +27,10 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt.checkpoints import checkpointer, reader
-from flaxformer_nmt.checkpoints.selection import BEST_INCOMING
+from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.run.selection import BEST_INCOMING
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import optim
-from flaxformer_nmt.workdir import Workdir
 
 EMA_PREFIX = "ema_"  # dev figures of the EMA parameters: ema_dev_bleu, ema_dev_loss, ...
 HIGHER_IS_BETTER = {"dev_bleu": True, "dev_loss": False}

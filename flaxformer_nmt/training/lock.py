@@ -44,7 +44,7 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.runtime import files, parallel
 
 if TYPE_CHECKING:  # only its lock_path is read; importing it (and orbax) would slow every start
-  from flaxformer_nmt.workdir import Workdir
+  from flaxformer_nmt.run.folder import Workdir
 
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0

@@ -17,18 +17,18 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt.components import Components
 from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.run import identity
+from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import parallel, records
 from flaxformer_nmt.training import init_from
 from flaxformer_nmt.training.lock import WorkdirLock
 from flaxformer_nmt.training.preemption import PreemptionGuard
 from flaxformer_nmt.training.state import TrainSetup, check_resume_fits
 from flaxformer_nmt.training.trainer import Trainer
-from flaxformer_nmt.workdir import Workdir
 
 
 def finished_result(config: ml_collections.ConfigDict, workdir: Workdir) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@ import time
 import jax
 from absl import logging
 
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import records
-from flaxformer_nmt.workdir import Workdir
 
 
 def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:

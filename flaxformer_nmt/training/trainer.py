@@ -25,14 +25,14 @@ from absl import logging
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import checkpointer
-from flaxformer_nmt.components import Components
 from flaxformer_nmt.data import prefetch
 from flaxformer_nmt.decoding import evaluation, translator
+from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import parallel, progress, records
 from flaxformer_nmt.training import best, init_from, metrics, optim, steps
 from flaxformer_nmt.training.lock import WorkdirLock
 from flaxformer_nmt.training.state import TrainSetup
-from flaxformer_nmt.workdir import Workdir
 
 
 def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:

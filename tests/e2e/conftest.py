@@ -25,8 +25,8 @@ def _shared_run(tmp_path_factory, name: str, train: Callable[[pathlib.Path], dic
 
 
 def _train(config, workdir: pathlib.Path) -> dict:
+  from flaxformer_nmt.run.folder import Workdir  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.training import loop  # pylint: disable=g-import-not-at-top
-  from flaxformer_nmt.workdir import Workdir  # pylint: disable=g-import-not-at-top
 
   return loop.train_and_evaluate(config, Workdir(str(workdir)))
 

@@ -12,10 +12,10 @@ import pytest
 
 from flaxformer_nmt import api
 from flaxformer_nmt.checkpoints import reader
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import parallel, records
 from flaxformer_nmt.training import init_from, metrics, optim
 from flaxformer_nmt.training import loop as train
-from flaxformer_nmt.workdir import Workdir
 
 import helpers
 

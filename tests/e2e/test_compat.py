@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from flaxformer_nmt import api
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 import helpers
 

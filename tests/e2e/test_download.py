@@ -20,7 +20,7 @@ import pytest
 from flaxformer_nmt import api
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import download, pipeline
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 import helpers
 import http_server

@@ -11,15 +11,15 @@ import pytest
 
 from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
-from flaxformer_nmt.components import Components
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.model import losses
+from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import init_from, steps
 from flaxformer_nmt.training import loop as train
 from flaxformer_nmt.training.state import TrainSetup
 from flaxformer_nmt.training.trainer import Trainer
-from flaxformer_nmt.workdir import Workdir
 
 import helpers
 

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.training import loop as train
 from flaxformer_nmt.training.state import TrainSetup
-from flaxformer_nmt.workdir import Workdir
 
 import helpers
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 import helpers
 
@@ -18,7 +18,7 @@ _CONTENDER = r"""
 import os, sys, time
 from flaxformer_nmt import errors
 from flaxformer_nmt.training import lock as workdir_lock
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 workdir, go, out, ready = sys.argv[1:5]
 real_stale = workdir_lock.WorkdirLock._stale

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flaxformer_nmt import api, errors, loaded_model
+from flaxformer_nmt import api, errors
+from flaxformer_nmt.run import loaded as loaded_model
 
 import helpers
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging, selection
+from flaxformer_nmt.checkpoints import averaging
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.checkpoints import reader as checkpoint_reader
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.folder import Workdir
 
 from checkpoint_states import abstract, assert_bitwise_equal, make_state, new_ckpt, save_steps
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import api, errors
-from flaxformer_nmt.checkpoints import reader, selection
+from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.config.choices import CHECKPOINTS
+from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.training import best
-from flaxformer_nmt.workdir import Workdir
 
 
 def test_the_tracker_counts_strict_improvements_of_the_better_of_raw_and_ema():

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pathlib
 
 from flaxformer_nmt import api
-from flaxformer_nmt.checkpoints import selection
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.folder import Workdir
 
 import helpers
 

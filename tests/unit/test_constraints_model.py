@@ -10,15 +10,16 @@ import jax
 import numpy as np
 import pytest
 
-from flaxformer_nmt import api, errors, loaded_model, modes
+from flaxformer_nmt import api, errors, modes
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.decoding import constraints, decode, scoring, search
-from flaxformer_nmt.decoding.model_step import Ensemble
+from flaxformer_nmt.model.ensemble import Ensemble
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, service
-from flaxformer_nmt.workdir import Workdir
 
 LINES = ["We need forty-two chairs.", "three hundred and five", "", "nine", "one thousand"]
 TERMS = [["Tische"], [], ["neun"], ["neun", "zehn"], []]

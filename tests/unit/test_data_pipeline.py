@@ -12,7 +12,7 @@ import pytest
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.data import pipeline, prefetch, sources, streams, tokenized
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 _ANIMALS = ["dog", "cat", "horse", "bird", "cow", "fox", "duck", "goat"]
 _TIERE = ["Hund", "Katze", "Pferd", "Vogel", "Kuh", "Fuchs", "Ente", "Ziege"]

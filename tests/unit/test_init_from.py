@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from flaxformer_nmt import api, errors
-from flaxformer_nmt.components import Components
 from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.training import init_from, optim
-from flaxformer_nmt.workdir import Workdir
 
 import helpers
 

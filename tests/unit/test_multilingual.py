@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.config import builders, checks, run_config
-from flaxformer_nmt.data import directions, multilingual, pipeline, sources
+from flaxformer_nmt.config import builders, checks, directions, run_config
+from flaxformer_nmt.data import multilingual, pipeline, sampling, sources
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import evaluation, language_id
 from flaxformer_nmt.decoding import translator as translate
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import protocol
-from flaxformer_nmt.workdir import Workdir
 
 import helpers
 
@@ -212,7 +212,7 @@ def test_language_balanced_vocabulary_sample(tmp_path):
   sample = multilingual.vocabulary_sample(c.data, seed=0)
   assert sample == multilingual.vocabulary_sample(c.data, seed=0)  # deterministic
   n = {"en": 440, "de": 400, "fr": 40}
-  q = directions.sampling_probabilities([0, 1, 2], list(n.values()), 5.0)
+  q = sampling.sampling_probabilities([0, 1, 2], list(n.values()), 5.0)
   want = {lang: min(n[lang], round(share * 150)) for lang, share in zip(n, q, strict=True)}
   got_fr = sum(s.split()[0] in _WORDS["fr"] for s in sample)
   assert got_fr == want["fr"] and len(sample) == sum(want.values())

@@ -14,7 +14,7 @@ from flaxformer_nmt import errors, modes
 from flaxformer_nmt.config import builders, run_config
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.run import identity
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 _EN = ["a small house", "the red car", "one blue bird", "two old trees"] * 5
 _DE = ["ein kleines haus", "das rote auto", "ein blauer vogel", "zwei alte baeume"] * 5

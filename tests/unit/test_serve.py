@@ -14,13 +14,14 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from flaxformer_nmt import loaded_model, modes
+from flaxformer_nmt import modes
 from flaxformer_nmt.decoding.translator import Hypothesis
+from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import guard as guard_lib
 from flaxformer_nmt.serving import protocol, server, service
 from flaxformer_nmt.serving.batcher import Kind
-from flaxformer_nmt.workdir import Workdir
 
 
 class Echo:

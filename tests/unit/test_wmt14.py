@@ -8,7 +8,7 @@ import tensorflow_datasets as tfds
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import demo, prepare, sources
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
 
 from helpers import demo_config  # isort: skip
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.training import lock as workdir_lock
-from flaxformer_nmt.workdir import Workdir
 
 import helpers
 

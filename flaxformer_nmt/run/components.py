@@ -21,8 +21,8 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.model.shapes import abstract_params as model_abstract_params
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
-from flaxformer_nmt.runtime import parallel
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.runtime import compile_cache, parallel
 
 
 class Components:
@@ -30,6 +30,9 @@ class Components:
   shapes and dtypes (`abstract_params`, computed once, allocating nothing)."""
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> None:
+    # The first thing every compiling command builds, once its cheap checks have passed: so a
+    # command refused for a missing checkpoint or file says that, and only that.
+    compile_cache.enable(config.get("compile_cache", "auto"))
     self.config = config
     self.tokenizer = tokenizer
     self.model_cfg = TransformerConfig.from_config(

@@ -22,7 +22,7 @@
     events.out.tfevents.*       TensorBoard
 
 No other module joins a path inside a workdir: it asks this one. Which parameters a command
-reads (--checkpoint, best/, averaged/, the EMA) is checkpoints/selection.py's; what a later
+reads (--checkpoint, best/, averaged/, the EMA) is run/selection.py's; what a later
 command may change of config.json is config/run_config.py's.
 """
 

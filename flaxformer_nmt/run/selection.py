@@ -32,8 +32,8 @@ from flaxformer_nmt.checkpoints import averaging, checkpointer, reader
 from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.config.run_config import ARCHITECTURE
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import files, parallel, records
-from flaxformer_nmt.workdir import Workdir
 
 LATEST_AVERAGE = "latest.json"
 BEST_INCOMING = ".incoming"  # a new evaluation of best/'s step, written before it is swapped in

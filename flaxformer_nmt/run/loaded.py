@@ -1,7 +1,7 @@
 """A loaded model: one typed object, built by one loader, that every command decoding with a trained
 run shares: eval, translate, serve, export and attention (modes.py), and the server (serving/).
 
-`load` asks checkpoints/selection.py which parameters `--checkpoint` (and each `--ensemble`
+`load` asks run/selection.py which parameters `--checkpoint` (and each `--ensemble`
 member) names, builds the command's one `Components`, checks every checkpoint's shapes against it
 before reading any, then reads them.
 """
@@ -18,10 +18,10 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
-from flaxformer_nmt.checkpoints import selection
-from flaxformer_nmt.components import Components
-from flaxformer_nmt.decoding.model_step import Ensemble
-from flaxformer_nmt.workdir import Workdir
+from flaxformer_nmt.model.ensemble import Ensemble
+from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.folder import Workdir
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""The run a command works on, opened once: its folder, its saved config, the command's config.
+
+Every command (each --mode, the server, the API) starts here. The run's config.json is read once,
+its paths made absolute (run/paths.py), and the command's config held to the run's rules
+(config/run_config.py: what a command may change). A data.vocab_path must be the run's own
+vocabulary by content, and a resume's training data the data the run recorded (run/identity.py).
+Every refusal is one line that names the run and the config it was trained with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import ml_collections
+from absl import logging
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import checks, run_config
+from flaxformer_nmt.run import identity, paths
+from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.runtime import compile_cache, files
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A command's run: its folder, the config the command runs with (validated), and the run's
+  saved config (None before training has saved one)."""
+
+  folder: Workdir
+  config: ml_collections.ConfigDict
+  saved: ml_collections.ConfigDict | None
+
+
+def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) -> Run:
+  """The run a `mode` command works on, before any expensive work: the folder's own checks, the
+  run's saved config read once (paths made absolute), reconciled with the command's `config`
+  (None = the run's own; config/run_config.py says what a command may change), the vocabulary
+  and a resume's training data checked by content, the config's rules. ConfigError (one line)
+  for the first problem. Nothing is written, but a training run's folder is made."""
+  run = Workdir(workdir)
+  run.check()
+  saved = run_config.saved(run.path)
+  if config is not None:
+    config = config.copy_and_resolve_references()  # the caller's config stays as it was
+    paths.absolute(config)
+  if saved is not None:
+    paths.absolute(saved, saved=run.config_path)
+  resuming = mode == "train" and bool(run.training_steps())
+  if saved is not None and (config is None or mode != "train" or resuming):
+    recorded = run.training_data() if resuming else None
+    try:
+      config = run_config.reconcile(
+        config if config is not None else saved,
+        saved,
+        mode,
+        run.config_path,
+        # Checked by content below: a moved corpus or vocabulary may be named anew.
+        by_content=("data.vocab_path",) + (("data.dir",) if recorded else ()),
+      )
+    except errors.ConfigError as e:
+      name = run.trained_with()
+      if not name:
+        raise
+      raise errors.ConfigError(f"{run.path} was trained with `{name}`: {e}") from None
+    _check_vocabulary(config, saved, run)
+    if resuming:
+      _check_training_data(config, saved, run, recorded)
+  elif config is None:
+    raise errors.ConfigError(
+      f"{run.config_path}: no such file; give the config {workdir} was trained with."
+    )
+  checks.validate(config)
+  compile_cache.check(config.get("compile_cache", "auto"))
+  if mode == "train":
+    run.create()  # one line if it cannot be, before anything is compiled or read
+  return Run(run, config, saved)
+
+
+def _trained_with(run: Workdir) -> str:
+  """ "runs/demo (trained with `demo`)": which config a refused command's run came from."""
+  name = run.trained_with()
+  return f"{run.path} (trained with `{name}`)" if name else run.path
+
+
+def _check_vocabulary(
+  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict, run: Workdir
+) -> None:
+  """ConfigError, before any work, when the command's data.vocab_path is not the run's own
+  vocabulary by content (another path to the same file, or a copy, is fine)."""
+  given = config.data.vocab_path
+  if not given or given == saved.data.vocab_path:
+    return
+  own = run.vocabulary(saved)
+  if not os.path.isfile(given):
+    raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
+  if os.path.isfile(own) and not files.same_bytes(given, own):
+    raise errors.ConfigError(
+      f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(run)}: "
+      f"its content differs from {own}. Leave it out (the run's own is used)."
+    )
+
+
+def _check_training_data(
+  config: ml_collections.ConfigDict,
+  saved: ml_collections.ConfigDict,
+  run: Workdir,
+  recorded: dict[str, Any] | None,
+) -> None:
+  """ConfigError, before any work, when a resume would train on other data than the run
+  recorded (run/identity.py); one warning for a run that recorded none (saved before)."""
+  if recorded is None:
+    logging.warning(
+      "%s has no record of its training data (it was trained before runs recorded one): "
+      "resuming on what the config names now, and recording it.",
+      run.path,
+    )
+    return
+  differs = identity.difference(recorded, identity.training_data(config, recorded))
+  if differs:
+    raise errors.ConfigError(
+      f"{_trained_with(run)} was trained on other data: {differs}. Point "
+      f"data.dir at the run's own files, or train in another --workdir."
+    )
