@@ -8,9 +8,8 @@ writing its figures into the workdir, and returns them (for `api.py`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -22,7 +21,9 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import averaging
 from flaxformer_nmt.config import directions, run_config
 from flaxformer_nmt.decoding import constraints as constraints_lib
-from flaxformer_nmt.decoding import evaluation, translator
+from flaxformer_nmt.decoding import evaluation
+from flaxformer_nmt.decoding import session as session_lib
+from flaxformer_nmt.decoding.request import Outputs, output_lines
 from flaxformer_nmt.run import command, selection
 from flaxformer_nmt.run import loaded as loaded_model
 from flaxformer_nmt.run.components import Components
@@ -121,54 +122,25 @@ def evaluate(
   return result
 
 
-@dataclasses.dataclass(frozen=True)
-class Outputs:
-  """What --mode=translate writes besides the best translation of each line."""
-
-  nbest: int = 1  # hypotheses per line: > 1 writes TSV (`output_lines`)
-  alignments: bool = False  # word alignments (Pharaoh "i-j") from the cross-attention
-  members: tuple[str, ...] = ()  # --ensemble: the other workdirs
-  target_lang: str | None = None  # --target_lang: a multilingual model's output language
-  constraints: str = ""  # --constraints: each line's terms, tab-separated (constraints.py)
-
-  def check(self, config: ml_collections.ConfigDict) -> None:
-    """ConfigError for an n-best list the search cannot give, or a language the model has no
-    tag for (before any work)."""
-    directions.resolve_target(config.data, self.target_lang)
-    d = config.decode
-    if self.nbest < 1:
-      raise errors.ConfigError(f"--nbest={self.nbest}: give 1 or more.")
-    if self.nbest > 1 and d.method == "greedy":
-      raise errors.ConfigError(
-        f"--nbest={self.nbest} with config.decode.method='greedy', which finds one hypothesis; "
-        "use 'beam' (nbest <= beam_size) or 'sample'."
-      )
-    if self.constraints and d.method != "beam":
-      raise errors.ConfigError(
-        f"--constraints with config.decode.method={d.method!r}: only beam search can be made "
-        "to output given terms; use --config.decode.method=beam."
-      )
-    if self.nbest > d.beam_size and d.method == "beam":
-      raise errors.ConfigError(
-        f"--nbest={self.nbest} is more than config.decode.beam_size={d.beam_size}: beam search "
-        f"finds at most beam_size hypotheses; raise the beam or lower --nbest."
-      )
+def _target_check(target_lang: str | None) -> Callable[[ml_collections.ConfigDict], Any]:
+  return lambda config: directions.resolve_target(config.data, target_lang)
 
 
-def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
-  """The output file's lines. One best translation per input line (with " ||| " and its
-  alignment, if asked); with n-best, TSV rows: input line (0-based), rank (0 = best), the score
-  the search ranks by, hypothesis (and alignment), exactly n rows per input line, in order."""
-  if outputs.nbest == 1:
-    return [
-      h[0].text + (f" ||| {h[0].alignment}" if outputs.alignments else "") for h in hypotheses
-    ]
-  rows = []
-  for i, hyps in enumerate(hypotheses):
-    for rank, h in enumerate(hyps):
-      fields = [str(i), str(rank), f"{h.score:.6f}", h.text.replace("\t", " ")]
-      rows.append("\t".join(fields + ([h.alignment] if outputs.alignments else [])))
-  return rows
+def load_session(
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  which: str = "auto",
+  members: Sequence[str] = (),
+  mode: str = "translate",
+  check: Callable[[ml_collections.ConfigDict], Any] | None = None,
+) -> session_lib.Session:
+  """The run in `workdir` checked as `mode` checks it (and by `check`, the command's request,
+  with the run's config), and the parameters `which` names (with the `members` of an ensemble)
+  loaded once: what the decoding modes and `api.load` use."""
+  config, run = _begin(config, workdir, mode)
+  if check is not None:
+    check(config)  # before the parameters are read
+  return session_lib.Session(loaded_model.load(config, run, which, members), run)
 
 
 def translate_hypotheses(
@@ -176,24 +148,26 @@ def translate_hypotheses(
   workdir: str,
   which: str,
   lines: list[str],
-  outputs: Outputs = Outputs(),
+  outputs: Outputs | None = None,
   terms: list[list[str]] | None = None,
 ) -> tuple[list[list[Any]], dict[str, Any], str]:
   """(each line's translator.Hypothesis list, speed figures, which parameters) of `lines`, with
   config.decode's search; with `terms`, each line's that its translations must contain."""
-  config, run = _begin(config, workdir, "translate")
-  outputs.check(config)
-  loaded = loaded_model.load(config, run, which, outputs.members)
-  decoder = translator.make_translator(
-    loaded.components,
-    loaded.params,
-    nbest=outputs.nbest,
+  outputs = outputs or Outputs()
+  if config is not None:
+    outputs.check(config)
+  session = load_session(config, workdir, which, outputs.members, check=outputs.check)
+  hyps = session.translate_nbest(
+    lines,
+    outputs.nbest,
     alignments=outputs.alignments,
     target_lang=outputs.target_lang,
+    constraints=terms,
   )
-  hyps = decoder.translate_nbest(lines, constraints=terms)
+  decoder = session.translator(outputs.nbest, outputs.alignments, outputs.target_lang)
   logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
-  return hyps, dict(decoder.stats.as_dict(), method=config.decode.method), loaded.description
+  stats = dict(decoder.stats.as_dict(), method=session.config.decode.method)
+  return hyps, stats, session.description
 
 
 def translate(
@@ -202,7 +176,7 @@ def translate(
   which: str,
   input_path: str,
   output_path: str,
-  outputs: Outputs = Outputs(),
+  outputs: Outputs | None = None,
 ) -> dict[str, Any]:
   """One translation per input line, in order (or n-best TSV, `output_lines`); progress on stderr.
 
@@ -210,6 +184,7 @@ def translate(
   go to `<workdir>/translate_result.json`, and to stdout as a JSON line unless the translations
   themselves go there (`--output=-`).
   """
+  outputs = outputs or Outputs()
   if config is not None:
     outputs.check(config)  # before the input is read (translate_hypotheses checks it again)
   files.check_output_file(output_path, "--output")  # before hours of decoding
@@ -247,24 +222,22 @@ def score_pairs(
   from flaxformer_nmt.decoding import scoring
 
   scoring.check_pairs(sources, references, "sources", "references")
-  config, run = _begin(config, workdir, "score")
-  lang = directions.resolve_target(config.data, target_lang)
-  loaded = loaded_model.load(config, run, which, members)
-  parts = translator.ModelParts.of(loaded.components)
-  scorer = scoring.Scorer(
-    parts,
-    loaded.params,
-    alpha=float(config.decode.alpha),
-    source_prefix=translator.target_prefix(parts, lang),
-    reserved_ids=translator.reserved_ids(parts),
+  session = load_session(
+    config,
+    workdir,
+    which,
+    members,
+    "score",
+    lambda c: directions.resolve_target(c.data, target_lang),
   )
-  scores = scorer.score(sources, references)
+  scores = session.score(sources, references, target_lang)
+  scorer = session.translators.scorer(target_lang)
   figures = {
     **scoring.summary(scores),
     "num_truncated": len(scorer.truncated),
     "seconds": scorer.seconds,
   }
-  return scores, figures, loaded.description
+  return scores, figures, session.description
 
 
 def score(
@@ -374,33 +347,21 @@ def attention(
 ) -> dict[str, Any]:
   """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
   positional encoding, in `output` (default <workdir>/attention); see attention_pictures.py."""
-  from flaxformer_nmt.decoding import attention_pictures, decode  # matplotlib: this mode only
-  from flaxformer_nmt.model.tokens import EOS_ID
-
   if not text.strip():
     raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")
-  config, run = _begin(config, workdir, "attention")
-  out_dir = output if output and output != files.STDIO else run.attention_dir
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
-  prefix_lang = directions.resolve_target(config.data, target_lang)  # before the model loads
-  loaded = loaded_model.load(config, run, which)
-  c, params = loaded.components, jax.device_get(loaded.params)
-  prefix = translator.target_prefix(translator.ModelParts.of(c), prefix_lang)
-  source = (prefix + c.tokenizer.encode(text))[: c.max_src_len - 1] + [EOS_ID]
-  search = decode.SearchConfig.from_config(config.decode)
-  target = attention_pictures.translate_ids(c.model, params, source, search)
-  pictures = attention_pictures.write_pictures(
-    c.model, params, c.tokenizer.id_to_piece, source, target, out_dir
+  if output and output != files.STDIO and os.path.exists(output) and not os.path.isdir(output):
+    raise errors.ConfigError(f"--output={output} exists and is not a directory.")
+  session = load_session(
+    config,
+    workdir,
+    which,
+    (),
+    "attention",
+    lambda c: directions.resolve_target(c.data, target_lang),
   )
-  result = {
-    "mode": "attention",
-    "checkpoint": loaded.description,
-    "text": text,
-    "translation": c.tokenizer.decode(target),
-    **pictures,
-  }
-  run.write_result(result)
+  pictures = session.attention(text, output if output != files.STDIO else None, target_lang)
+  result = {"mode": "attention", "checkpoint": session.description, "text": text, **pictures}
+  session.run.write_result(result)
   return result
 
 

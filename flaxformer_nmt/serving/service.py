@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,9 +25,10 @@ from absl import logging
 
 from flaxformer_nmt.config import directions
 from flaxformer_nmt.decoding import translator as translator_lib
+from flaxformer_nmt.decoding import translators as translators_lib
 from flaxformer_nmt.model.tokens import PAD_ID
 from flaxformer_nmt.run.loaded import LoadedModel
-from flaxformer_nmt.runtime import parallel, progress
+from flaxformer_nmt.runtime import progress
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, server
 from flaxformer_nmt.serving.options import Options
@@ -104,32 +104,19 @@ def public_description(description: str) -> str:
   return re.sub(r" in (/|[A-Za-z]:\\)[^;]*", "", description)
 
 
-class Translators:
-  """One Translator per kind of search, made when first needed (their programs are cached)."""
+class Translators(translators_lib.Translators):
+  """The loaded model's translators (decoding/translators.py), by the batcher's kind of request:
+  the server's progress is its own (no per-call log lines), its batch shapes ROWS_PER_SHARD."""
 
   def __init__(self, loaded: LoadedModel) -> None:
-    self._loaded = loaded
-    self._made: dict[batcher_lib.Kind, translator_lib.Translator] = {}
-    self._lock = threading.Lock()
-    # The parameters go to the devices once, for every kind.
-    self._replicated = parallel.replicate(loaded.params)
+    super().__init__(loaded, log_progress=False, rows_per_shard=ROWS_PER_SHARD)
 
-  def get(self, kind: batcher_lib.Kind) -> translator_lib.Translator:
-    with self._lock:
-      if kind not in self._made:
-        start = time.perf_counter()
-        self._made[kind] = translator_lib.make_translator(
-          self._loaded.components,
-          self._replicated,
-          replicated=True,
-          nbest=kind.nbest,
-          alignments=kind.alignments,
-          log_progress=False,
-          rows_per_shard=ROWS_PER_SHARD,
-          target_lang=kind.target_lang or None,
-        )
-        logging.info("Search for %s made in %.1f s.", kind, time.perf_counter() - start)
-      return self._made[kind]
+  def get(  # type: ignore[override]
+    self, kind: batcher_lib.Kind | translators_lib.Request | None = None
+  ) -> translator_lib.Translator:
+    if isinstance(kind, batcher_lib.Kind):
+      kind = translators_lib.Request(kind.nbest, kind.alignments, kind.target_lang)
+    return super().get(kind)
 
   def translate(
     self, kind: batcher_lib.Kind, lines: list[str], numbers: list[int]
