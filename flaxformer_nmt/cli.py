@@ -19,20 +19,18 @@ saved figures. Modes that report figures end with one JSON line.
 
 from __future__ import annotations
 
-import difflib
-import logging as pylogging
 import os
 import sys
 from typing import Any, NoReturn
 
-import ml_collections
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from flaxformer_nmt import errors, help_text
+from flaxformer_nmt import cli_flags, errors, help_text
+from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.config import run_config, saved_run
-from flaxformer_nmt.config.choices import CHECKPOINTS
+from flaxformer_nmt.runtime import quiet
 from flaxformer_nmt.serving import flags as _serve_flags  # noqa: F401  (--host, --port, ...)
 
 config_flags.DEFINE_config_file(
@@ -43,89 +41,6 @@ config_flags.DEFINE_config_file(
   "<workdir>/config.json: the run's own config is used, and only what a command may change can "
   "differ from it (docs/runs.md).",
   lock_config=True,
-)
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary, logs and outputs.")
-flags.DEFINE_enum(
-  "mode",
-  "train",
-  ["prepare", "train", "eval", "translate", "score", "average", "export", "attention", "serve"],
-  "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
-)
-flags.DEFINE_string(
-  "input", "-", "translate, score: source file, one sentence per line ('-' = stdin)."
-)
-flags.DEFINE_string(
-  "reference",
-  "",
-  "score: the translations to score, one per --input line (the output: per line the score the "
-  "n-best list prints, the log-probability and the token count, tab-separated).",
-)
-flags.DEFINE_string(
-  "constraints",
-  "",
-  "translate/eval: a file of terms each translation must contain, one line per input line (or "
-  "test sentence), the terms separated by tabs, an empty line for none. Beam search only; each "
-  "line's beam widens to the power of two above its terms' pieces.",
-)
-flags.DEFINE_string(
-  "output",
-  "-",
-  "translate, score: output file ('-' = stdout); export: the model directory to write; attention: "
-  "the folder of the pictures ('-' = <workdir>/attention).",
-)
-flags.DEFINE_string("text", "", "attention: the sentence to translate and draw attention for.")
-flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "export: the target engine.")
-flags.DEFINE_string(
-  "quantization",
-  "float32",
-  "export: weight type of the exported model, one of CTranslate2's: float32, int8, "
-  "int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16.",
-)
-flags.DEFINE_integer("num_checkpoints", 5, "average: how many of the latest checkpoints.")
-flags.DEFINE_integer(
-  "nbest",
-  1,
-  "translate: hypotheses per input line. 1 writes one translation per line; more writes TSV "
-  "rows: line number (0-based), rank, score, hypothesis (beam: nbest <= beam_size; sample: that "
-  "many samples).",
-)
-flags.DEFINE_string(
-  "target_lang",
-  "",
-  "translate/score/attention/serve: the language a multilingual model translates into (its tag, "
-  "<2fr>, starts every source; the source language needs no flag); serve: the default of "
-  'requests without "target_lang". A bilingual model needs none.',
-)
-flags.DEFINE_list(
-  "ensemble",
-  [],
-  "eval/translate/score: other workdirs whose models decode together with --workdir's, their "
-  "probabilities averaged at each step (same size and vocabulary; each by --checkpoint's rule).",
-)
-flags.DEFINE_bool(
-  "alignments",
-  False,
-  "translate: add word alignments (Pharaoh i-j, 0-based) from the cross-attention of "
-  "config.decode.alignment_layer: after ' ||| ' on each line, or as a fifth TSV column.",
-)
-flags.DEFINE_enum(
-  "checkpoint",
-  "auto",
-  list(CHECKPOINTS),
-  "eval/translate/export/attention/average: which parameters. auto = the average written last "
-  "unless training saved a newer checkpoint since, else latest; averaged = the average written "
-  "last; best = config.best_metric's best evaluation (<workdir>/best); ema = the parameter "
-  "average of the latest checkpoint (config.optim.ema_decay > 0). average: the K checkpoints up "
-  "to the best step (best), or their parameter averages (ema).",
-)
-flags.DEFINE_enum(
-  "distributed",
-  "auto",
-  ["auto", "on", "off"],
-  "Multi-process runs (jax.distributed): 'auto' joins one where JAX detects a "
-  "cluster of several processes (TPU pod slice, SLURM, Open MPI, Kubernetes) or "
-  "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are set; 'on' "
-  "always calls jax.distributed.initialize(); 'off' never.",
 )
 flags.mark_flags_as_required(["workdir"])
 
@@ -201,20 +116,10 @@ def _unknown_override(argv: list[str]) -> str | None:
     name = name[2:] if name.startswith("noconfig.") else name
     if not name.startswith("config."):
       continue
-    path = name.split(".")[1:]
-    node = config
-    for depth, key in enumerate(path):
-      if isinstance(node, ml_collections.ConfigDict) and key in node:
-        node = node[key]
-        continue
-      where = ".".join(["config", *path[:depth]])
-      if not isinstance(node, ml_collections.ConfigDict):
-        return f"--{name}: {where} is a value, not a group of fields."
-      close = difflib.get_close_matches(key, list(node.keys()), n=1, cutoff=0.5)
-      if close:
-        suggestion = ".".join([where, close[0], *path[depth + 1 :]])
-        return f"--{name}: {where} has no field {key!r}; did you mean --{suggestion}?"
-      return f"--{name}: {where} has no field {key!r}; its fields: {', '.join(sorted(node))}."
+    missing = config_builders.missing_field(config, name.split(".", 1)[1])
+    if missing is not None:
+      what, close = missing
+      return f"--{name}: {what}" + (f"; did you mean --config.{close}?" if close else ".")
   return None
 
 
@@ -230,42 +135,6 @@ def _with_config_path(argv: list[str]) -> list[str]:
       out[i + 1] = config_files.resolve(out[i + 1])
       return out
   return out
-
-
-# Flags that only some modes read: given with another mode they would be ignored without a word.
-_MODE_ONLY_FLAGS = {
-  "nbest": ("translate",),
-  "alignments": ("translate",),
-  "target_lang": ("translate", "score", "attention", "serve"),
-  "ensemble": ("eval", "translate", "score", "serve"),
-  "reference": ("score",),
-  "constraints": ("translate", "eval"),
-  **{
-    name: ("serve",)
-    for name in (
-      "host",
-      "port",
-      "max_wait_ms",
-      "max_request_bytes",
-      "max_request_lines",
-      "queue_size",
-      "queue_lines",
-      "grace_s",
-      "allowed_hosts",
-      "allowed_origins",
-      "token",
-    )
-  },
-}
-
-
-def _mode_only_flag_misused() -> str | None:
-  mode = flags.FLAGS.mode
-  for name, modes in _MODE_ONLY_FLAGS.items():
-    if flags.FLAGS[name].present and mode not in modes:
-      used = " and ".join(f"--mode={m}" for m in modes)
-      return f"--{name} is read by {used} only, not by --mode={mode}."
-  return None
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -286,7 +155,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     _user_error(message if own else f"--config={spec}: {message}")
   try:
     remaining = flags.FLAGS(argv)
-    misused = _mode_only_flag_misused()
+    misused = cli_flags.mode_only_flag_misused()
     if misused:
       _user_error(misused)
     return remaining
@@ -300,30 +169,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     _user_error(message)
 
 
-class _QuietLibraries(pylogging.Filter):
-  """Drops the libraries' chatter so our progress lines, and a one-line error, stand alone:
-  orbax's INFO lines (about 20 per checkpoint), its warning that a checkpoint folder opened to
-  be read is "read only" (every inference mode opens it so), its error lines for each attempt to
-  parse a damaged step's metadata (the reader names the step once, and reads the one before), and
-  JAX's INFO line that no TPU backend is found (every start on a CPU or GPU). `--verbosity=1` or
-  `--alsologtostderr` keeps them all."""
-
-  def filter(self, record: pylogging.LogRecord) -> bool:
-    if "/orbax/" in record.pathname.replace(os.sep, "/"):
-      message = str(record.msg)
-      if "Failed to json parse" in message:
-        return False  # a damaged step: checkpoints/reader.py says so in one line, and falls back
-      return record.levelno >= pylogging.WARNING and "is read only" not in message
-    if record.name == "jax._src.xla_bridge" and record.levelno < pylogging.WARNING:
-      return not str(record.msg).startswith("Unable to initialize backend")
-    return True
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _user_error(f"Unexpected arguments: {' '.join(argv[1:])} (flags are --name=value).")
   if flags.FLAGS.verbosity < 1 and not flags.FLAGS.alsologtostderr:
-    logging.get_absl_handler().addFilter(_QuietLibraries())
+    quiet.install()
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
     if flags.FLAGS.mode == "serve":  # listens before JAX is imported (serving/launch.py)

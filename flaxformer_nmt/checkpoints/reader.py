@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import flax.serialization
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -23,6 +22,13 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from flaxformer_nmt.checkpoints.trees import (  # noqa: F401  (reader.state_dict: its callers)
+  abstract_leaf,
+  check_matches_model,
+  flatten,
+  from_state_dict,
+  state_dict,
+)
 from flaxformer_nmt.errors import CheckpointError, CheckpointMismatchError
 
 UNREADABLE = "unreadable"
@@ -67,79 +73,6 @@ def _shows_corruption(e: BaseException) -> bool:
   if any(sign in message for sign in _MISSING_SIGNS):
     return False
   return any(sign in message for sign in _CORRUPTION_SIGNS)
-
-
-# ----------------------------------------------------------------------------- pytree helpers
-
-
-def state_dict(tree: PyTree) -> PyTree:
-  """Plain nested dicts (dataclass fields, optax namedtuples by name, tuples by index).
-
-  Storing this rather than the Python objects keeps checkpoints readable if TrainState or optax's
-  state classes change, and gives parameter paths like `params/encoder/layer_0/...` in errors.
-  A part the state leaves out (a field that is None: `TrainState.loss_scale` outside float16) is
-  not stored at all, so checkpoints of such runs keep the layout they had before the field.
-  """
-  state = flax.serialization.to_state_dict(tree)
-  if isinstance(state, dict):
-    state = {k: v for k, v in state.items() if v is not None}
-  return state
-
-
-def from_state_dict(template: PyTree, state: PyTree) -> PyTree:
-  """`template`'s objects from a state dict read back (`state_dict`'s inverse): the parts the
-  template leaves out (None) are None again."""
-  full = flax.serialization.to_state_dict(template)
-  if isinstance(full, dict) and isinstance(state, dict):
-    state = {**{k: None for k, v in full.items() if v is None}, **state}
-  return flax.serialization.from_state_dict(template, state)
-
-
-def _abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
-  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-  return jax.ShapeDtypeStruct(np.shape(x), dtype)
-
-
-def _path_str(path: Sequence[Any]) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
-
-
-def _flatten(tree: PyTree, *, metadata: bool = False) -> dict[str, Any]:
-  """`{"params/encoder/...": leaf}`; for orbax metadata trees, every non-container is a leaf."""
-  is_leaf = (lambda x: not isinstance(x, (dict, list, tuple))) if metadata else None
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-  return {_path_str(path): leaf for path, leaf in flat}
-
-
-def _check_matches(ckpt: epath.Path, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
-  """Raises CheckpointMismatchError naming the first parameter whose name or shape differs.
-
-  `params/...` are checked first: a user who changed the model size wants to hear about a weight
-  matrix, not about the Adam moment that happens to sort first.
-  """
-  order = [p for p in wanted if p.startswith("params/")]
-  order += [p for p in wanted if not p.startswith("params/")]
-  hint = "was it trained with another --config or model size?"
-  for path in order:
-    want = tuple(wanted[path].shape)
-    if path not in saved:
-      raise CheckpointMismatchError(
-        f"Checkpoint {ckpt} does not match the model: it has no {path} (shape {want} in the "
-        f"model); {hint}"
-      )
-    have = tuple(getattr(saved[path], "shape", ()) or ())
-    if have != want:
-      raise CheckpointMismatchError(
-        f"Checkpoint {ckpt} does not match the model: {path} has shape {have} in the checkpoint "
-        f"but {want} in the model; {hint}"
-      )
-  extra = [p for p in saved if p not in wanted]
-  if extra:
-    shape = tuple(getattr(saved[extra[0]], "shape", ()) or ())
-    raise CheckpointMismatchError(
-      f"Checkpoint {ckpt} does not match the model: it has {extra[0]} (shape {shape}), which the "
-      f"model lacks; {hint}"
-    )
 
 
 # ----------------------------------------------------------------------------- reading
@@ -256,7 +189,7 @@ class CheckpointDir:
     _with_retries(path, require_items)
     self.check_matches(step, template)
 
-    abstract = jax.tree.map(_abstract_leaf, template)
+    abstract = jax.tree.map(abstract_leaf, template)
     restore_args = jax.tree.map(
       lambda a: ocp.RestoreArgs(restore_type=np.ndarray, dtype=a.dtype), abstract
     )
@@ -288,7 +221,7 @@ class CheckpointDir:
         return metadata
 
       metadata = _with_retries(path, read_metadata)
-      saved = _flatten(getattr(metadata, "tree", metadata), metadata=True)
+      saved = flatten(getattr(metadata, "tree", metadata), metadata=True)
       if identity is not None:
         _METADATA_SEEN[identity] = saved
     return saved
@@ -304,7 +237,7 @@ class CheckpointDir:
     stops before any data is read. Unreadable if the metadata cannot be read.
     """
     path, saved = self.path(step), self._saved_paths(step)
-    wanted = _flatten(template)
+    wanted = flatten(template)
     prefixes = {p.split("/")[0] for p in wanted}
     saved = {p: m for p, m in saved.items() if p.split("/")[0] in prefixes}
     # A template deep inside the state (the EMA in opt_state/1/ema/...) is compared with what
@@ -313,7 +246,7 @@ class CheckpointDir:
     if len(common) > 1:
       node = "/".join(common) + "/"
       saved = {p: m for p, m in saved.items() if p.startswith(node)}
-    _check_matches(path, saved, wanted)
+    check_matches_model(path, saved, wanted)
 
   def newest_readable(
     self,

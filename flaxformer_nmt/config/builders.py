@@ -8,6 +8,8 @@ shared defaults reaches every experiment.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from typing import Any
 
 import ml_collections
 
@@ -337,16 +339,39 @@ TABLE3: dict[str, tuple[dict[str, object], int]] = {
 }
 
 
+def missing_field(config: ml_collections.ConfigDict, path: str) -> tuple[str, str | None] | None:
+  """None if `config` has the dotted `path`; else (what is missing, in words; the closest
+  existing path, or None): the one "did you mean" of flags (cli.py) and of overrides given in
+  Python (set_field: api.load_config, api.load)."""
+  parts = path.split(".")
+  node: Any = config
+  for depth, key in enumerate(parts):
+    if isinstance(node, ml_collections.ConfigDict) and key in node:
+      node = node[key]
+      continue
+    where = ".".join(["config", *parts[:depth]])
+    if not isinstance(node, ml_collections.ConfigDict):
+      return f"{where} is a value, not a group of fields", None
+    close = difflib.get_close_matches(key, list(node.keys()), n=1, cutoff=0.5)
+    if close:
+      return f"{where} has no field {key!r}", ".".join(
+        [*parts[:depth], close[0], *parts[depth + 1 :]]
+      )
+    return f"{where} has no field {key!r}; its fields: {', '.join(sorted(node))}", None
+  return None
+
+
 def set_field(config: ml_collections.ConfigDict, path: str, value: object) -> None:
-  """config.<path> = value for a dotted path ("model.d_ff"); a ConfigError names a missing field."""
+  """config.<path> = value for a dotted path ("model.d_ff"); a ConfigError names a missing field
+  and the closest one ("did you mean 'decode.beam_size'?")."""
+  missing = missing_field(config, path)
+  if missing is not None:
+    what, close = missing
+    _fail(f"{path!r}: {what}" + (f"; did you mean {close!r}?" if close else "."))
   *groups, field = path.split(".")
   node = config
-  for depth, group in enumerate(groups):
-    if group not in node:
-      _fail(f"config has no group {'.'.join(groups[: depth + 1])!r}.")
+  for group in groups:
     node = node[group]
-  if field not in node:
-    _fail(f"config has no field {path!r}.")
   node[field] = value
 
 

@@ -24,8 +24,10 @@ def test_load_config_by_name_path_and_variant_with_overrides():
   [
     ("nonexistent", {}, "no installed config of that name"),
     ("demo:big", {}, "takes no argument after ':'"),
-    ("demo", {"modle.d_ff": 3}, "config has no group 'modle'"),
-    ("demo", {"model.dff": 3}, "config has no field 'model.dff'"),
+    # The "did you mean" of flags (issue 52).
+    ("demo", {"modle.d_ff": 3}, "config has no field 'modle'; did you mean 'model.d_ff'"),
+    ("demo", {"model.dff": 3}, "config.model has no field 'dff'; did you mean 'model.d_ff'"),
+    ("demo", {"decode.zzz": 3}, "config.decode has no field 'zzz'; its fields: alignment_layer"),
     ("demo", {"model.num_heads": 3}, "not divisible by config.model.num_heads=3"),
   ],
 )

@@ -11,6 +11,7 @@ import pytest
 from absl import flags
 
 from flaxformer_nmt import cli, help_text
+from flaxformer_nmt.runtime import quiet as quiet_lib
 
 import helpers
 
@@ -64,7 +65,7 @@ def _record(name: str, path: str, level: int, message: str) -> logging.LogRecord
 
 
 def test_library_chatter_is_dropped_and_everything_else_kept():
-  quiet = cli._QuietLibraries()  # pylint: disable=protected-access
+  quiet = quiet_lib.QuietLibraries()
   orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
   bridge = "/site-packages/jax/_src/xla_bridge.py"
   dropped = [
