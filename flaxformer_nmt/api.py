@@ -8,7 +8,8 @@ validates first, writes its figures into the workdir, and returns them as a dict
   config = api.load_config("demo", {"num_train_steps": 300})
   api.train(config, "runs/demo")
   api.evaluate(config, "runs/demo")["test_sacrebleu_beam4"]
-  api.translate(config, "runs/demo", ["We need forty-two chairs."])
+  model = api.load("runs/demo")                    # loaded once: many calls, compiled once
+  model.translate(["We need forty-two chairs."])
 
 Rerunning `train` with the same workdir resumes from its latest checkpoint, as the command does.
 Once a run has saved its config.json, `config` may be None: the run's own config is used
@@ -27,6 +28,8 @@ import ml_collections
 from flaxformer_nmt import errors, modes
 from flaxformer_nmt.config import builders, loading
 from flaxformer_nmt.config.choices import CHECKPOINTS  # noqa: F401  (the checkpoint= choices)
+from flaxformer_nmt.decoding.session import Session
+from flaxformer_nmt.runtime import console
 
 
 def load_config(
@@ -67,6 +70,23 @@ def load_run_config(
   for path, value in (overrides or {}).items():
     builders.set_field(config, path, value)
   return config
+
+
+def load(
+  workdir: str,
+  checkpoint: str = "auto",
+  overrides: Mapping[str, Any] | None = None,
+  ensemble: Sequence[str] | str = (),
+) -> Session:
+  """The run in `workdir` loaded once, for many calls: `.translate(lines, target_lang=None)`,
+  `.translate_nbest(lines, nbest=4)`, `.score(sources, targets)`, `.attention(text)`. Its
+  defaults are the command line's (the run's own config, `checkpoint="auto"`, config.decode's
+  search); `overrides` ({"decode.beam_size": 8}) are held to the run's rules, and a mistyped
+  field is one ConfigError with the closest name. Its searches are compiled by the first call
+  and reused by the next: a second translate of a few lines runs at once."""
+  console.install_quiet()  # orbax's "read only" warnings, as on the command line
+  config = load_run_config(workdir, overrides)
+  return modes.load_session(config, workdir, checkpoint, _members(ensemble))
 
 
 def _members(ensemble: Sequence[str] | str) -> tuple[str, ...]:
@@ -152,11 +172,16 @@ def translate_nbest(
       raise errors.ConfigError(
         f"constraints has {len(terms)} rows for {len(lines)} lines: one list of terms per line."
       )
+  console.install_quiet()
   outputs = modes.Outputs(
     nbest, alignments, _members(ensemble), target_lang, "constraints" if terms is not None else ""
   )
-  hyps, _, _ = modes.translate_hypotheses(config, workdir, checkpoint, list(lines), outputs, terms)
-  return hyps
+  if config is not None:
+    outputs.check(config)  # before the run is read
+  session = modes.load_session(config, workdir, checkpoint, outputs.members, check=outputs.check)
+  return session.translate_nbest(
+    list(lines), nbest, alignments=alignments, target_lang=target_lang, constraints=terms
+  )
 
 
 def _term(term: Any) -> str:
@@ -177,6 +202,7 @@ def score(
 ) -> list[Any]:
   """The model's score of each (source, translation) pair: scoring.PairScore(score, log_prob,
   tokens), the score as the n-best list prints it (--mode=score)."""
+  console.install_quiet()
   scores, _, _ = modes.score_pairs(
     config, workdir, checkpoint, list(sources), list(references), _members(ensemble), target_lang
   )

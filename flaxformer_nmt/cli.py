@@ -30,7 +30,7 @@ from flaxformer_nmt import cli_flags, errors, help_text
 from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.config import run_config, saved_run
-from flaxformer_nmt.runtime import quiet
+from flaxformer_nmt.runtime import console
 from flaxformer_nmt.serving import flags as _serve_flags  # noqa: F401  (--host, --port, ...)
 
 config_flags.DEFINE_config_file(
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _user_error(f"Unexpected arguments: {' '.join(argv[1:])} (flags are --name=value).")
   if flags.FLAGS.verbosity < 1 and not flags.FLAGS.alsologtostderr:
-    quiet.install()
+    console.install_quiet()
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   try:
     if flags.FLAGS.mode == "serve":  # listens before JAX is imported (serving/launch.py)

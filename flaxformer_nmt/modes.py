@@ -23,12 +23,12 @@ from flaxformer_nmt.config import directions, run_config
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.decoding import session as session_lib
-from flaxformer_nmt.decoding.request import Outputs, output_lines
+from flaxformer_nmt.decoding.session import Outputs, output_lines
 from flaxformer_nmt.run import command, selection
 from flaxformer_nmt.run import loaded as loaded_model
-from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import accelerators, files, parallel, records
+from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.runtime import console, files, parallel
 
 
 def _begin(
@@ -39,23 +39,9 @@ def _begin(
   TPU is visible but JAX runs on the CPU. Nothing is written but a new training run's folder."""
   run = command.open_run(config, workdir, mode)
   if mode == "eval" and run.saved is not None:
-    _say_if_another_test_set(run.config, run.saved)
-  accelerators.warn_if_unused()
+    evaluation.say_if_another_test_set(run.config, run.saved)
+  console.warn_if_unused()
   return run.config, run.folder
-
-
-def _say_if_another_test_set(
-  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict
-) -> None:
-  """One warning line when eval scores a test set other than the run's own (free: docs/runs.md),
-  so a --config meant for another run is not taken for this run's figures."""
-  ours, theirs = evaluation.test_set_tag(config.data), evaluation.test_set_tag(saved.data)
-  if ours != theirs:
-    logging.warning(
-      "Scoring the test set %s, not the run's own (%s); its files in eval/ are named so.",
-      ours.removeprefix("test_"),
-      theirs.removeprefix("test_"),
-    )
 
 
 def train(
@@ -65,6 +51,18 @@ def train(
   `config_name`: what --config named (`demo`), recorded for messages about the run."""
   from flaxformer_nmt.training import loop  # the training loop: this mode only
 
+  fresh = not os.path.exists(workdir)
+  try:
+    return _train(config, workdir, config_name, loop)
+  except errors.UserError:
+    if fresh:  # a command refused before any work leaves no empty run folder behind
+      Workdir(workdir).remove_if_empty()
+    raise
+
+
+def _train(
+  config: ml_collections.ConfigDict | None, workdir: str, config_name: str, loop: Any
+) -> dict[str, Any]:
   config, run = _begin(config, workdir, "train")
   saved = loop.finished_result(config, run)
   if saved is not None:
@@ -76,7 +74,7 @@ def train(
       workdir,
       saved["step"],
     )
-    records.print_result(saved)
+    files.print_result(saved)
     return saved
   config = config.copy_and_resolve_references()  # the caller's config stays as it was
   # Recorded; a resume keeps it.

@@ -23,8 +23,8 @@ from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.run import selection
-from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.run.loaded import Components
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K

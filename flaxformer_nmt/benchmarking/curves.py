@@ -11,14 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from flaxformer_nmt import errors  # noqa: E402
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import records
+from flaxformer_nmt.runtime import files
 
 
 def read_dev_metrics(workdir: str) -> list[dict[str, float]]:
   path = Workdir(workdir).metrics_path("dev")
   if not os.path.exists(path):
     raise errors.DataError(f"{path} does not exist: no evaluation has run in {workdir}.")
-  return records.read_jsonl(path)
+  return files.read_jsonl(path)
 
 
 def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[dict[str, float]]:

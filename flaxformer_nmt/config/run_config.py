@@ -42,6 +42,7 @@ from typing import Any
 import ml_collections
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.config import builders  # the table of sizes: from_json
 
 FIXED, DECODING, RESUME, FREE = "fixed", "decoding", "resume", "free"
 TRAIN_MODES = ("train",)  # where DECODING fields are fixed: a resumed run keeps how it computes
@@ -185,8 +186,6 @@ def from_json(text: str, source: str = CONFIG_FILE) -> ml_collections.ConfigDict
   config of its model size, overlaid with every saved value (cast to the field's type), plus any
   field the saved run had that no installed config has. ConfigError naming `source` if it is
   not a saved config."""
-  from flaxformer_nmt.config import builders  # the table of sizes
-
   try:
     saved = json.loads(text)
   except ValueError as e:

@@ -4,23 +4,29 @@ rule, and the jitted entry point `decode_batch` (encoder once, then the search, 
 The searches (token_loop.py, sampling.py, beam_search.py) see only a step function, and the model
 as one is model_step.py's; this module puts them together: each sentence's maximum output length
 (input length + 50 as in the paper, Sec. 6.1), the decode caches' size, sampling's keys, and the
-alignments asked for.
+alignments asked for. `decode_fn` runs `decode_batch` on every local device (pmapped, one
+program per model and settings, so repeated dev evaluations reuse its compilations) as a
+numpy-in, numpy-out function; the compiled programs are kept on disk by runtime/executables.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from flaxformer_nmt.config.choices import BEAM_STYLES, DECODE_METHODS
 from flaxformer_nmt.decoding import beam_search, constrained, sampling, token_loop
+from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.decoding.constraints import Constraints
+from flaxformer_nmt.decoding.lines import BatchDecodeFn, ConstrainedDecodeFn
 from flaxformer_nmt.decoding.model_step import (
   Ensemble,
   ensemble_step_fn,
@@ -30,6 +36,7 @@ from flaxformer_nmt.decoding.model_step import (
 from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import PAD_ID
 from flaxformer_nmt.model.transformer import Transformer
+from flaxformer_nmt.runtime import parallel
 
 Array = jax.Array
 
@@ -305,3 +312,45 @@ def _rank_samples(result: search_lib.SearchResult, batch: int, k: int) -> search
   return result._replace(
     **{f: ranked(getattr(result, f)) for f in search_lib.SearchResult._fields[:4]}
   )
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded_decoder(model: Any, search: SearchConfig) -> Callable[[Any, np.ndarray], Any]:
+  """One pmapped decoder per (model, settings): repeated dev evaluations reuse its compilations."""
+
+  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array) -> Any:
+    result = decode_batch(model, params, inputs, search, line_ids=line_ids)
+    return result._replace(lengths=None, scores=None, num_steps=None)  # what the host reads
+
+  return parallel.pmap_rows(search_result, name=f"decode {model.cfg!r} {search!r}")
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded_constrained_decoder(model: Any, search: SearchConfig) -> Callable[..., Any]:
+  """`_sharded_decoder` for the constrained search (one per beam: `search.beam_size`)."""
+
+  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array, *terms: jax.Array) -> Any:
+    c = constraints_lib.Constraints(*terms)
+    result = decode_batch(model, params, inputs, search, line_ids=line_ids, constraints=c)
+    return result._replace(lengths=None, scores=None, num_steps=None)
+
+  return parallel.pmap_rows(search_result, name=f"constrained {model.cfg!r} {search!r}")
+
+
+def decode_fn(model: Any, params: Any, search: SearchConfig) -> BatchDecodeFn:
+  """The model's batch decode over all devices as a numpy-in, numpy-out function; `params` are
+  on every local device already (parallel.replicate, or the train state's during training)."""
+  run = _sharded_decoder(model, search)
+  return lambda inputs, line_ids: run(params, inputs, line_ids)
+
+
+def constrained_decode_fn(model: Any, params: Any, search: SearchConfig) -> ConstrainedDecodeFn:
+  """`decode_fn` for the constrained search, by beam size."""
+
+  def with_beam(beam: int) -> Callable[..., Any]:
+    run = _sharded_constrained_decoder(
+      model, dataclasses.replace(search, beam_size=beam, method="beam")
+    )
+    return lambda inputs, line_ids, *terms: run(params, inputs, line_ids, *terms)
+
+  return with_beam

@@ -28,7 +28,7 @@ from flaxformer_nmt.decoding.bleu import (
   splits_compounds,
   tokenized_bleu_method,
 )
-from flaxformer_nmt.run.components import Components
+from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import parallel
 
 # (source sentences, beam size) -> their translations: how a model is asked to translate.
@@ -221,6 +221,18 @@ def test_pairs(config: Any, data: Data, direction: str | None = None) -> list[tu
   pairs = data.pairs("test", direction) if direction else data.pairs("test")
   limit = int(config.eval.get("max_test_sentences", 0) or 0)
   return list(pairs[:limit]) if limit else list(pairs)
+
+
+def say_if_another_test_set(config: Any, saved: Any) -> None:
+  """One warning line when eval scores a test set other than the run's own (free: docs/runs.md),
+  so a --config meant for another run is not taken for this run's figures."""
+  ours, theirs = test_set_tag(config.data), test_set_tag(saved.data)
+  if ours != theirs:
+    logging.warning(
+      "Scoring the test set %s, not the run's own (%s); its files in eval/ are named so.",
+      ours.removeprefix("test_"),
+      theirs.removeprefix("test_"),
+    )
 
 
 def search_tag(beam: int, beam_style: str, alpha: float, max_len_offset: int) -> str:

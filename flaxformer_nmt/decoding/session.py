@@ -2,27 +2,36 @@
 modes (translate, score, attention) use for their one call.
 
 Loading a run (its config, vocabulary and parameters) and compiling its searches is most of a
-short command's time. A `Session` does both once: its translators and scorers are kept by kind of
-request (translators.py), so a second `translate` of a few lines runs the programs compiled by
-the first. Its defaults are the command line's: config.decode's search, the 1-best translation,
-the model's own target language.
+short command's time. A `Session` does both once. A `Translator` (translator.py) holds compiled
+searches, and making a new one per call (what the API did) re-traced every batch shape:
+`Translators` makes one per kind of request (`Request`: n-best, alignments, output language,
+beam), puts the parameters on the devices once for all of them, and hands back the same one for
+the same kind. The command line, the server (serving/service.py), scoring and the API all take
+theirs from here. What a request asks is checked once, before any work (`check_request`;
+`Outputs` is --mode=translate's). A Session's defaults are the command line's: config.decode's
+search, the 1-best translation, the model's own target language.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import ml_collections
+from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.decoding import request
+from flaxformer_nmt.decoding import scoring
 from flaxformer_nmt.decoding import translator as translator_lib
-from flaxformer_nmt.decoding.translators import Request, Translators
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import LoadedModel
+from flaxformer_nmt.runtime import parallel
 
 
 class Session:
@@ -46,7 +55,7 @@ class Session:
     self, nbest: int = 1, alignments: bool = False, target_lang: str | None = None
   ) -> translator_lib.Translator:
     """The kept translator of this kind of request (checked first)."""
-    lang = request.check_request(self.config, nbest, target_lang=target_lang) or ""
+    lang = check_request(self.config, nbest, target_lang=target_lang) or ""
     return self.translators.get(Request(nbest, alignments, lang))
 
   def translate_nbest(
@@ -61,7 +70,7 @@ class Session:
     """`nbest` hypotheses per line, best first (translator.Hypothesis: text, score, alignment);
     with `constraints`, each line's terms its hypotheses must contain (beam search)."""
     _check_lines(lines)
-    request.check_request(self.config, nbest, constraints is not None, target_lang)
+    check_request(self.config, nbest, constraints is not None, target_lang)
     decoder = self.translator(nbest, alignments, target_lang)
     return decoder.translate_nbest(list(lines), constraints=constraints)
 
@@ -112,3 +121,133 @@ class Session:
 def _check_lines(lines: Sequence[str]) -> None:
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What a search is asked for: the translator a kind of request needs."""
+
+  nbest: int = 1
+  alignments: bool = False
+  target_lang: str = ""  # "" = the model's only target language (a bilingual model: its own)
+  beam_size: int | None = None  # None = config.decode's
+
+
+class Translators:
+  """The translators (and scorers) of one loaded model, by `Request`, made when first asked."""
+
+  def __init__(
+    self,
+    loaded: LoadedModel,
+    *,
+    log_progress: bool = True,
+    rows_per_shard: Sequence[int] | None = None,
+  ) -> None:
+    self.loaded = loaded
+    self._log_progress = log_progress
+    self._rows_per_shard = rows_per_shard
+    self._made: dict[Request, translator_lib.Translator] = {}
+    self._scorers: dict[str, Any] = {}
+    self._lock = threading.Lock()
+    # The parameters go to the devices once, for every kind.
+    self.replicated = parallel.replicate(loaded.params)
+
+  def get(self, request: Request | None = None) -> translator_lib.Translator:
+    """The translator of `request` (default: config.decode's 1-best; made and kept on first
+    use; thread-safe)."""
+    request = request or Request()
+    with self._lock:
+      if request not in self._made:
+        start = time.perf_counter()
+        self._made[request] = translator_lib.make_translator(
+          self.loaded.components,
+          self.replicated,
+          replicated=True,
+          beam_size=request.beam_size,
+          nbest=request.nbest,
+          alignments=request.alignments,
+          log_progress=self._log_progress,
+          rows_per_shard=self._rows_per_shard,
+          target_lang=request.target_lang or None,
+        )
+        logging.info("Search for %s made in %.1f s.", request, time.perf_counter() - start)
+      return self._made[request]
+
+  def scorer(self, target_lang: str | None = None) -> Any:
+    """The teacher-forced scorer (decoding/scoring.py) into `target_lang`, kept like a
+    translator."""
+    components = self.loaded.components
+    lang = directions.resolve_target(components.config.data, target_lang) or ""
+    with self._lock:
+      if lang not in self._scorers:
+        parts = translator_lib.ModelParts.of(components)
+        self._scorers[lang] = scoring.Scorer(
+          parts,
+          self.replicated,
+          alpha=float(components.config.decode.alpha),
+          source_prefix=translator_lib.target_prefix(parts, lang or None),
+          reserved_ids=translator_lib.reserved_ids(parts),
+          replicated=True,
+        )
+      return self._scorers[lang]
+
+
+def check_request(
+  config: Any, nbest: int = 1, constrained: bool = False, target_lang: str | None = None
+) -> str | None:
+  """The one check of what a decoding request asks (the command line's --nbest, --constraints
+  and --target_lang, the API's arguments), before any work: ConfigError (one line) for an n-best
+  list or terms config.decode's search cannot give, or a language the model has no tag for.
+  Returns the output language (None for a bilingual model)."""
+  lang = directions.resolve_target(config.data, target_lang)
+  d = config.decode
+  if nbest < 1:
+    raise errors.ConfigError(f"--nbest={nbest}: give 1 or more.")
+  if nbest > 1 and d.method == "greedy":
+    raise errors.ConfigError(
+      f"--nbest={nbest} with config.decode.method='greedy', which finds one hypothesis; "
+      "use 'beam' (nbest <= beam_size) or 'sample'."
+    )
+  if constrained and d.method != "beam":
+    raise errors.ConfigError(
+      f"--constraints with config.decode.method={d.method!r}: only beam search can be made "
+      "to output given terms; use --config.decode.method=beam."
+    )
+  if nbest > d.beam_size and d.method == "beam":
+    raise errors.ConfigError(
+      f"--nbest={nbest} is more than config.decode.beam_size={d.beam_size}: beam search "
+      f"finds at most beam_size hypotheses; raise the beam or lower --nbest."
+    )
+  return lang
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+  """What --mode=translate writes besides the best translation of each line."""
+
+  nbest: int = 1  # hypotheses per line: > 1 writes TSV (`output_lines`)
+  alignments: bool = False  # word alignments (Pharaoh "i-j") from the cross-attention
+  members: tuple[str, ...] = ()  # --ensemble: the other workdirs
+  target_lang: str | None = None  # --target_lang: a multilingual model's output language
+  constraints: str = ""  # --constraints: each line's terms, tab-separated (constraints.py)
+
+  def check(self, config: ml_collections.ConfigDict) -> None:
+    """ConfigError for an n-best list the search cannot give, or a language the model has no
+    tag for (before any work): session.check_request, the API's check too."""
+    check_request(config, self.nbest, bool(self.constraints), self.target_lang)
+
+
+def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
+  """The output file's lines. One best translation per input line (with " ||| " and its
+  alignment, if asked); with n-best, TSV rows: input line (0-based), rank (0 = best), the score
+  the search ranks by, hypothesis (and alignment), exactly n rows per input line, in order."""
+  if outputs.nbest == 1:
+    return [
+      h[0].text + (f" ||| {h[0].alignment}" if outputs.alignments else "") for h in hypotheses
+    ]
+  rows = []
+  for i, hyps in enumerate(hypotheses):
+    for rank, h in enumerate(hyps):
+      fields = [str(i), str(rank), f"{h.score:.6f}", h.text.replace("\t", " ")]
+      rows.append("\t".join(fields + ([h.alignment] if outputs.alignments else [])))
+  return rows

@@ -30,7 +30,7 @@ from flaxformer_nmt.data import multilingual
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
-from flaxformer_nmt.decoding import decode, sharded
+from flaxformer_nmt.decoding import decode
 from flaxformer_nmt.decoding.lines import (  # noqa: F401  (BUCKETS, Hypothesis: translator.*)
   BUCKETS,
   BatchDecodeFn,
@@ -43,8 +43,8 @@ from flaxformer_nmt.decoding.lines import (  # noqa: F401  (BUCKETS, Hypothesis:
   next_power_of_two,
 )
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.run.components import Components
-from flaxformer_nmt.runtime import files, parallel, progress
+from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.runtime import console, files, parallel
 
 # How many truncated line numbers the warning names.
 _NAMED_TRUNCATIONS = 5
@@ -231,7 +231,7 @@ class Translator:
           done,
           len(todo),
           rate,
-          progress.format_seconds((len(todo) - done) / rate),
+          console.format_seconds((len(todo) - done) / rate),
         )
         last_log = now
     self.stats.seconds = time.time() - start
@@ -314,7 +314,7 @@ def make_translator(
   """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
   asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
-  model.ensemble.Ensemble; `replicated`: already on every local device (sharded.decode_fn).
+  model.ensemble.Ensemble; `replicated`: already on every local device (decode.decode_fn).
   `nbest` hypotheses per line; `alignments` adds word alignments from
   config.decode.alignment_layer's cross-attention. `target_lang`: a multilingual model's output
   language (checked: directions.resolve_target)."""
@@ -338,7 +338,7 @@ def make_translator(
 
   return Translator(
     parts.tokenizer,
-    sharded.decode_fn(model, params, search),
+    decode.decode_fn(model, params, search),
     batch_size=int(decode_config.batch_size),
     max_src_len=parts.max_src_len,
     num_shards=jax.device_count(),
@@ -349,7 +349,7 @@ def make_translator(
     source_prefix=prefix,
     reserved_ids=reserved_ids(parts),
     constrained_decode=(
-      sharded.constrained_decode_fn(model, params, search) if search.method == "beam" else None
+      decode.constrained_decode_fn(model, params, search) if search.method == "beam" else None
     ),
     beam_size=search.beam_size,
     max_output_len=max_output_len,

@@ -1,10 +1,16 @@
 """The run a command works on, opened once: its folder, its saved config, the command's config.
 
 Every command (each --mode, the server, the API) starts here. The run's config.json is read once,
-its paths made absolute (run/paths.py), and the command's config held to the run's rules
+its paths made absolute (`absolute_paths`), and the command's config held to the run's rules
 (config/run_config.py: what a command may change). A data.vocab_path must be the run's own
 vocabulary by content, and a resume's training data the data the run recorded (run/identity.py).
 Every refusal is one line that names the run and the config it was trained with.
+
+Paths are absolute, so that read from any folder a run means the same files: a relative
+`data.dir` or `data.vocab_path` used to be saved as typed, and a resume or a translate started
+in another folder read whatever that relative path held there. A run saved before (relative paths
+in its config.json) is read as it always was, against the current folder, with one warning line;
+its next training command saves the paths absolute and records its data (run/identity.py).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import checks, run_config
-from flaxformer_nmt.run import identity, paths
+from flaxformer_nmt.run import identity
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import compile_cache, files
 
@@ -44,9 +50,9 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   saved = run_config.saved(run.path)
   if config is not None:
     config = config.copy_and_resolve_references()  # the caller's config stays as it was
-    paths.absolute(config)
+    absolute_paths(config)
   if saved is not None:
-    paths.absolute(saved, saved=run.config_path)
+    absolute_paths(saved, saved=run.config_path)
   resuming = mode == "train" and bool(run.training_steps())
   if saved is not None and (config is None or mode != "train" or resuming):
     recorded = run.training_data() if resuming else None
@@ -123,3 +129,51 @@ def _check_training_data(
       f"{_trained_with(run)} was trained on other data: {differs}. Point "
       f"data.dir at the run's own files, or train in another --workdir."
     )
+
+
+# Fields that name a file or folder (init_from: a run or one of its checkpoints, when it is a
+# path that exists; anything else there is left for init_from's own checks to name).
+PATH_FIELDS = ("data.dir", "data.vocab_path", "data.tfds_data_dir", "init_from")
+
+
+def _get(config: ml_collections.ConfigDict, path: str) -> object:
+  node = config
+  for part in path.split("."):
+    if part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def _set(config: ml_collections.ConfigDict, path: str, value: str) -> None:
+  *groups, name = path.split(".")
+  node = config
+  for group in groups:
+    node = node[group]
+  node[name] = value
+
+
+def absolute_paths(
+  config: ml_collections.ConfigDict, *, saved: str = "", base: str | None = None
+) -> dict[str, str]:
+  """Makes `config`'s relative path fields absolute against `base` (default: the current
+  folder), in place; returns {field: its absolute path}. `saved` names the config.json they
+  were read from: then one warning line says how its relative paths are read."""
+  base = os.path.abspath(base or os.getcwd())
+  changed: dict[str, str] = {}
+  for field in PATH_FIELDS:
+    value = _get(config, field)
+    if not isinstance(value, str) or not value or os.path.isabs(value):
+      continue
+    if field == "init_from" and not os.path.exists(os.path.join(base, value)):
+      continue
+    changed[field] = os.path.normpath(os.path.join(base, value))
+    _set(config, field, changed[field])
+  if saved and changed:
+    logging.warning(
+      "%s was saved with relative paths (before runs saved them absolute): reading %s from "
+      "the current folder.",
+      saved,
+      ", ".join(f"{field}={path}" for field, path in changed.items()),
+    )
+  return changed

@@ -2,7 +2,7 @@
 
   <workdir>/
     config.json                 the config training ran with (compared on every rerun), its
-                                paths absolute (run/paths.py)
+                                paths absolute (run/command.py)
     run.json                    what the run was made from: the config's name as given
                                 (--config=demo) and its training data's fingerprint
                                 (run/identity.py), checked on every resume
@@ -38,7 +38,7 @@ import ml_collections
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.config import run_config
-from flaxformer_nmt.runtime import files, records
+from flaxformer_nmt.runtime import files
 
 VOCABULARY = "spm.model"
 
@@ -76,6 +76,16 @@ class Workdir:
       raise errors.ConfigError(
         f"--workdir={self.path} cannot be created: {e.strerror or e} ({e.filename or self.path})."
       ) from None
+
+  def remove_if_empty(self) -> None:
+    """Deletes the folder if it holds no file but the lock (a new run refused before any work:
+    a missing corpus, a wrong field); anything else written there stays."""
+    if not os.path.isdir(self.path):
+      return
+    for root, _, names in os.walk(self.path):
+      if any(os.path.join(root, n) != self.lock_path for n in names):
+        return
+    shutil.rmtree(self.path, ignore_errors=True)
 
   # ------------------------------------------------------------------------------- paths
 
@@ -197,15 +207,15 @@ class Workdir:
 
   def write_result(self, result: dict[str, Any], *, echo: bool = True) -> None:
     """A mode's figures to `<mode>_result.json` and `results.jsonl`, then (echo) to stdout."""
-    records.write_result(
+    files.write_result(
       self.result_path(result["mode"]), self.join("results.jsonl"), result, echo=echo
     )
 
   def read_result(self, mode: str) -> dict[str, Any] | None:
-    return records.read_result(self.result_path(mode))
+    return files.read_result(self.result_path(mode))
 
   def dev_records(self) -> list[dict[str, Any]]:
-    return records.read_jsonl(self.metrics_path("dev"))
+    return files.read_jsonl(self.metrics_path("dev"))
 
   # ------------------------------------------------------------------------------- checkpoints
 

@@ -33,7 +33,7 @@ from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.config.run_config import ARCHITECTURE
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import files, parallel, records
+from flaxformer_nmt.runtime import files, parallel
 
 LATEST_AVERAGE = "latest.json"
 BEST_INCOMING = ".incoming"  # a new evaluation of best/'s step, written before it is swapped in
@@ -128,7 +128,7 @@ def latest_average(run: Workdir) -> Average | None:
   """The average written last: the one averaged/latest.json names; without it, the most
   recently written named one; in a workdir from before averages had names, the highest step
   of averaged/<step>/ (named after the newest step it averaged)."""
-  pointer = records.read_result(os.path.join(run.averaged, LATEST_AVERAGE)) or {}
+  pointer = files.read_result(os.path.join(run.averaged, LATEST_AVERAGE)) or {}
   named = []
   if os.path.isdir(run.averaged):
     for name in os.listdir(run.averaged):

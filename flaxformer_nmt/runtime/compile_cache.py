@@ -29,7 +29,8 @@ import os
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.runtime.trusted import unsafe
+from flaxformer_nmt.runtime import executables
+from flaxformer_nmt.runtime.files import unsafe
 
 ENV = "FLAXFORMER_NMT_COMPILE_CACHE"
 MAX_BYTES = 4 << 30  # 4 GiB: thousands of a CPU run's programs, dozens of a big model's
@@ -63,8 +64,6 @@ def enable(setting: str) -> str | None:
   cannot be made (then one warning line: a cache is never worth failing a command for)."""
   global _enabled
   import jax  # pylint: disable=g-import-not-at-top
-
-  from flaxformer_nmt.runtime import executables  # pylint: disable=g-import-not-at-top
 
   path = folder(setting)
   if path is None:

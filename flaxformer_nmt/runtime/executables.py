@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.runtime import files, trusted
+from flaxformer_nmt.runtime import files
 
 SUBFOLDER = "executables"
 MAX_BYTES = 1 << 30  # 1 GiB: a demo program is ~1 MB, a big model's decoder tens of MB
@@ -252,9 +252,9 @@ def _jax_runs_op_by_op() -> bool:
 
 def _private(directory: str) -> bool:
   """Whether programs may be loaded from `directory` as code: the compilation cache's own check
-  (trusted.unsafe: this user's, writable by no one else, nor any folder above it but a
+  (files.unsafe: this user's, writable by no one else, nor any folder above it but a
   sticky one). One info line if not."""
-  reason = trusted.unsafe(directory)
+  reason = files.unsafe(directory)
   if reason is not None:
     logging.info("Not loading saved programs from %s: %s.", directory, reason)
     return False

@@ -3,6 +3,12 @@
 One copy of each: corpora, translation inputs and outputs, hypotheses, results and caches all go
 through these functions, so a bad byte is always reported as `path:line`, a line break inside a
 sentence never shifts the lines after it, and a killed job never leaves a truncated file.
+
+Records: a mode's figures go to `<mode>_result.json` and a line of `results.jsonl` (`write_result`),
+training's to `*_metrics.jsonl`; a torn last line (a job killed while appending) is dropped before
+the next append. And one check of a folder that holds code (`unsafe`: the compilation cache and
+its saved programs): it must be this user's and writable by no one else, nor any folder above it
+but a sticky one, as a search path for code would be checked.
 """
 
 from __future__ import annotations
@@ -10,12 +16,18 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import json
 import os
+import stat
 import sys
+import time
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from absl import logging
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.runtime import summary
 
 STDIO = "-"
 # The longest line read (1 MiB): the longest sentences of real corpora are a few kilobytes.
@@ -130,3 +142,152 @@ def iter_lines(path: str) -> Iterator[str]:
 def read_lines(path: str) -> list[str]:
   """All lines of `path` (see `iter_lines`)."""
   return list(iter_lines(path))
+
+
+def _drop_torn_tail(path: str) -> None:
+  """Cuts a last line without its newline (a write killed halfway) off `path`, with a warning.
+
+  Reads backwards from the end in blocks, so a long record file costs one seek, not a read.
+  """
+  with open(path, "rb+") as f:
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+      return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+      return
+    position = end
+    while position > 0:
+      start = max(position - 65536, 0)
+      f.seek(start)
+      block = f.read(position - start)
+      newline = block.rfind(b"\n")
+      if newline >= 0:
+        keep = start + newline + 1
+        break
+      position = start
+    else:
+      keep = 0
+    f.truncate(keep)
+  logging.warning(
+    "%s ended in a torn line (%d bytes, a write cut short): dropped it before appending.",
+    path,
+    end - keep,
+  )
+
+
+def append_jsonl(path: str, record: dict[str, Any]) -> None:
+  """One JSON line appended to `path` (process 0 only); a torn last line is dropped first."""
+  if _process_index() != 0:
+    return
+  if os.path.exists(path):
+    _drop_torn_tail(path)
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """The records of a JSON-lines file ([] if absent); a line that is not JSON (torn) is skipped."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  for line in iter_lines(path):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(record, dict):
+      records.append(record)
+  return records
+
+
+def last_record_of_step(path: str, step: int) -> dict[str, Any] | None:
+  """The last record of `path` logged at `step` (a step logged twice, before and after a resume,
+  counts as its later line), without its "step" field; None if there is none."""
+  found = None
+  for record in read_jsonl(path):
+    if record.get("step") == step:
+      found = {k: v for k, v in record.items() if k != "step"}
+  return found
+
+
+def write_result(
+  result_path: str, log_path: str, result: dict[str, Any], *, echo: bool = True
+) -> None:
+  """Saves a mode's final figures to `result_path`, appends them with the time to `log_path`,
+  then (if `echo`) prints them as one JSON line. Process 0 only.
+
+  The file comes first: a job whose stdout is gone (a closed pipe, a dropped session) still leaves
+  its result behind.
+  """
+  if _process_index() != 0:
+    return
+  line = json.dumps(result, sort_keys=True)
+  write_text(result_path, line + "\n")
+  append_jsonl(log_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **result})
+  if echo:
+    print_result(result)
+
+
+def read_result(result_path: str) -> dict[str, Any] | None:
+  """A result file's figures, or None if it is missing or not a JSON object (torn)."""
+  try:
+    with open(result_path, encoding="utf-8") as f:
+      found = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return found if isinstance(found, dict) else None
+
+
+def print_result(result: dict[str, Any]) -> None:
+  """A mode's figures as the one JSON line that ends its output (process 0 only), then their
+  summary for a person on stderr (summary.py)."""
+  if _process_index() == 0:
+    print(json.dumps(result, sort_keys=True), flush=True)
+    for line in summary.lines(result):  # for a person: stderr, so stdout still ends in the JSON
+      print(line, file=sys.stderr, flush=True)
+
+
+def unsafe(path: str) -> str | None:
+  """Why the folder `path` may not hold code this user runs, or None if it may: it (when it
+  exists) must be owned by this user and not writable by group or others; each existing folder
+  above it must be owned by this user or root, and not writable by others unless sticky. A
+  folder that does not exist yet is made 0700 by compile_cache.enable."""
+  uid = os.getuid() if hasattr(os, "getuid") else None
+  if uid is None:  # no POSIX owners (Windows): nothing to check against
+    return None
+  current = os.path.abspath(path)
+  first = True
+  while True:
+    try:
+      st = os.stat(current)
+    except FileNotFoundError:
+      st = None
+    except OSError as e:
+      return f"{current} cannot be checked ({e.strerror or e})"
+    if st is not None:
+      if first:
+        if st.st_uid != uid:
+          return f"{current} belongs to uid {st.st_uid}, not to this user ({uid})"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+          return f"{current} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+      else:
+        if st.st_uid not in (uid, 0):
+          return f"{current}, above it, belongs to uid {st.st_uid}, neither this user nor root"
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+          return (
+            f"{current}, above it, is writable by others without the sticky bit "
+            f"(mode {stat.S_IMODE(st.st_mode):o})"
+          )
+    first = False
+    parent = os.path.dirname(current)
+    if parent == current:
+      return None
+    current = parent
+
+
+def _process_index() -> int:
+  """This process's index in its job (JAX imported here: the data side reads files without it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return jax.process_index()

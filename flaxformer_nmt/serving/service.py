@@ -24,11 +24,11 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt.config import directions
+from flaxformer_nmt.decoding import session as session_lib
 from flaxformer_nmt.decoding import translator as translator_lib
-from flaxformer_nmt.decoding import translators as translators_lib
 from flaxformer_nmt.model.tokens import PAD_ID
 from flaxformer_nmt.run.loaded import LoadedModel
-from flaxformer_nmt.runtime import progress
+from flaxformer_nmt.runtime import console
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, server
 from flaxformer_nmt.serving.options import Options
@@ -104,18 +104,18 @@ def public_description(description: str) -> str:
   return re.sub(r" in (/|[A-Za-z]:\\)[^;]*", "", description)
 
 
-class Translators(translators_lib.Translators):
-  """The loaded model's translators (decoding/translators.py), by the batcher's kind of request:
+class Translators(session_lib.Translators):
+  """The loaded model's translators (decoding/session.py), by the batcher's kind of request:
   the server's progress is its own (no per-call log lines), its batch shapes ROWS_PER_SHARD."""
 
   def __init__(self, loaded: LoadedModel) -> None:
     super().__init__(loaded, log_progress=False, rows_per_shard=ROWS_PER_SHARD)
 
   def get(  # type: ignore[override]
-    self, kind: batcher_lib.Kind | translators_lib.Request | None = None
+    self, kind: batcher_lib.Kind | session_lib.Request | None = None
   ) -> translator_lib.Translator:
     if isinstance(kind, batcher_lib.Kind):
-      kind = translators_lib.Request(kind.nbest, kind.alignments, kind.target_lang)
+      kind = session_lib.Request(kind.nbest, kind.alignments, kind.target_lang)
     return super().get(kind)
 
   def translate(
@@ -151,7 +151,7 @@ def compile_all(
   cold start compiles for minutes on a small CPU; the compilation cache makes the next one warm)
   and telling `on_progress(done, total)` after each. Returns how many shapes there were."""
   work = [(kind, shape) for kind in kinds for shape in translators.shapes(kind)]
-  meter = progress.Progress(0, len(work))
+  meter = console.Progress(0, len(work))
   last_log = time.monotonic()
   on_progress(0, len(work))
   for done, (kind, (rows, length)) in enumerate(work, 1):

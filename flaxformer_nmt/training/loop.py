@@ -21,9 +21,9 @@ from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.run import identity
-from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import parallel, records
+from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.runtime import files, parallel
 from flaxformer_nmt.training import init_from
 from flaxformer_nmt.training.lock import WorkdirLock
 from flaxformer_nmt.training.preemption import PreemptionGuard
@@ -105,7 +105,7 @@ def _final_dev_figures(trainer: Trainer) -> dict[str, float]:
   if trainer.last_dev:
     return trainer.last_dev
   path = trainer.workdir.metrics_path("dev")
-  return records.last_record_of_step(path, trainer.step) or {}
+  return files.last_record_of_step(path, trainer.step) or {}
 
 
 def train_and_evaluate(

@@ -10,7 +10,7 @@ import jax
 from absl import logging
 
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import records
+from flaxformer_nmt.runtime import files
 
 
 def summarize_train(history: list[dict[str, float]], seconds: float) -> dict[str, float]:
@@ -64,7 +64,7 @@ class MetricWriter:
     for name, value in values.items():
       self._writer.add_scalar(f"{split}/{name}", float(value), step)
     self._writer.flush()
-    records.append_jsonl(self._workdir.metrics_path(split), {"step": step, **values})
+    files.append_jsonl(self._workdir.metrics_path(split), {"step": step, **values})
 
   def close(self) -> None:
     if self._writer is not None:

@@ -27,9 +27,9 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import checkpointer
 from flaxformer_nmt.data import prefetch
 from flaxformer_nmt.decoding import evaluation, translator
-from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import parallel, progress, records
+from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.runtime import console, files, parallel
 from flaxformer_nmt.training import best, init_from, metrics, optim, steps
 from flaxformer_nmt.training.lock import WorkdirLock
 from flaxformer_nmt.training.state import TrainSetup
@@ -100,6 +100,7 @@ class Trainer:
     self.data = data
     self.workdir = workdir
     self.lock = lock  # checked before each checkpoint: never write one for a workdir lost
+    self._compiled = False  # the train step: compiled by its first call (train_step says so)
     self.config = config = setup.config
     model = self.components.model
     logging.info(
@@ -150,7 +151,7 @@ class Trainer:
     self.p_state = parallel.replicate(state)
     self.multi_process = jax.process_count() > 1
     self.writer = metrics.MetricWriter(workdir)
-    self.progress = progress.Progress(self.start_step, config.num_train_steps)
+    self.progress = console.Progress(self.start_step, config.num_train_steps)
     self.clock = metrics.TrainClock(trained_seconds)  # process 0's decides for everyone
     self.pending: list[dict[str, Any]] = []  # device metrics not yet fetched (async dispatch)
     self._last_log_seconds = self.clock.seconds()
@@ -174,7 +175,14 @@ class Trainer:
   def train_step(self) -> int:
     """Dispatches the next step and returns its number (one step at most stays in flight)."""
     batch = next(self.data.train)
+    first = not self._compiled
+    if first:  # the first call compiles (or reads the compilation cache): minutes for big models
+      logging.info("Compiling the train step...")
+      start = time.monotonic()
     self.p_state, metrics = self.p_train_step(self.p_state, parallel.shard(batch))
+    if first:
+      self._compiled = True
+      logging.info("Compiled the train step in %.1f s.", time.monotonic() - start)
     self.pending.append(metrics)
     if len(self.pending) > 1:
       # The next batch is packed while this step computes, but the host never races ahead of
@@ -220,7 +228,7 @@ class Trainer:
     if epoch is not None:
       summary["epoch"] = epoch
     budget = self.config.max_train_minutes * 60.0
-    eta = self.progress.eta(self.step, budget - now if budget else None)
+    eta = self.console.eta(self.step, budget - now if budget else None)
     metrics.log_train(self.step, total, summary, eta)
     self.writer.scalars(self.step, summary, split="train")
     self._last_log_seconds = now
@@ -286,7 +294,7 @@ class Trainer:
     step, c = self.start_step, self.config
     if not step or (step % c.eval_every_steps and step < c.num_train_steps):
       return
-    logged = {r.get("step") for r in records.read_jsonl(self.workdir.metrics_path("dev"))}
+    logged = {r.get("step") for r in files.read_jsonl(self.workdir.metrics_path("dev"))}
     if parallel.broadcast_from_main(step not in logged):
       logging.info("Evaluating step %d, which the interrupted run did not.", step)
       self.evaluate()

@@ -13,7 +13,7 @@ import pytest
 from flaxformer_nmt import api
 from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import parallel, records
+from flaxformer_nmt.runtime import files, parallel
 from flaxformer_nmt.training import init_from, metrics, optim
 from flaxformer_nmt.training import loop as train
 
@@ -79,7 +79,7 @@ def test_a_run_that_never_improves_stops_after_exactly_patience_evaluations(tmp_
   assert result["stopped_early"] is True and result["step"] == stop_step
   assert (result["best_step"], result["best_metric"]) == (every, "dev_bleu")
   assert result["evals_without_improvement"] == patience
-  dev = records.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
+  dev = files.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
   assert [r["step"] for r in dev] == [every * k for k in range(1, patience + 2)]
   assert all("ema_dev_bleu" in r and "ema_dev_loss" in r for r in dev)
   assert "test_sacrebleu_beam2" in result
@@ -185,14 +185,14 @@ def test_a_best_is_saved_before_its_evaluation_is_logged_and_not_written_twice(
     train.train_and_evaluate(config, Workdir(str(workdir)))
   best_dir = workdir / "best"
   assert reader.CheckpointDir(str(best_dir)).steps() == [2]
-  assert not records.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
+  assert not files.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
   written = (best_dir / "2").stat().st_ino
 
   monkeypatch.setattr(metrics.MetricWriter, "scalars", scalars)
   result = train.train_and_evaluate(
     config, Workdir(str(workdir))
   )  # resumes at step 2, evaluates it
-  dev = records.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
+  dev = files.read_jsonl(Workdir(str(workdir)).metrics_path("dev"))
   assert [r["step"] for r in dev] == [2] and result["best_step"] == 2
   assert reader.CheckpointDir(str(best_dir)).steps() == [2]
   assert (best_dir / "2").stat().st_ino == written  # found saved, not written again

@@ -42,6 +42,26 @@ def test_main_py_prints_one_line_exits_2_and_touches_nothing(name, tmp_path):
   assert helpers.snapshot(workdir) == before
 
 
+def test_a_mistake_found_before_any_work_is_the_only_stderr_line_and_leaves_no_folder(tmp_path):
+  """Issue 52: eval of a folder without checkpoints first logged "Compilation cache: ..." (the
+  cache was set up before the checks); a new run refused for a missing corpus left its empty
+  folder behind."""
+  (tmp_path / "empty").mkdir()
+  eval_empty = helpers.run_main(
+    "--config=configs/demo.py", f"--workdir={tmp_path / 'empty'}", "--mode=eval"
+  )
+  assert eval_empty.returncode == 2, eval_empty.stderr[-3000:]
+  lines = eval_empty.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: No checkpoint in"), eval_empty.stderr
+  new = tmp_path / "runs" / "new"
+  no_corpus = helpers.run_main(
+    "--config=multi30k", f"--config.data.dir={tmp_path / 'nothing'}", f"--workdir={new}"
+  )
+  assert no_corpus.returncode == 2, no_corpus.stderr[-3000:]
+  assert no_corpus.stderr.strip().splitlines()[-1].startswith("error: data.")
+  assert not new.exists()  # the run folder it made is gone (runs/, made on the way, stays)
+
+
 def test_a_second_training_job_on_a_workdir_stops_at_once(tmp_path):
   """A real training job holds the workdir; a second one names it, and leaves it be."""
   workdir = tmp_path / "w"

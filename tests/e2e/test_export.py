@@ -11,8 +11,8 @@ from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
 from flaxformer_nmt.decoding import translator
 from flaxformer_nmt.export import ctranslate2 as export
-from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.run.loaded import Components
 
 import helpers
 

@@ -54,6 +54,19 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(saved_ru
   lines = ["We need forty-two chairs.", "three hundred and five"]
   hyps = api.translate(config, str(work), lines)
   assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
+  # Loaded once (issue 52): the command line's defaults, its searches kept between calls.
+  model = api.load(str(work))
+  assert model.translate(lines) == hyps
+  kept = model.translators.get()
+  assert model.translate(lines) == hyps and model.translators.get() is kept
+  two = model.translate_nbest(lines, nbest=2)
+  assert [len(h) for h in two] == [2, 2] and [h[0].text for h in two] == hyps
+  scored = model.score(lines, ["Wir brauchen zweiundvierzig Stühle.", "dreihundertfünf"])
+  assert len(scored) == 2 and all(s.tokens > 0 and s.log_prob < 0 for s in scored)
+  drawn = model.attention(lines[0], str(tmp_path / "drawn"))
+  assert drawn["translation"] == hyps[0] and (tmp_path / "drawn" / "cross_attention.png").is_file()
+  with pytest.raises(errors.ConfigError, match="did you mean 'decode.beam_size'"):
+    api.load(str(work), overrides={"decode.beam_szie": 4})
   with pytest.raises(TypeError, match="list of sentences"):
     api.translate(config, str(work), "one string")
   with pytest.raises(errors.ConfigError, match="--checkpoint=newest: choose one of"):

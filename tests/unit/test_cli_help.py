@@ -11,7 +11,7 @@ import pytest
 from absl import flags
 
 from flaxformer_nmt import cli, help_text
-from flaxformer_nmt.runtime import quiet as quiet_lib
+from flaxformer_nmt.runtime import console as quiet_lib
 
 import helpers
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.runtime import files, records
+from flaxformer_nmt.runtime import files
 
 
 def test_lines_round_trip_with_bom_crlf_and_unicode_separators(tmp_path):
@@ -96,23 +96,23 @@ def test_a_torn_last_record_is_dropped_before_the_next_is_appended(tmp_path, cap
   checkpoint's replay of dev_metrics.jsonl included); readers skip a torn line meanwhile."""
   path = tmp_path / "dev_metrics.jsonl"
   path.write_text('{"step": 100, "dev_bleu": 20.0}\n{"step": 200, "dev_b')
-  assert records.read_jsonl(str(path)) == [{"step": 100, "dev_bleu": 20.0}]
+  assert files.read_jsonl(str(path)) == [{"step": 100, "dev_bleu": 20.0}]
   with caplog.at_level("WARNING"):
-    records.append_jsonl(str(path), {"step": 200, "dev_bleu": 25.0})
+    files.append_jsonl(str(path), {"step": 200, "dev_bleu": 25.0})
   assert "torn line" in caplog.text
-  assert records.read_jsonl(str(path)) == [
+  assert files.read_jsonl(str(path)) == [
     {"step": 100, "dev_bleu": 20.0},
     {"step": 200, "dev_bleu": 25.0},
   ]
   assert path.read_text().endswith("}\n")
   # A file whose only line is torn, and a whole file, are appended to as they should be.
   path.write_text('{"step": 1')
-  records.append_jsonl(str(path), {"step": 2})
+  files.append_jsonl(str(path), {"step": 2})
   assert path.read_text() == '{"step": 2}\n'
-  records.append_jsonl(str(path), {"step": 3})
-  assert [r["step"] for r in records.read_jsonl(str(path))] == [2, 3]
-  assert records.last_record_of_step(str(path), 3) == {}
-  assert records.last_record_of_step(str(path), 4) is None
+  files.append_jsonl(str(path), {"step": 3})
+  assert [r["step"] for r in files.read_jsonl(str(path))] == [2, 3]
+  assert files.last_record_of_step(str(path), 3) == {}
+  assert files.last_record_of_step(str(path), 4) is None
 
 
 def test_an_output_file_is_checked_before_any_work(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from flaxformer_nmt import cli, errors
 from flaxformer_nmt.config import loading as config_files
-from flaxformer_nmt.runtime import accelerators
+from flaxformer_nmt.runtime import console
 
 
 def test_config_names_resolve_to_the_installed_files(tmp_path, monkeypatch):
@@ -25,27 +25,27 @@ def test_config_names_resolve_to_the_installed_files(tmp_path, monkeypatch):
 
 
 def test_an_unused_gpu_or_tpu_is_one_warning_line(tmp_path):
-  assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
+  assert console.unused_accelerator("cpu", str(tmp_path)) is None
   (tmp_path / "dev").mkdir()
   (tmp_path / "dev" / "nvidia0").touch()
-  message = accelerators.unused_accelerator("cpu", str(tmp_path))
+  message = console.unused_accelerator("cpu", str(tmp_path))
   assert "NVIDIA GPU is visible" in message and 'pip install -U "jax[cuda12]"' in message
   assert "\n" not in message
-  assert accelerators.unused_accelerator("gpu", str(tmp_path)) is None  # JAX uses it
+  assert console.unused_accelerator("gpu", str(tmp_path)) is None  # JAX uses it
   (tmp_path / "dev" / "nvidia0").unlink()
   (tmp_path / "dev" / "accel0").touch()
-  assert '"jax[tpu]"' in accelerators.unused_accelerator("cpu", str(tmp_path))
+  assert '"jax[tpu]"' in console.unused_accelerator("cpu", str(tmp_path))
   (tmp_path / "dev" / "accel0").unlink()
   (tmp_path / "dev" / "vfio").mkdir()
   (tmp_path / "dev" / "vfio" / "vfio").touch()  # the VFIO control node alone: no TPU
-  assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
+  assert console.unused_accelerator("cpu", str(tmp_path)) is None
   (tmp_path / "dev" / "vfio" / "0").touch()  # a passed-through device, but no TPU beside it
-  assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
+  assert console.unused_accelerator("cpu", str(tmp_path)) is None
   pci = tmp_path / "sys" / "bus" / "pci" / "devices"
   for slot, device in (("0000:00:04.0", "0x0042"), ("0000:00:05.0", "0x0062")):
     (pci / slot).mkdir(parents=True)
     (pci / slot / "vendor").write_text("0x1ae0\n")
     (pci / slot / "device").write_text(f"{device}\n")
-  assert "a TPU is visible" in accelerators.unused_accelerator("cpu", str(tmp_path))
+  assert "a TPU is visible" in console.unused_accelerator("cpu", str(tmp_path))
   (pci / "0000:00:05.0" / "device").write_text("0x0042\n")  # Google's virtual NIC only
-  assert accelerators.unused_accelerator("cpu", str(tmp_path)) is None
+  assert console.unused_accelerator("cpu", str(tmp_path)) is None

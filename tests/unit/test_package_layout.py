@@ -89,3 +89,16 @@ def test_no_library_file_is_over_400_lines():
   sizes = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
   over = {str(p.relative_to(helpers.REPO)): n for p, n in sorted(sizes.items()) if n > MAX_LINES}
   assert not over, f"over {MAX_LINES} lines: {over}"
+
+
+def test_every_package_folder_is_installed():
+  """pyproject.toml lists packages by hand: a folder left out is missing from a plain install."""
+  import tomllib  # pylint: disable=g-import-not-at-top
+
+  listed = set(
+    tomllib.loads((helpers.REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+  )
+  folders = {
+    ".".join(p.parent.relative_to(helpers.REPO).parts) for p in PACKAGE.rglob("__init__.py")
+  }
+  assert folders <= listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"

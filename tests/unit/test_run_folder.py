@@ -131,3 +131,33 @@ def test_a_run_saved_with_relative_paths_is_read_from_the_current_folder(
   assert config.data.dir == str(tmp_path / "data")
   said = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
   assert "saved with relative paths" in said and "no record of its training data" in said
+
+
+def test_a_result_ends_in_its_json_line_then_a_summary_for_a_person(capsys):
+  """Issue 52: after the final JSON (stdout's last line), a table of the figures on stderr; one
+  row per direction (and their mean) for a multilingual run."""
+  from flaxformer_nmt.runtime import files  # pylint: disable=g-import-not-at-top
+
+  one = {"mode": "eval", "test_set": "newstest2014", "test_sentences": 3003}
+  one |= {"test_sacrebleu_greedy": 26.1, "test_sacrebleu_beam4": 27.3, "test_chrf_beam4": 56.0}
+  files.print_result(one)
+  out, err = capsys.readouterr()
+  assert out.splitlines()[-1].startswith("{") and '"test_sacrebleu_beam4": 27.3' in out
+  assert err.splitlines()[0] == "Summary (eval, 3003 sentences):"
+  assert [line.split() for line in err.splitlines()[2:]] == [
+    ["newstest2014", "greedy", "26.10", "-", "-"],
+    ["newstest2014", "beam4", "27.30", "-", "56.00"],
+  ]
+  many = {"mode": "train", "step": 9, "mean": {"test_sacrebleu_greedy": 2.0}}
+  many["directions"] = {
+    "en-de": {"test_sacrebleu_greedy": 1.0},
+    "de-en": {"test_sacrebleu_greedy": 3.0},
+  }
+  files.print_result(many)
+  err = capsys.readouterr().err.splitlines()
+  assert err[0] == "Summary (train at step 9):" and err[1].split()[0] == "direction"
+  assert [line.split()[:3] for line in err[2:]] == [
+    ["en-de", "greedy", "1.00"],
+    ["de-en", "greedy", "3.00"],
+    ["mean", "greedy", "2.00"],
+  ]
