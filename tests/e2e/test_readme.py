@@ -140,11 +140,16 @@ def _research_decoding(text: str, proc: subprocess.CompletedProcess, box) -> boo
     rows = [r.split("\t") for r in lines(re.search(r"--output=(\S+)", text).group(1))]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(i, j) for i in range(2) for j in range(k)]
   elif "--output=aligned.txt" in text:
-    assert [" ||| " in row for row in lines("aligned.txt")] == [True, True]
+    rows = [row.split(" ||| ") for row in lines("aligned.txt")]
+    sources = lines("numbers.txt")
+    assert [len(r) for r in rows] == [2, 2]
+    for (output, alignment), source in zip(rows, sources, strict=True):
+      pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
+      assert all(i < len(source.split()) and j < len(output.split()) for i, j in pairs), pairs
   elif "--output=constrained.txt" in text:
     assert _last_json(proc)["constraints"]["term_rate"] == 1.0
-    first = lines("constrained.txt")[0]
-    assert "Tische" in first and "Stühle" in first, first
+    first, second = lines("constrained.txt")
+    assert "zweiundvierzig Tische" in first and "im Jahr" in second, (first, second)
   elif "--mode=score" in text:
     rows = [r.split("\t") for r in lines("scores.tsv")]
     assert len(rows) == 2 and all(float(r[1]) < 0 and int(r[2]) > 1 for r in rows)
