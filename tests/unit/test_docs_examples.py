@@ -24,6 +24,7 @@ EXAMPLES = {
   "He is nine years old.": (demo._age, 9),
   "in the year nineteen eighty-four": (demo._in_year, 1984),
   "three hundred and five": (demo._bare_cardinal, 305),
+  "three hundred and forty-five": (demo._bare_cardinal, 345),
 }
 
 
