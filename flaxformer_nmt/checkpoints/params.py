@@ -1,5 +1,5 @@
 """The parameters eval, translate, export, attention and fine-tuning read: from where
-`workdir.Workdir.resolve` says, checked against the model before anything is loaded.
+`run.selection.resolve` says, checked against the model before anything is loaded.
 
 A `Location` is one folder of orbax steps and the subtree wanted in its newest readable step: the
 train state's `params`, the parameter average (EMA) inside a training checkpoint's optimizer

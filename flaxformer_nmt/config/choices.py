@@ -15,7 +15,7 @@ SCHEDULES = ("paper", "constant")  # training/optim.SCHEDULES
 BEST_METRICS = ("", "dev_bleu", "dev_loss")  # training/best.Tracker
 # --checkpoint: auto (the newest average unless training went on after it, else latest), latest,
 # averaged (the average written last), best (config.best_metric's best evaluation), ema (the
-# parameter average kept in the latest training checkpoint). workdir.Workdir.resolve reads them.
+# parameter average kept in the latest training checkpoint). run/selection.resolve reads them.
 CHECKPOINTS = ("auto", "latest", "averaged", "best", "ema")
 # JAX's default PRNG keys hold 32 bits: a seed outside [0, 2**32) would silently alias another.
 SEED_LIMIT = 1 << 32

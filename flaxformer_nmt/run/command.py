@@ -47,7 +47,8 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   for the first problem. Nothing is written, but a training run's folder is made."""
   run = Workdir(workdir)
   run.check()
-  saved = run_config.saved(run.path)
+  text = run.saved_config_text()  # config.json, read once for the whole command
+  saved = run_config.from_json(text, run.config_path) if text is not None else None
   if config is not None:
     config = config.copy_and_resolve_references()  # the caller's config stays as it was
     absolute_paths(config)

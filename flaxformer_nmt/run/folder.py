@@ -41,6 +41,7 @@ from flaxformer_nmt.config import run_config
 from flaxformer_nmt.runtime import files
 
 VOCABULARY = "spm.model"
+_UNREAD = object()  # config.json not read yet
 
 
 class Workdir:
@@ -48,6 +49,7 @@ class Workdir:
 
   def __init__(self, path: str) -> None:
     self.path = str(path)
+    self._config_text: str | None | object = _UNREAD
 
   def __repr__(self) -> str:
     return f"Workdir({self.path!r})"
@@ -167,19 +169,27 @@ class Workdir:
 
   # ------------------------------------------------------------------------------- records
 
-  def saved_config(self) -> dict[str, Any]:
-    """The config a training run saved here (as JSON), or {} if it saved none."""
-    if not os.path.isfile(self.config_path):
-      return {}
-    with open(self.config_path, encoding="utf-8") as f:
-      return json.load(f)
-
   def saved_config_text(self) -> str | None:
+    """config.json's text, or None if the run saved none: read once per Workdir (a command's
+    checks, selection and resume all ask), and kept in step with `write_config`."""
+    if self._config_text is _UNREAD:
+      try:
+        with open(self.config_path, encoding="utf-8") as f:
+          self._config_text = f.read()
+      except FileNotFoundError:
+        self._config_text = None
+      except OSError as e:
+        raise errors.ConfigError(f"{self.config_path}: cannot be read ({e.strerror}).") from None
+    return self._config_text  # type: ignore[return-value]
+
+  def saved_config(self) -> dict[str, Any]:
+    """The config a training run saved here (as JSON), or {} if it saved none (or it is torn:
+    run_config.from_json names that)."""
+    text = self.saved_config_text()
     try:
-      with open(self.config_path, encoding="utf-8") as f:
-        return f.read()
-    except OSError:
-      return None
+      return json.loads(text) if text else {}
+    except ValueError:
+      return {}
 
   def run_record(self) -> dict[str, Any]:
     """run.json (what the run was made from), or {} for a run from before it."""
@@ -203,7 +213,9 @@ class Workdir:
     files.write_text(self.run_record_path, json.dumps(record, indent=2) + "\n")
 
   def write_config(self, config: ml_collections.ConfigDict) -> None:
-    files.write_text(self.config_path, config.to_json_best_effort(indent=2))
+    text = config.to_json_best_effort(indent=2)
+    files.write_text(self.config_path, text)
+    self._config_text = text
 
   def write_result(self, result: dict[str, Any], *, echo: bool = True) -> None:
     """A mode's figures to `<mode>_result.json` and `results.jsonl`, then (echo) to stdout."""

@@ -77,7 +77,7 @@ def test_a_run_without_them_has_no_ema_or_best(saved_run, which, message):
   (workdir / "config.json").write_text(json.dumps(saved))
   shutil.rmtree(workdir / "best")
   with pytest.raises(errors.CheckpointError, match=message):
-    selection.resolve(run, which)
+    selection.resolve(Workdir(str(workdir)), which)  # a new command: config.json read anew
 
 
 def _best_params(value: float) -> dict:
