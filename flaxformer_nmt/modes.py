@@ -226,7 +226,7 @@ def score_pairs(
     which,
     members,
     "score",
-    lambda c: directions.resolve_target(c.data, target_lang),
+    _target_check(target_lang),
   )
   scores = session.score(sources, references, target_lang)
   scorer = session.translators.scorer(target_lang)
@@ -355,7 +355,7 @@ def attention(
     which,
     (),
     "attention",
-    lambda c: directions.resolve_target(c.data, target_lang),
+    _target_check(target_lang),
   )
   pictures = session.attention(text, output if output != files.STDIO else None, target_lang)
   result = {"mode": "attention", "checkpoint": session.description, "text": text, **pictures}

@@ -228,7 +228,7 @@ class Trainer:
     if epoch is not None:
       summary["epoch"] = epoch
     budget = self.config.max_train_minutes * 60.0
-    eta = self.console.eta(self.step, budget - now if budget else None)
+    eta = self.progress.eta(self.step, budget - now if budget else None)
     metrics.log_train(self.step, total, summary, eta)
     self.writer.scalars(self.step, summary, split="train")
     self._last_log_seconds = now

@@ -134,7 +134,7 @@ def test_two_processes_train_a_multilingual_model_like_one(runs):
   assert set(result["mean"]) >= {"test_sacrebleu_beam2", "off_target_rate_beam2"}
   # Each direction's hypotheses are written under their own name.
   hyps = sorted(p.name for p in (runs["one"] / "eval").glob("*beam2*.hyp.txt"))
-  assert len(hyps) == 5 and any(".de-fr_" in name for name in hyps)
+  assert len(hyps) == 5 and any(".de-fr." in name for name in hyps)
 
 
 def _main(*args: str) -> subprocess.CompletedProcess:
