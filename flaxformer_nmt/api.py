@@ -99,9 +99,13 @@ def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str,
   return modes.prepare(config, workdir)
 
 
-def train(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
-  """Trains (or resumes) to config.num_train_steps; returns the final dev and test figures."""
-  return modes.train(config, workdir)
+def train(
+  config: ml_collections.ConfigDict | None, workdir: str, config_name: str = ""
+) -> dict[str, Any]:
+  """Trains (or resumes) to config.num_train_steps; returns the final dev and test figures.
+  `config_name` ("demo"): recorded in the run's run.json, so its messages can say which config
+  the run was trained with, as the command line's --config is."""
+  return modes.train(config, workdir, config_name)
 
 
 def evaluate(

@@ -55,7 +55,7 @@ def train(
   try:
     return _train(config, workdir, config_name, loop)
   except errors.UserError:
-    if fresh:  # a command refused before any work leaves no empty run folder behind
+    if fresh and parallel.is_main_process():  # refused before any work: no empty folder left
       Workdir(workdir).remove_if_empty()
     raise
 

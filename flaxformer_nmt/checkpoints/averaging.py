@@ -1,7 +1,7 @@
 """Checkpoint averaging: the mean of the parameters (or of their EMA) of the last K checkpoints.
 
 The paper averages the last 5 (base) or 20 (big) checkpoints. Which K steps, and where the mean
-is written, is `workdir.Workdir`'s choice (`average_plan`, `save_average`); this module only
+is written, is `run.folder.Workdir`'s choice (`average_plan`, `save_average`); this module only
 chooses among listed steps and computes the mean, reading through `reader.CheckpointDir`.
 """
 

@@ -28,7 +28,7 @@ What that takes here:
 Every folder of checkpoints holds orbax step directories with a `state` item and a `data` item (an
 average or `best/` stores `{"params": ...}` and a description of itself). `Checkpointer` writes
 them during training; `reader.CheckpointDir` reads any of them; `write` writes one step at once
-(averages, `best/`). Which folder of a workdir holds what is `workdir.Workdir`'s.
+(averages, `best/`). Which folder of a workdir holds what is `run.folder.Workdir`'s.
 
 Multi-process runs (`jax.distributed`): every process calls `save` and `restore`; orbax writes numpy
 arrays and JSON from process 0 only, and synchronises the processes around each save. Which step

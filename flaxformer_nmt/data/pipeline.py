@@ -27,7 +27,7 @@ _VOCAB_SEED = 0
 
 
 class RunFolder(Protocol):
-  """Where a run keeps its vocabulary and tokenized corpora (`workdir.Workdir` is one)."""
+  """Where a run keeps its vocabulary and tokenized corpora (`run.folder.Workdir` is one)."""
 
   @property
   def data_cache(self) -> str: ...

@@ -316,13 +316,14 @@ def constrained_test_scores(
   translation made to contain its `terms` (--constraints=`terms_path`), and what was met; the
   files are named `..._beamK-..._constrained-<file name>` beside the unconstrained ones."""
   config = components.config
-  pairs = test_pairs(config, data)
-  terms = terms[: len(pairs)] if config.eval.get("max_test_sentences", 0) else terms
-  if len(terms) != len(pairs):
+  everything = data.pairs("test")
+  if len(terms) != len(everything):
     raise errors.ConfigError(
       f"--constraints={terms_path} has {len(terms)} lines and the test set "
-      f"{data.split_name('test')} {len(pairs)} sentences: one line of terms per sentence."
+      f"{data.split_name('test')} {len(everything)} sentences: one line of terms per sentence."
     )
+  pairs = test_pairs(config, data)
+  terms = terms[: len(pairs)]  # eval.max_test_sentences: the first sentences' terms
   d = config.decode
   decoder = translator.make_translator(components, params, beam_size=d.beam_size)
   start = time.monotonic()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 import ml_collections
@@ -127,8 +128,8 @@ def _check_training_data(
   differs = identity.difference(recorded, identity.training_data(config, recorded))
   if differs:
     raise errors.ConfigError(
-      f"{_trained_with(run)} was trained on other data: {differs}. Point "
-      f"data.dir at the run's own files, or train in another --workdir."
+      f"{_trained_with(run)} was trained on other data: {differs}. Resume it on the data it "
+      f"recorded in {run.run_record_path}, or train in another --workdir."
     )
 
 
@@ -137,39 +138,46 @@ def _check_training_data(
 PATH_FIELDS = ("data.dir", "data.vocab_path", "data.tfds_data_dir", "init_from")
 
 
-def _get(config: ml_collections.ConfigDict, path: str) -> object:
-  node = config
-  for part in path.split("."):
-    if part not in node:
-      return None
-    node = node[part]
-  return node
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # gs://bucket/tfds: TFDS reads it as it is
 
 
-def _set(config: ml_collections.ConfigDict, path: str, value: str) -> None:
+def absolute_path(field: str, value: object, base: str | None = None) -> str | None:
+  """The absolute form of path field `field`'s `value` against `base` (default: the current
+  folder), or None when it stays as it is: empty, absolute already, a URL (gs://...), or an
+  init_from that is no path here."""
+  if not isinstance(value, str) or not value or os.path.isabs(value) or _URL.match(value):
+    return None
+  base = os.path.abspath(base or os.getcwd())
+  if field == "init_from" and not os.path.exists(os.path.join(base, value)):
+    return None
+  return os.path.normpath(os.path.join(base, value))
+
+
+def _node(config: Any, path: str) -> tuple[Any, str] | None:
+  """(the group holding dotted `path`'s field, the field's name), or None if a group is missing:
+  for a ConfigDict or the dicts of a config.json alike."""
   *groups, name = path.split(".")
   node = config
   for group in groups:
+    if group not in node:
+      return None
     node = node[group]
-  node[name] = value
+  return node, name
 
 
-def absolute_paths(
-  config: ml_collections.ConfigDict, *, saved: str = "", base: str | None = None
-) -> dict[str, str]:
-  """Makes `config`'s relative path fields absolute against `base` (default: the current
-  folder), in place; returns {field: its absolute path}. `saved` names the config.json they
-  were read from: then one warning line says how its relative paths are read."""
-  base = os.path.abspath(base or os.getcwd())
+def absolute_paths(config: Any, *, saved: str = "", base: str | None = None) -> dict[str, str]:
+  """Makes `config`'s relative path fields absolute (`absolute_path`), in place; returns
+  {field: its absolute path}. `config` is a ConfigDict or a config.json's dict. `saved` names
+  the config.json they were read from: then one warning line says how they are read."""
   changed: dict[str, str] = {}
   for field in PATH_FIELDS:
-    value = _get(config, field)
-    if not isinstance(value, str) or not value or os.path.isabs(value):
+    found = _node(config, field)
+    if found is None or found[1] not in found[0]:
       continue
-    if field == "init_from" and not os.path.exists(os.path.join(base, value)):
-      continue
-    changed[field] = os.path.normpath(os.path.join(base, value))
-    _set(config, field, changed[field])
+    node, name = found
+    path = absolute_path(field, node[name], base)
+    if path is not None:
+      changed[field] = node[name] = path
   if saved and changed:
     logging.warning(
       "%s was saved with relative paths (before runs saved them absolute): reading %s from "

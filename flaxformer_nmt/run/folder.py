@@ -80,13 +80,13 @@ class Workdir:
       ) from None
 
   def remove_if_empty(self) -> None:
-    """Deletes the folder if it holds no file but the lock (a new run refused before any work:
-    a missing corpus, a wrong field); anything else written there stays."""
+    """Deletes the folder if no file is in it (a new run refused before any work: a missing
+    corpus, a wrong field). A lock file means another job holds it, and it stays: so does any
+    file written there."""
     if not os.path.isdir(self.path):
       return
-    for root, _, names in os.walk(self.path):
-      if any(os.path.join(root, n) != self.lock_path for n in names):
-        return
+    if any(names for _, _, names in os.walk(self.path)):
+      return
     shutil.rmtree(self.path, ignore_errors=True)
 
   # ------------------------------------------------------------------------------- paths
@@ -144,12 +144,13 @@ class Workdir:
     return self.join(f"{mode}_result.json")
 
   def vocabulary(self, config: ml_collections.ConfigDict | None = None) -> str:
-    """The run's SentencePiece model: its own `<workdir>/spm.model` when it holds one (trained
-    here, or copied from data.vocab_path when training started), else `data.vocab_path` of
-    `config` (default: of the run's saved config.json: a run from before the copy), else where
-    `<workdir>/spm.model` is to be trained."""
+    """The run's SentencePiece model. A run that has started training (it saved config.json)
+    reads its own `<workdir>/spm.model` (trained here, or copied from data.vocab_path): the file
+    that path names may change or move later. Before that, and for a run from before the copy,
+    `data.vocab_path` of `config` (default: of the run's saved config.json) when given; else
+    where `<workdir>/spm.model` is (or is to be trained)."""
     own = self.join(VOCABULARY)
-    if os.path.isfile(own):
+    if os.path.isfile(own) and os.path.isfile(self.config_path):
       return own
     if config is not None:
       vocab_path = config.data.vocab_path
@@ -158,11 +159,14 @@ class Workdir:
     return vocab_path or own
 
   def keep_vocabulary(self, config: ml_collections.ConfigDict) -> None:
-    """Copies the file data.vocab_path names into the run (`spm.model`), once, so the run keeps
-    its vocabulary whatever happens to that path later."""
+    """Copies the file data.vocab_path names into the run (`spm.model`) when training starts,
+    so the run keeps its vocabulary whatever happens to that path later (process 0, once the
+    run's checks have passed; a spm.model left by an earlier attempt is replaced)."""
     own = self.join(VOCABULARY)
     given = config.data.vocab_path
-    if not given or os.path.isfile(own) or not os.path.isfile(given):
+    if not given or not os.path.isfile(given):
+      return
+    if os.path.isfile(own) and files.same_bytes(own, given):
       return
     with files.atomic_path(own) as scratch:
       shutil.copyfile(given, scratch)

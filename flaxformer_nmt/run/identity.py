@@ -2,7 +2,7 @@
 
 A run's config names its training data by where it is (a folder, a TFDS name), and a place can
 hold other data tomorrow: a relative path read from another folder, a corpus replaced in place.
-So when training starts, the run records what it reads, in `<workdir>/training_data.json`:
+So when training starts, the run records what it reads in `<workdir>/run.json`:
 
   files  each training file's name, size and SHA-256 (and, as a hint only, its path and mtime);
   tfds   the dataset's name, version and split, and the languages;
@@ -99,7 +99,13 @@ def difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
   when they are the same data (paths and mtimes are hints, not identity)."""
   if recorded.get("source") != current.get("source"):
     return f"data.source is {current.get('source')!r}, the run's {recorded.get('source')!r}"
-  for key in ("generator", "tfds", "directions"):
+  old_tfds, new_tfds = dict(recorded.get("tfds") or {}), dict(current.get("tfds") or {})
+  if not old_tfds.get("version") or not new_tfds.get("version"):  # TFDS could not say: unknown
+    old_tfds.pop("version", None)
+    new_tfds.pop("version", None)
+  if old_tfds != new_tfds:
+    return f"the TFDS dataset {new_tfds} differs from the run's {old_tfds}"
+  for key in ("generator", "directions"):
     if recorded.get(key) != current.get(key):
       return f"{key} {current.get(key)} differ from the run's {recorded.get(key)}"
   ours, theirs = current.get("files", []), recorded.get("files", [])

@@ -13,7 +13,7 @@ subtree inside a training checkpoint, and of the check that another run's parame
 checkpoint, no average, no EMA kept, no best), before any model is built; `resolve_members` does
 the same for each workdir of --ensemble; `check_compatible` is the one test that another run
 (an ensemble member, a fine-tuning source) has this run's vocabulary and architecture. The
-folder layout itself is `workdir.Workdir`'s.
+folder layout itself is `run.folder.Workdir`'s.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ next command that needs the same program on the same JAX and hardware reads it b
 The cache holds executable code that JAX loads and runs as it is (JAX documents it as trusted
 input), hence a folder only this user can write, checked like code on a search path (`unsafe`):
 the folder must be this user's and writable by no one else, and every folder above it this
-user's or root's and writable by no one else unless sticky (as /tmp is). A folder that fails is
+user's or root's and not writable by others unless sticky (as /tmp is). A folder that fails is
 not used, whoever named it (config.compile_cache, $FLAXFORMER_NMT_COMPILE_CACHE or JAX's own
 JAX_COMPILATION_CACHE_DIR): one warning line names the folder and why, and the command compiles
 without a cache (docs/runs.md). A folder of ours is capped at MAX_BYTES (JAX evicts
@@ -36,6 +36,7 @@ ENV = "FLAXFORMER_NMT_COMPILE_CACHE"
 MAX_BYTES = 4 << 30  # 4 GiB: thousands of a CPU run's programs, dozens of a big model's
 
 _enabled: str | None = None
+_refused: set[str] = set()  # folders refused by this process (warned about once)
 
 
 def default_dir() -> str:
@@ -87,11 +88,13 @@ def enable(setting: str) -> str | None:
     else:
       reason = unsafe(path)  # made now, or made by someone else meanwhile
   if reason is not None:
-    logging.warning(
-      "Compilation cache not used (config.compile_cache=%s): %s; compiling without it.",
-      setting,
-      reason,
-    )
+    if path not in _refused:  # once per folder: every Components asks again
+      _refused.add(path)
+      logging.warning(
+        "Compilation cache not used (config.compile_cache=%s): %s; compiling without it.",
+        setting,
+        reason,
+      )
     _off(jax)
     executables.enable(None)
     return None
@@ -100,6 +103,7 @@ def enable(setting: str) -> str | None:
       "config.compile_cache=%s: %s is not writable; compiling without a cache.", setting, path
     )
     return None
+  jax.config.update("jax_enable_compilation_cache", True)  # a refused folder earlier turned it off
   jax.config.update("jax_compilation_cache_dir", path)
   # Every program, however quick to compile: a CPU run's are small, and many.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

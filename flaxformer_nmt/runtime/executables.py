@@ -252,8 +252,8 @@ def _jax_runs_op_by_op() -> bool:
 
 def _private(directory: str) -> bool:
   """Whether programs may be loaded from `directory` as code: the compilation cache's own check
-  (files.unsafe: this user's, writable by no one else, nor any folder above it but a
-  sticky one). One info line if not."""
+  (files.unsafe: this user's and writable by no one else; every folder above it this user's or
+  root's, writable by others only if sticky). One info line if not."""
   reason = files.unsafe(directory)
   if reason is not None:
     logging.info("Not loading saved programs from %s: %s.", directory, reason)

@@ -7,8 +7,9 @@ sentence never shifts the lines after it, and a killed job never leaves a trunca
 Records: a mode's figures go to `<mode>_result.json` and a line of `results.jsonl` (`write_result`),
 training's to `*_metrics.jsonl`; a torn last line (a job killed while appending) is dropped before
 the next append. And one check of a folder that holds code (`unsafe`: the compilation cache and
-its saved programs): it must be this user's and writable by no one else, nor any folder above it
-but a sticky one, as a search path for code would be checked.
+its saved programs): it must be this user's and writable by no one else, and every folder above
+it this user's or root's and not writable by others unless sticky, as a search path for code
+would be checked.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from flaxformer_nmt import data as data_lib
 from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.decoding import evaluation
-from flaxformer_nmt.run import identity
+from flaxformer_nmt.run import command, identity
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import files, parallel
@@ -68,6 +68,9 @@ def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> b
   if saved_text == config.to_json_best_effort(indent=2):
     return True
   saved, current = json.loads(saved_text), json.loads(config.to_json_best_effort())
+  command.absolute_paths(saved)  # a run saved before: its relative paths, as the command read them
+  if saved == current:
+    return True
   for path, old_value in config_builders.ADDED_FIELDS.items():
     *groups, name = path.split(".")
     saved_node, current_node = saved, current
@@ -118,8 +121,6 @@ def train_and_evaluate(
   """
   workdir.create()
   with WorkdirLock(workdir) as lock:  # before any work: a second job stops at once
-    if parallel.is_main_process():
-      workdir.keep_vocabulary(config)  # the others read data.vocab_path: the same bytes
     components, source = _components_before_data(config, workdir)
     tokenizer = components.tokenizer if components is not None else None
     data = data_lib.make_data(config, workdir, tokenizer=tokenizer)
@@ -129,6 +130,7 @@ def train_and_evaluate(
     with Trainer(setup, data, workdir, lock, source) as trainer, PreemptionGuard() as guard:
       # Written once the checkpoint is known to fit this config: a refused resume changes nothing.
       if parallel.is_main_process():
+        workdir.keep_vocabulary(config)  # before config.json: which makes the copy the run's
         workdir.write_config(config)
         workdir.write_run_record(
           config_name, identity.training_data(config, workdir.training_data())

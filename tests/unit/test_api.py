@@ -59,6 +59,7 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(saved_ru
   assert model.translate(lines) == hyps
   kept = model.translators.get()
   assert model.translate(lines) == hyps and model.translators.get() is kept
+  assert len(model.translators._made) == 1  # pylint: disable=protected-access  (made once)
   two = model.translate_nbest(lines, nbest=2)
   assert [len(h) for h in two] == [2, 2] and [h[0].text for h in two] == hyps
   scored = model.score(lines, ["Wir brauchen zweiundvierzig Stühle.", "dreihundertfünf"])

@@ -81,7 +81,9 @@ def test_a_folder_others_can_write_is_not_used(monkeypatch, tmp_path, caplog, re
   shared.chmod(0o777)
   setting = str(shared) if via == "config" else "auto"
   kept = jax.config.jax_compilation_cache_dir  # tests/conftest.py's, restored after
-  request.addfinalizer(lambda: jax.config.update("jax_compilation_cache_dir", kept))
+  update = jax.config.update  # the real one: `_enable_recording` replaces it until teardown
+  request.addfinalizer(lambda: update("jax_compilation_cache_dir", kept))
+  request.addfinalizer(lambda: update("jax_enable_compilation_cache", True))
   if via == "env":
     monkeypatch.setenv(compile_cache.ENV, str(shared))
   jax.config.update("jax_compilation_cache_dir", str(shared) if via == "jax" else None)

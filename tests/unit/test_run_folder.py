@@ -161,3 +161,34 @@ def test_a_result_ends_in_its_json_line_then_a_summary_for_a_person(capsys):
     ["de-en", "greedy", "3.00"],
     ["mean", "greedy", "2.00"],
   ]
+
+
+def test_urls_stay_and_an_old_finished_run_still_counts_as_finished(monkeypatch, tmp_path):
+  """A gs:// TFDS folder is no relative path; a finished run saved with a relative data.dir is
+  the same config as the command that now reads it absolute (no retraining on rerun)."""
+  from flaxformer_nmt.run import command  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.training import loop  # pylint: disable=g-import-not-at-top
+
+  assert command.absolute_path("data.tfds_data_dir", "gs://bucket/tfds") is None
+  assert command.absolute_path("data.dir", "/abs/data") is None
+  monkeypatch.chdir(tmp_path)
+  assert command.absolute_path("data.dir", "data") == str(tmp_path / "data")
+  old = _files_config(dir="data")
+  now = old.copy_and_resolve_references()
+  command.absolute_paths(now)
+  assert now.data.dir == str(tmp_path / "data")
+  assert loop._same_config(old.to_json_best_effort(indent=2), now)  # pylint: disable=protected-access
+  now.data.dir = str(tmp_path / "elsewhere")
+  assert not loop._same_config(old.to_json_best_effort(indent=2), now)  # pylint: disable=protected-access
+
+
+def test_only_an_empty_new_folder_is_removed(tmp_path):
+  held = tmp_path / "held"
+  held.mkdir()
+  (held / "train.lock").write_text("{}")  # another job's
+  Workdir(str(held)).remove_if_empty()
+  assert (held / "train.lock").is_file()
+  empty = tmp_path / "empty"
+  (empty / "data_cache").mkdir(parents=True)
+  Workdir(str(empty)).remove_if_empty()
+  assert not empty.exists()
