@@ -152,17 +152,11 @@ def translate_hypotheses(
   """(each line's translator.Hypothesis list, speed figures, which parameters) of `lines`, with
   config.decode's search; with `terms`, each line's that its translations must contain."""
   outputs = outputs or Outputs()
-  if config is not None:
-    outputs.check(config)
   session = load_session(config, workdir, which, outputs.members, check=outputs.check)
-  hyps = session.translate_nbest(
-    lines,
-    outputs.nbest,
-    alignments=outputs.alignments,
-    target_lang=outputs.target_lang,
-    constraints=terms,
+  decoder = session.translator(
+    outputs.nbest, outputs.alignments, outputs.target_lang, terms is not None
   )
-  decoder = session.translator(outputs.nbest, outputs.alignments, outputs.target_lang)
+  hyps = decoder.translate_nbest(lines, constraints=terms)
   logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
   stats = dict(decoder.stats.as_dict(), method=session.config.decode.method)
   return hyps, stats, session.description

@@ -52,10 +52,14 @@ class Session:
     return self.loaded.description
 
   def translator(
-    self, nbest: int = 1, alignments: bool = False, target_lang: str | None = None
+    self,
+    nbest: int = 1,
+    alignments: bool = False,
+    target_lang: str | None = None,
+    constrained: bool = False,
   ) -> translator_lib.Translator:
-    """The kept translator of this kind of request (checked first)."""
-    lang = check_request(self.config, nbest, target_lang=target_lang) or ""
+    """The kept translator of this kind of request (checked first: `check_request`)."""
+    lang = check_request(self.config, nbest, constrained, target_lang) or ""
     return self.translators.get(Request(nbest, alignments, lang))
 
   def translate_nbest(
@@ -70,8 +74,7 @@ class Session:
     """`nbest` hypotheses per line, best first (translator.Hypothesis: text, score, alignment);
     with `constraints`, each line's terms its hypotheses must contain (beam search)."""
     _check_lines(lines)
-    check_request(self.config, nbest, constraints is not None, target_lang)
-    decoder = self.translator(nbest, alignments, target_lang)
+    decoder = self.translator(nbest, alignments, target_lang, constraints is not None)
     return decoder.translate_nbest(list(lines), constraints=constraints)
 
   def translate(self, lines: Sequence[str], target_lang: str | None = None) -> list[str]:
