@@ -23,7 +23,6 @@ machine, and nothing else:
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import re
 import shlex
@@ -31,6 +30,7 @@ import subprocess
 import sys
 
 import pytest
+import readme_checks
 
 import helpers
 import http_server
@@ -71,10 +71,6 @@ _BENCHMARKS = {
   "serve": ["--num_lines=16", "--clients=1,2", "--latency_lines=2"]
   + ["--set=decode.batch_size=4", "--set=data.max_len=24"],
 }
-
-
-def _last_json(proc: subprocess.CompletedProcess) -> dict:
-  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @readme_run
@@ -126,86 +122,21 @@ def _installed(name: str) -> bool:
   return importlib.util.find_spec(name) is not None
 
 
-def _research_decoding(text: str, proc: subprocess.CompletedProcess, box) -> bool:
-  """Checks one command of docs/decoding.md (n-best, sampling, ensembles, alignments, the
-  back-translation recipe); False for any other command."""
-  lines = lambda name: (box.repo / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
-  if "--ensemble=" in text:
-    result = _last_json(proc)
-    assert result["checkpoint"].startswith("ensemble of 2 models")
-    assert "nc:6" in result["chrf_signature"]
-    _rescored(box, text, result, "beam4")
-  elif "--output=nbest.tsv" in text or "--output=samples.tsv" in text:
-    k = int(re.search(r"--nbest=(\d+)", text).group(1))
-    rows = [r.split("\t") for r in lines(re.search(r"--output=(\S+)", text).group(1))]
-    assert [(int(r[0]), int(r[1])) for r in rows] == [(i, j) for i in range(2) for j in range(k)]
-  elif "--output=aligned.txt" in text:
-    rows = [row.split(" ||| ") for row in lines("aligned.txt")]
-    sources = lines("numbers.txt")
-    assert [len(r) for r in rows] == [2, 2]
-    for (output, alignment), source in zip(rows, sources, strict=True):
-      pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
-      assert all(i < len(source.split()) and j < len(output.split()) for i, j in pairs), pairs
-  elif "--output=constrained.txt" in text:
-    assert _last_json(proc)["constraints"]["term_rate"] == 1.0
-    first, second = lines("constrained.txt")
-    assert "zweiundvierzig Tische" in first and "im Jahr" in second, (first, second)
-  elif "--mode=score" in text:
-    rows = [r.split("\t") for r in lines("scores.tsv")]
-    assert len(rows) == 2 and all(float(r[1]) < 0 and int(r[2]) > 1 for r in rows)
-    assert _last_json(proc)["pairs"] == 2
-  elif "--output=data/demo_text/mono.en" in text:
-    assert len(lines("data/demo_text/mono.en")) == len(lines("data/demo_text/mono.de")) == 2000
-  elif "flaxformer_nmt.data.demo_text" in text and "--variant=large" in text:
-    written = _last_json(proc)["lines"]  # docs/fine-tuning.md's shifted domain
-    assert (written["train.en"], written["test.de"], "mono.de" in written) == (2000, 200, False)
-  elif "flaxformer_nmt.data.demo_text" in text:
-    assert _last_json(proc)["lines"]["mono.de"] == 2000
-  elif text.startswith("mkdir -p data/demo_bt"):
-    assert len(lines("data/demo_bt/train.de")) == len(lines("data/demo_bt/train.en")) == 22_000
-  else:
-    return False
-  return True
-
-
-def _rescored(box: readme_sandbox.Sandbox, text: str, result: dict, name: str) -> None:
-  """An eval's test sacreBLEU and chrF are sacrebleu's own figures for the hypotheses it wrote
-  (`<workdir>/eval/*_<name>.hyp.txt`, the newest) against the test set's references, exactly."""
-  import sacrebleu  # pylint: disable=g-import-not-at-top
-
-  from flaxformer_nmt import api  # pylint: disable=g-import-not-at-top
-  from flaxformer_nmt.data import sources  # pylint: disable=g-import-not-at-top
-
-  from error_cases import _value  # pylint: disable=g-import-not-at-top
-
-  words = shlex.split(text) + readme.DEMO
-  overrides = dict(w[len("--config.") :].split("=", 1) for w in words if w.startswith("--config."))
-  config = api.load_config("demo", {k: _value(v) for k, v in overrides.items()})
-  workdir = box.repo / re.search(r"--workdir=(\S+)", text).group(1)
-  search = name if name == "greedy" else f"{name}-*"  # beam4-shrinking-a0.6 (evaluation.search_tag)
-  hyp_file = max(workdir.glob(f"eval/*_{search}.hyp.txt"), key=lambda p: p.stat().st_mtime)
-  hyps = hyp_file.read_text(encoding="utf-8").splitlines()
-  with contextlib.chdir(box.repo):  # a files source's data.dir is relative to it
-    refs = [t for _, t in sources.make_source(config.data).iter_pairs("test")]
-  assert result[f"test_sacrebleu_{name}"] == sacrebleu.corpus_bleu(hyps, [refs]).score
-  assert result[f"test_chrf_{name}"] == sacrebleu.corpus_chrf(hyps, [refs]).score
-
-
 def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
   """The checks of one command of the demo's chains (the README's, docs/decoding.md's and
   docs/fine-tuning.md's)."""
   work = box.repo / "runs" / "demo"
-  if _research_decoding(command.text, proc, box):
+  if readme_checks.research_decoding(command.text, proc, box):
     return  # docs/decoding.md's commands, checked there
   if "--checkpoint=best" in command.text:  # docs/fine-tuning.md: the fine-tuned run's best
-    result = _last_json(proc)
+    result = readme_checks.last_json(proc)
     assert result["checkpoint"].startswith("best params (")
-    _rescored(box, command.text, result, "beam4")
+    readme_checks.rescored(box, command.text, result, "beam4")
   elif "--mode=eval" in command.text:
-    result = _last_json(proc)
+    result = readme_checks.last_json(proc)
     if "--config.data.source=files" not in command.text:
       assert result["checkpoint"].startswith("averaged params of 3 checkpoints")
-    _rescored(box, command.text, result, "beam4")
+    readme_checks.rescored(box, command.text, result, "beam4")
   elif "--mode=translate" in command.text and "--output=out.txt" not in command.text:
     assert proc.stdout.count("\n") == 1  # one line in, one out (30 steps: maybe empty)
   elif "--output=out.txt" in command.text:
@@ -219,7 +150,7 @@ def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
     printed = ast.literal_eval(proc.stdout.strip().splitlines()[-1])  # a list of strings
     assert len(printed) == 2 and all(isinstance(t, str) and t for t in printed)
   elif "--mode" not in command.text and ("main.py" in command.text or "nmt --" in command.text):
-    result = _last_json(proc)
+    result = readme_checks.last_json(proc)
     assert result["step"] == 30 and "test_sacrebleu_beam4" in result
     if "--config.best_metric=dev_bleu" in command.text:  # docs/fine-tuning.md's run
       assert result["best_step"] == 30 and "ema_dev_bleu" in result
@@ -267,14 +198,14 @@ def test_wmt14_chain(tmp_path):
   for command, proc, box in run_chain("wmt14", tmp_path, overrides):
     text = command.text
     if "--mode=prepare" in text:
-      prepared = _last_json(proc)
+      prepared = readme_checks.last_json(proc)
       assert (prepared["dev_set"], prepared["test_set"]) == ("newstest2013", "newstest2014")
       assert (prepared["dev_sentences"], prepared["test_sentences"]) == (32, 48)
     elif "--echo src" in text:
       written = (box.repo / "wmt14_text" / "newstest2014-filtered.en").read_text().splitlines()
       assert written == [p[0] for p in pairs]
     elif "--mode=eval" in text and ":files" not in text:
-      result = _last_json(proc)
+      result = readme_checks.last_json(proc)
       assert result["test_set"] == "newstest2014" and result["test_sentences"] == 48
       assert result["checkpoint"].startswith("averaged params of 5 checkpoints")
       assert result["beam_style"] == "t2t"
@@ -283,11 +214,11 @@ def test_wmt14_chain(tmp_path):
       assert "newstest2014 (test), beam4: sacreBLEU" in proc.stderr
       evals += 1
     elif "--mode=eval" in text:
-      result = _last_json(proc)
+      result = readme_checks.last_json(proc)
       assert result["test_set"] == "newstest2014-filtered" and result["test_sentences"] == 30
       evals += 1
     elif "main.py" in text and "--mode" not in text:
-      assert _last_json(proc)["step"] == 50
+      assert readme_checks.last_json(proc)["step"] == 50
   assert evals == 2
 
 
@@ -310,18 +241,19 @@ def test_files_chain(tmp_path):
   try:
     for command, proc, box in run_chain("files", tmp_path, overrides):
       if "--mode=prepare" in command.text and "multilingual" in command.text:
-        result = _last_json(proc)  # after the bilingual prepare: French is new (the overrides
-        # keep three directions: en, de and fr)
+        # After the bilingual prepare: French is new (the overrides keep three directions: en,
+        # de and fr).
+        result = readme_checks.last_json(proc)
         assert result["downloaded"] == 3 and result["verified_present"] == 6
         assert result["dev_sentences"] == {"en-de": 1014, "de-en": 1014, "en-fr": 1014}
         assert result["test_sentences"]["de-fr"] == 1000
       elif "--mode=prepare" in command.text:
-        result = _last_json(proc)
+        result = readme_checks.last_json(proc)
         assert (result["downloaded"], result["dev_sentences"]) == (6, 1014)
         assert len(list((box.repo / "data" / "multi30k").iterdir())) == 6
         prepared = True
       elif "--experiment=multi30k_multilingual" in command.text:
-        last = _last_json(proc)
+        last = readme_checks.last_json(proc)
         record = json.loads(
           (box.repo / "benchmarks/results/multi30k_multilingual.json").read_text()
         )
@@ -333,13 +265,13 @@ def test_files_chain(tmp_path):
       elif "--target_lang" in command.text:
         assert len(proc.stdout.strip().splitlines()) == 5  # five German captions, in French
       elif "--experiment=multi30k_seeds" in command.text:
-        last = _last_json(proc)
+        last = readme_checks.last_json(proc)
         record = json.loads((box.repo / "benchmarks/results/multi30k_seeds.json").read_text())
         assert record["result"] == last
         assert [run["step"] for run in last["seeds"].values()] == [20, 20]
         assert "test_sacrebleu_beam4" in last["ensemble_averaged"]
       elif "--experiment=multi30k_constraints" in command.text:
-        last = _last_json(proc)
+        last = readme_checks.last_json(proc)
         record = json.loads((box.repo / "benchmarks/results/multi30k_constraints.json").read_text())
         assert record["result"] == last and last["step"] == 20
         # Even a 20-step model meets every term: the search guarantees them, not the model.
@@ -347,7 +279,7 @@ def test_files_chain(tmp_path):
         assert last["timing"]["ratio"] > 0 and last["with_terms"]["test_sentences"] == 1000
       elif "--experiment=multi30k" in command.text:
         work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
-        last = _last_json(proc)
+        last = readme_checks.last_json(proc)
         record = json.loads((box.repo / "benchmarks/results/multi30k.json").read_text())
         assert record["result"] == last and record["machine"]["cores"]
         assert last["step"] == 20 and len(last["averaged_steps"]) == 5
@@ -355,9 +287,9 @@ def test_files_chain(tmp_path):
         ran_script = True
       elif "--mode=eval" in command.text:
         assert ran_script
-        assert _last_json(proc)["test_sentences"] == 1000
+        assert readme_checks.last_json(proc)["test_sentences"] == 1000
       else:
-        _last_json(proc)  # training results, the benchmark's JSON
+        readme_checks.last_json(proc)  # training results, the benchmark's JSON
   finally:
     server.close()
   assert ran_script and prepared and len(server.requests) == 9
@@ -370,7 +302,7 @@ def test_benchmark_commands(tmp_path):
   overrides = {**_BENCHMARKS, "demo": readme.DEMO}
   ran_precisions = False
   for command, proc, box in run_chain("benchmarks", tmp_path, overrides):
-    result = _last_json(proc)
+    result = readme_checks.last_json(proc)
     assert result, command.text
     if "--experiment=demo_precisions" in command.text:  # the results table's demo per dtype
       record = json.loads((box.repo / "benchmarks/results/demo_precisions.json").read_text())
