@@ -230,9 +230,18 @@ def export(
   output: str,
   quantization: str = "float32",
   checkpoint: str = "auto",
+  fmt: str = "ctranslate2",
 ) -> dict[str, Any]:
-  """A CTranslate2 model directory in `output` (needs `pip install -e ".[export]"`)."""
-  return modes.export(config, workdir, checkpoint, "ctranslate2", output, quantization)
+  """A CTranslate2 model directory in `output` (needs `pip install -e ".[export]"`), or with
+  `fmt="huggingface"` a transformers Marian model folder (docs/pretrained.md)."""
+  return modes.export(config, workdir, checkpoint, fmt, output, quantization)
+
+
+def import_model(source: str, workdir: str) -> dict[str, Any]:
+  """A run in `workdir` made of a transformers Marian model: a folder, or a Hub id such as
+  "Helsinki-NLP/opus-mt-en-de" (downloaded with huggingface_hub). Translate with it, fine-tune
+  from it (`init_from`), export it: docs/pretrained.md."""
+  return modes.import_model(source, workdir)
 
 
 def attention(

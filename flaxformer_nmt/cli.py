@@ -140,7 +140,7 @@ def _with_config_path(argv: list[str]) -> list[str]:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake in the flags reported as one line (exit status 2)."""
   _check_input_early(argv)
-  if _config_spec(argv) is None:
+  if _config_spec(argv) is None and _flag_value(argv, "mode") != "import":
     argv = _with_saved_config(argv)
   spec = _config_spec(argv)
   try:
@@ -219,6 +219,14 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "export":
       f = flags.FLAGS
       modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
+    elif flags.FLAGS.mode == "import":
+      if config is not None:
+        raise errors.ConfigError("--mode=import reads no --config: the model's own config.json.")
+      if flags.FLAGS.input in ("", "-"):
+        raise errors.ConfigError(
+          "--mode=import needs --input=DIR (a transformers Marian model folder) or a Hub id."
+        )
+      modes.import_model(flags.FLAGS.input, workdir)
   except errors.UserError as e:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
     # Anything else is a bug and keeps its traceback.

@@ -16,14 +16,26 @@ flags.DEFINE_string(
 flags.DEFINE_enum(
   "mode",
   "train",
-  ["prepare", "train", "eval", "translate", "score", "average", "export", "attention", "serve"],
+  [
+    "prepare",
+    "train",
+    "eval",
+    "translate",
+    "score",
+    "average",
+    "export",
+    "import",
+    "attention",
+    "serve",
+  ],
   "What to do. prepare: build the dataset (TFDS) and the vocabulary, once, before training.",
   module_name=_CLI,
 )
 flags.DEFINE_string(
   "input",
   "-",
-  "translate, score: source file, one sentence per line ('-' = stdin).",
+  "translate, score: source file, one sentence per line ('-' = stdin); import: a transformers "
+  "Marian model folder or Hub id (Helsinki-NLP/opus-mt-en-de).",
   module_name=_CLI,
 )
 flags.DEFINE_string(
@@ -52,7 +64,11 @@ flags.DEFINE_string(
   "text", "", "attention: the sentence to translate and draw attention for.", module_name=_CLI
 )
 flags.DEFINE_enum(
-  "format", "ctranslate2", ["ctranslate2"], "export: the target engine.", module_name=_CLI
+  "format",
+  "ctranslate2",
+  ["ctranslate2", "huggingface"],
+  "export: the target engine: CTranslate2, or transformers' Marian format (MarianMTModel).",
+  module_name=_CLI,
 )
 flags.DEFINE_string(
   "quantization",

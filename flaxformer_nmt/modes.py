@@ -300,21 +300,29 @@ def export(
   output: str,
   quantization: str,
 ) -> dict[str, Any]:
-  """Converts the inference parameters and the vocabulary for another engine (CTranslate2) into
-  the directory `output`."""
-  from flaxformer_nmt.export import ctranslate2  # CTranslate2 is an optional extra
+  """Converts the inference parameters and the vocabulary for another engine into the directory
+  `output`: CTranslate2 (export/ctranslate2.py), or transformers' Marian format
+  (export/huggingface.py)."""
+  from flaxformer_nmt.export import ctranslate2, huggingface  # their libraries load lazily
 
-  if fmt not in ctranslate2.FORMATS:
-    raise ValueError(f"Unknown export format {fmt!r}.")  # main.py's flag allows no other
+  exporter = {"ctranslate2": ctranslate2, "huggingface": huggingface}[fmt]  # as the flag allows
   config, run = _begin(config, workdir, "export")
-  ctranslate2.check_request(output, quantization, config.model)  # before any work
+  exporter.check_request(output, quantization, config.model)  # before any work
   loaded = loaded_model.load(config, run, which)
-  params = jax.device_get(loaded.params)
-  c = loaded.components
-  result = ctranslate2.export_ctranslate2(c.model_cfg, params, c.tokenizer, output, quantization)
+  result = exporter.write(loaded, run, output, quantization)
   logging.info("Exported %s to %s (%s).", loaded.description, output, quantization)
   result = {"mode": "export", "checkpoint": loaded.description, **result}
   run.write_result(result)
+  return result
+
+
+def import_model(source: str, workdir: str) -> dict[str, Any]:
+  """Makes a run in `workdir` from a transformers Marian model folder or Hub id (OPUS-MT); see
+  export/importing.py (which leaves nothing behind when it refuses)."""
+  from flaxformer_nmt.export import importing
+
+  result = importing.import_marian(source, workdir)
+  Workdir(workdir).write_result(result)
   return result
 
 

@@ -71,6 +71,8 @@ def describe(location: Location, step: int, info: dict[str, Any] | None, path: s
   """One line saying which parameters were read. Its first word is a tag that output file names
   use ("averaged", "best", "ema600", "step600")."""
   info = info or {}
+  if location.kind == "averaged" and info.get("imported_from"):
+    return f"imported params (from {info['imported_from']}) in {path}"
   if location.kind == "averaged":
     steps = info.get("averaged_steps", [step])
     return (
@@ -91,6 +93,8 @@ def tag(location: Location, step: int) -> str:
   name (`averaged-params_5_steps_200_to_600`), so files of different parameters never collide."""
   if location.kind == "averaged":
     name = os.path.basename(os.path.normpath(location.directory))
+    if name == "imported":  # run/selection.save_imported
+      return name
     return f"averaged-{name}" if name != "averaged" else f"averaged-step{step}"
   if location.kind == "best":
     return f"best-step{step}"

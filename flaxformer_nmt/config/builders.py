@@ -54,24 +54,6 @@ SIZES: dict[str, Size] = {
 }
 
 
-# Fields added to the config after runs were saved with it, with the value that reproduces what
-# those runs did: a saved config.json without one of them equals a config that has it at this
-# value (training/loop.py's finished-run check).
-ADDED_FIELDS: dict[str, object] = {
-  "model.d_k": 0,
-  "compile_cache": "auto",
-  # Many directions (config/directions.py): a run saved before them is bilingual.
-  "data.directions": "",
-  "data.corpora": "",
-  "data.temperature": 5.0,
-  "data.zero_shot": "",
-  # float16's loss scale (training/loss_scale.py): used by float16 runs only, which came later.
-  "optim.loss_scale_init": 2.0**15,
-  "optim.loss_scale_period": 2000,
-  "eval.max_test_sentences": 0,
-}
-
-
 def model_config(size: str) -> ml_collections.ConfigDict:
   """The `config.model` block for a named size."""
   if size not in SIZES:
@@ -110,6 +92,13 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       # kernel on GPUs where it supports the shapes, XLA elsewhere; no attention dropout).
       # Incremental decoding always runs ours.
       attention="ours",
+      # Pretrained models' options (docs/pretrained.md); the defaults are the paper's. The FFN's
+      # activation: relu, swish/silu, gelu, gelu_new (transformers' names; OPUS-MT: swish).
+      activation="relu",
+      attention_bias=False,  # biases on the Q, K, V and output projections (Marian has them)
+      layer_norm_epsilon=1e-6,  # transformers' Marian: 1e-5
+      num_decoder_layers=0,  # the decoder's depth; 0 = num_layers
+      logits_bias=False,  # a learned bias on the logits (Marian's final_logits_bias)
     )
   )
 
@@ -200,6 +189,7 @@ def base_config(size: str) -> ml_collections.ConfigDict:
       # (tagged back-translation); "" = train_prefix alone. Files: <prefix>.<src>-<tgt>.<lang>
       # (fairseq's names) or the multi-way <prefix>.<lang>.
       corpora="",
+      lang_tag_format="<2{}>",  # how a language's tag is spelled; an imported OPUS-MT's ">>{}<<"
       # Directions sampled with p proportional to size^(1/temperature) (1 = as the data is).
       temperature=5.0,
       # Directions scored on the test set but never trained, e.g. "de-fr,fr-de".

@@ -11,6 +11,7 @@ import ml_collections
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
 from flaxformer_nmt.config.choices import (
+  ACTIVATIONS,
   ATTENTIONS,
   BEAM_STYLES,
   BEST_METRICS,
@@ -72,7 +73,7 @@ def _multilingual(d: ml_collections.ConfigDict) -> None:
       if str(d.get(field, "")).strip():
         _fail(f"config.data.{field} is set, but config.data.directions is empty; it is for them.")
     return
-  if d.source != "files":
+  if d.source not in ("files", "none"):  # "none": an imported multi-target model's
     _fail(
       f"config.data.directions is set, but config.data.source={d.source!r}; many directions "
       "read text files ('files': Multi30k's or a user's own)."
@@ -114,6 +115,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"config.model.d_model={m.d_model} is not divisible by config.model.num_heads={m.num_heads}."
     )
   _at_least(config, "model.d_k", 0)  # 0: d_model / num_heads
+  _at_least(config, "model.num_decoder_layers", 0)  # 0: num_layers
+  _one_of(config, "model.activation", ACTIVATIONS)
+  if not 0 < m.layer_norm_epsilon < 1:
+    _fail(f"config.model.layer_norm_epsilon={m.layer_norm_epsilon} is not in (0, 1).")
   for path in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
     _in_unit(config, f"model.{path}")
   _one_of(config, "model.positional", POSITIONALS)

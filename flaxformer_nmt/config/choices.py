@@ -3,9 +3,12 @@ the code that acts on a value imports its tuple from here (so the searches, the 
 evaluation import no validation code, and no two lists can drift apart)."""
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-SOURCES = ("demo", "tfds", "files")
+# "none": an imported model's (export/importing.py): no data of its own; eval and fine-tuning name
+# theirs (data.source=files, data.dir).
+SOURCES = ("demo", "tfds", "files", "none")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
 POSITIONALS = ("sinusoidal", "learned")
+ACTIVATIONS = ("relu", "swish", "silu", "gelu", "gelu_new")  # model/layers.ACTIVATIONS
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # model/layers.dropout_keep_mask
 ATTENTIONS = ("ours", "jax")  # model/attention.dot_product_attention, or jax.nn's
 BEAM_STYLES = ("shrinking", "t2t")  # decoding/beam_search.py's module docstring

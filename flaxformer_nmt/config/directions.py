@@ -47,9 +47,16 @@ class Corpus:
   tag: str = ""
 
 
-def lang_tag(lang: str) -> str:
-  """The target-language tag put in front of every source: `<2fr>`."""
-  return f"<2{lang}>"
+def lang_tag(lang: str, data_config: ml_collections.ConfigDict | None = None) -> str:
+  """The target-language tag put in front of every source: `<2fr>`, or as
+  `data.lang_tag_format` spells it (an imported OPUS-MT model's `>>fr<<`)."""
+  fmt = str(data_config.get("lang_tag_format", "") or "<2{}>") if data_config else "<2{}>"
+  return fmt.format(lang)
+
+
+def is_language(code: str) -> bool:
+  """Whether `code` is a language code a direction may name (en, deu, por_Latn)."""
+  return bool(_LANG.match(code))
 
 
 def parse_directions(text: str, field: str = "data.directions") -> list[Direction]:
@@ -146,7 +153,7 @@ def user_symbols(data_config: ml_collections.ConfigDict) -> list[str]:
   a zero-shot direction's target has one), then the corpora's tags."""
   if not is_multilingual(data_config):
     return []
-  tags = [lang_tag(lang) for lang in languages(data_config)]
+  tags = [lang_tag(lang, data_config) for lang in languages(data_config)]
   corpora = parse_corpora(str(data_config.get("corpora", "")), data_config.train_prefix)
   return tags + list(dict.fromkeys(c.tag for c in corpora if c.tag))
 

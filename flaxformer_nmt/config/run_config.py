@@ -48,6 +48,31 @@ FIXED, DECODING, RESUME, FREE = "fixed", "decoding", "resume", "free"
 TRAIN_MODES = ("train",)  # where DECODING fields are fixed: a resumed run keeps how it computes
 CONFIG_FILE = "config.json"  # in the run's folder (run.folder.Workdir.config_path)
 
+# Fields added to the config after runs were saved with it, with the value that reproduces what
+# those runs did: a saved config.json without one of them equals a config that has it at this
+# value (training/loop.py's finished-run check).
+ADDED_FIELDS: dict[str, object] = {
+  "model.d_k": 0,
+  # Pretrained models' options (docs/pretrained.md).
+  "model.activation": "relu",
+  "model.attention_bias": False,
+  "model.layer_norm_epsilon": 1e-6,
+  "model.num_decoder_layers": 0,
+  "model.logits_bias": False,
+  "data.lang_tag_format": "<2{}>",
+  "compile_cache": "auto",
+  # Many directions (config/directions.py): a run saved before them is bilingual.
+  "data.directions": "",
+  "data.corpora": "",
+  "data.temperature": 5.0,
+  "data.zero_shot": "",
+  # float16's loss scale (training/loss_scale.py): used by float16 runs only, which came later.
+  "optim.loss_scale_init": 2.0**15,
+  "optim.loss_scale_period": 2000,
+  "eval.max_test_sentences": 0,
+}
+
+
 # config.model fields that decide what a set of parameters computes: another run's parameters (an
 # ensemble member, a fine-tuning source) must agree on each (run/selection.py). Shapes
 # catch most size changes (checkpoints.params.check_fits), but not num_heads or pre_ln.
@@ -60,6 +85,11 @@ ARCHITECTURE = (
   "pre_ln",
   "positional",
   "share_embeddings",
+  "activation",
+  "attention_bias",
+  "layer_norm_epsilon",
+  "num_decoder_layers",
+  "logits_bias",
 )
 
 # Each field's kind, by dotted path; a group's entry ("decode") covers every field in it unless a

@@ -128,11 +128,15 @@ def vocabulary_sample(dc: ml_collections.ConfigDict, seed: int) -> list[str]:
 
 
 def source_prefix(
-  tokenizer: tokenizer_lib.Tokenizer, target_lang: str, corpus_tag: str = ""
+  tokenizer: tokenizer_lib.Tokenizer,
+  target_lang: str,
+  corpus_tag: str = "",
+  data_config: ml_collections.ConfigDict | None = None,
 ) -> list[int]:
-  """The ids every source into `target_lang` starts with: its language tag, then the corpus's
-  tag, if any (both checked to be in the vocabulary when the data was made)."""
-  pieces = [directions.lang_tag(target_lang)] + ([corpus_tag] if corpus_tag else [])
+  """The ids every source into `target_lang` starts with: its language tag (spelled as
+  `data_config` says: directions.lang_tag), then the corpus's tag, if any (both checked to be in
+  the vocabulary when the data was made)."""
+  pieces = [directions.lang_tag(target_lang, data_config)] + ([corpus_tag] if corpus_tag else [])
   ids = [tokenizer.piece_id(p) for p in pieces]
   missing = [p for p, i in zip(pieces, ids, strict=True) if i is None]
   if missing:
@@ -151,7 +155,7 @@ def train_split(
   direction_index = {d: i for i, d in enumerate(directions.trained(dc))}
   parts = []
   for c in corpora:
-    prefix = source_prefix(tokenizer, c.direction.tgt, c.corpus.tag)
+    prefix = source_prefix(tokenizer, c.direction.tgt, c.corpus.tag, dc)
     parts.append(
       tokenized.load_or_tokenize(c.source, "train", tokenizer, cache_dir, shard, src_prefix=prefix)
     )

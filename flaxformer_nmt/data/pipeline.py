@@ -15,6 +15,7 @@ from typing import Protocol
 import ml_collections
 from absl import logging
 
+from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions as directions_lib
 from flaxformer_nmt.data import multilingual, packing, prefetch, sources, streams, tokenized
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
@@ -119,6 +120,11 @@ def make_data(
   such as the filtered newstest2014 can be scored without dev files beside it).
   """
   dc = config.data
+  if dc.source == "none":  # an imported model's (export/importing.py)
+    raise errors.ConfigError(
+      "config.data.source='none': an imported model has no data of its own; name yours: "
+      "--config.data.source=files --config.data.dir=DIR (docs/pretrained.md)."
+    )
   if num_devices is None:
     import jax  # pylint: disable=g-import-not-at-top  # keep the data side importable without jax
 
@@ -278,7 +284,10 @@ def _make_multilingual(
     )
   evals = {
     key: tokenized.tokenize_pairs(
-      p, tokenizer, name=key, src_prefix=multilingual.source_prefix(tokenizer, targets[key])
+      p,
+      tokenizer,
+      name=key,
+      src_prefix=multilingual.source_prefix(tokenizer, targets[key], data_config=dc),
     )
     for key, p in pairs.items()
   }

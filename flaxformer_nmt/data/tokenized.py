@@ -94,7 +94,7 @@ def tokenize_pairs(
     ids, lens = _flatten(encoded, dtype)
     src_ids.append(ids)
     src_lens.append(lens)
-    ids, lens = _flatten(tokenizer.encode_batch(tgts), dtype)
+    ids, lens = _flatten(tokenizer.encode_target_batch(tgts), dtype)
     tgt_ids.append(ids)
     tgt_lens.append(lens)
     done += len(chunk)

@@ -21,6 +21,7 @@ import sentencepiece as spm
 from absl import logging
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 
 # What a reserved piece (a language or corpus tag) looks like: `<2fr>`, `<BT>`.
@@ -62,6 +63,13 @@ class Tokenizer:
     """Ids of many texts at once; SentencePiece encodes them on its own threads."""
     return self._sp.encode(list(texts), num_threads=num_threads)
 
+  def encode_target(self, text: str) -> list[int]:
+    """Ids of target text (one model for both sides: `encode`'s)."""
+    return self._sp.encode(text)
+
+  def encode_target_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+    return self._sp.encode(list(texts), num_threads=num_threads)
+
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids` up to the first EOS; PAD ids are ignored (decoder outputs are padded)."""
     out = []
@@ -93,6 +101,28 @@ class Tokenizer:
         break
       out.append(i)
     return out
+
+
+Vocabulary = Tokenizer | pair_vocabulary.PairVocabulary
+
+
+def open_vocabulary(path: str) -> Vocabulary:
+  """The vocabulary at `path`: a SentencePiece model file (ours), or a folder with a Marian
+  model's source.spm, target.spm and vocab.json (an imported OPUS-MT model's:
+  data/pair_vocabulary.py)."""
+  if os.path.isdir(path):
+    return pair_vocabulary.PairVocabulary(path)
+  return Tokenizer(path)
+
+
+def vocabulary_exists(path: str) -> bool:
+  """Whether `path` holds a vocabulary `open_vocabulary` reads (a file, or a Marian folder)."""
+  return os.path.isfile(path) or pair_vocabulary.is_pair_vocabulary(path)
+
+
+def same_vocabulary(a: str, b: str) -> bool:
+  """Whether two vocabularies are the same by content (a copy, or the same file or folder)."""
+  return pair_vocabulary.digest(a) == pair_vocabulary.digest(b)
 
 
 def without_pieces(pieces: Sequence[str]) -> Callable[[str], str]:
@@ -205,7 +235,7 @@ def load_or_train_tokenizer(
   process_index: int | None = None,
   sentences_fn: Callable[[], list[str]] | None = None,
   user_symbols: Sequence[str] = (),
-) -> Tokenizer:
+) -> Vocabulary:
   """The run's vocabulary at `path` (`data.vocab_path`, or the workdir's own `spm.model`, as
   `Workdir.vocabulary` says), trained there from `train_pairs_fn`'s sample if it is the
   workdir's own and absent.
@@ -217,14 +247,14 @@ def load_or_train_tokenizer(
   Multi-process runs: only process 0 trains; the others wait for the file to appear in the (shared)
   workdir. That is simple and enough because the write is an atomic rename.
   """
-  if os.path.isfile(path):  # the run's own (trained, or kept from data.vocab_path)
+  if vocabulary_exists(path):  # the run's own (trained, kept from data.vocab_path, imported)
     logging.info("Reusing the vocabulary %s.", path)
-    return check_symbols(Tokenizer(path), user_symbols)
+    return check_symbols(open_vocabulary(path), user_symbols)
   if data_config.vocab_path:
-    if not os.path.isfile(data_config.vocab_path):
+    if not vocabulary_exists(data_config.vocab_path):
       raise errors.DataError(f"config.data.vocab_path={data_config.vocab_path}: no such file.")
     logging.info("Using the vocabulary %s (data.vocab_path).", data_config.vocab_path)
-    return check_symbols(Tokenizer(data_config.vocab_path), user_symbols)
+    return check_symbols(open_vocabulary(data_config.vocab_path), user_symbols)
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top  # only multi-process runs need it here
 
@@ -253,7 +283,7 @@ def load_or_train_tokenizer(
   )
 
 
-def check_symbols(tokenizer: Tokenizer, symbols: Sequence[str]) -> Tokenizer:
+def check_symbols(tokenizer: Vocabulary, symbols: Sequence[str]) -> Vocabulary:
   """`tokenizer`, if it holds every reserved piece in `symbols`; else a DataError naming the
   first missing one (a bilingual vocabulary given to a multilingual config)."""
   missing = [s for s in symbols if tokenizer.piece_id(s) is None]

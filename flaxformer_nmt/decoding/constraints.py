@@ -85,7 +85,7 @@ def encode_terms(
   out: list[list[int]] = []
   used = 0
   for term in terms:
-    ids = tokenizer.encode(term) if term.strip() else []
+    ids = tokenizer.encode_target(term) if term.strip() else []
     if not ids or UNK_ID in ids or EOS_ID in ids or PAD_ID in ids or reserved_ids & set(ids):
       problems.not_encodable.append((line, term))
       continue

@@ -98,14 +98,16 @@ class Scorer:
     self.truncated: list[int] = []  # 0-based pairs whose source or reference was cut
     self.seconds = 0.0
 
-  def _ids(self, texts: Sequence[str]) -> list[list[int]]:
-    ids = [self.tokenizer.encode(self._untagged(t)) for t in texts]
+  def _ids(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+    # A Marian vocabulary encodes targets with its own model (data/pair_vocabulary.py).
+    encode = self.tokenizer.encode_target if target else self.tokenizer.encode
+    ids = [encode(self._untagged(t)) for t in texts]
     return [[i for i in x if i not in self.reserved_ids] for x in ids]
 
   def score(self, sources: Sequence[str], references: Sequence[str]) -> list[PairScore]:
     start = time.time()
     src = [self.source_prefix + x + [EOS_ID] for x in self._ids(sources)]
-    tgt = [x + [EOS_ID] for x in self._ids(references)]
+    tgt = [x + [EOS_ID] for x in self._ids(references, target=True)]
     self.truncated = []
     for i in range(len(src)):
       if len(src[i]) > self.max_src_len or len(tgt[i]) > self.max_tgt_len:

@@ -363,7 +363,11 @@ def target_prefix(parts: ModelParts, target_lang: str | None) -> list[int]:
   lang = directions.resolve_target(parts.data_config, target_lang)
   if lang is None:
     return []
-  return multilingual.source_prefix(parts.tokenizer, lang)  # type: ignore[arg-type]
+  return multilingual.source_prefix(
+    parts.tokenizer,  # type: ignore[arg-type]
+    lang,
+    data_config=parts.data_config,
+  )
 
 
 def reserved_ids(parts: ModelParts) -> list[int]:

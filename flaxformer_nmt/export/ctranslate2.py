@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import jax
 import numpy as np
 
 from flaxformer_nmt import errors
@@ -86,6 +87,23 @@ def check_model(model: Any) -> None:
       f"into equal widths (d_model / num_heads = {model.d_model // model.num_heads}), so this "
       "model (Table 3 row B) cannot be exported; translate with --mode=translate."
     )
+  # A pretrained model's options (docs/pretrained.md) that this spec does not write; CTranslate2's
+  # own transformers converter reads them from --format=huggingface's folder.
+  options = {
+    "activation": "relu",
+    "attention_bias": False,
+    "logits_bias": False,
+    "layer_norm_epsilon": LAYER_NORM_EPSILON,
+    "num_decoder_layers": 0,
+  }
+  for name, paper in options.items():
+    value = getattr(model, name, paper)
+    if value != paper:
+      raise errors.ConfigError(
+        f"config.model.{name}={value!r}: --format=ctranslate2 writes the paper's model only; "
+        "export with --format=huggingface and convert that with ct2-transformers-converter "
+        "(docs/pretrained.md)."
+      )
 
 
 def check_request(output: str, quantization: str, model: Any = None) -> None:
@@ -99,6 +117,14 @@ def check_request(output: str, quantization: str, model: Any = None) -> None:
     )
   check_output_dir(output)
   import_ctranslate2()
+
+
+def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
+  """--mode=export's call (modes.export): the loaded model (run/loaded.LoadedModel) to
+  `output`."""
+  c = loaded.components
+  params = jax.device_get(loaded.params)
+  return export_ctranslate2(c.model_cfg, params, c.tokenizer, output, quantization)
 
 
 def _np(x: Any) -> np.ndarray:

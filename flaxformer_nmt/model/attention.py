@@ -170,6 +170,9 @@ class MultiHeadAttention(Module):
   dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
   implementation: str = "ours"  # choices.ATTENTIONS: "jax" = jax.nn.dot_product_attention
   d_k: int = 0  # one head's query/key width; 0 = d_model / num_heads, as d_v always is
+  # Biases on the four projections (`<name>_bias`, zeros at init): the paper has none; Marian and
+  # BART models have them (transformers' MarianAttention: nn.Linear(..., bias=True)).
+  use_bias: bool = False
 
   @nn.compact
   def __call__(
@@ -192,14 +195,28 @@ class MultiHeadAttention(Module):
     shapes = {"query": (d, d_qk), "key": (d, d_qk), "value": (d, d), "out": (d, d)}
     w_q, w_k, w_v, w_o = (self.param(name, self.kernel_init, shapes[name]) for name in _PROJECTIONS)
     w_o = w_o.astype(self.dtype)
+    biases: dict[int, Array] = {}  # by id() of the weight it belongs to
+    b_o = None
+    if self.use_bias:
+      zeros = nn.initializers.zeros
+      for name, w in zip(_PROJECTIONS[:3], (w_q, w_k, w_v), strict=True):
+        biases[id(w)] = self.param(f"{name}_bias", zeros, (shapes[name][1],))
+      b_o = self.param("out_bias", zeros, (d,))
 
     # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
     def project(x: Array, *weights: Array) -> list[Array]:
       # x: [B, S, D] -> one [B, S, N, H] array per weight (H its width / N), from one product.
       w = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, sum of the widths]
       out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), w)  # [B, S, sum of the widths]
+      if biases:
+        out = out + jnp.concatenate([biases[id(weight)] for weight in weights]).astype(out.dtype)
       ends = np.cumsum([weight.shape[1] for weight in weights])[:-1]
       return [p.reshape(*x.shape[:2], n, -1) for p in jnp.split(out, ends, axis=-1)]
+
+    def output(heads: Array) -> Array:
+      # [B, T, D] (heads concatenated) -> [B, T, D]
+      out = heads @ w_o
+      return out if b_o is None else out + b_o.astype(out.dtype)
 
     if inputs_kv is inputs_q and not cross:
       query, key, value = project(inputs_q, w_q, w_k, w_v)
@@ -213,7 +230,7 @@ class MultiHeadAttention(Module):
       key, value = project(inputs_kv, w_k, w_v)  # [B, S, N, H]
     if decode and not cross and self.has_variable("cache", "cached_key"):
       out = self._cached_self_attention(query, key, value, mask)  # [B, 1, N, H]
-      return out.reshape(query.shape[0], -1, d) @ w_o
+      return output(out.reshape(query.shape[0], -1, d))
     if decode and not cross:
       self._init_self_cache(key, value)  # `init` with the full target length: shapes only
 
@@ -245,7 +262,7 @@ class MultiHeadAttention(Module):
         dropout_kind=self.dropout_kind,
       )  # [B, T, N, H]
     out = out.reshape(rows, -1, d)  # heads concatenated (and beams back to rows): [B, T, D]
-    return out @ w_o
+    return output(out)
 
   def _init_self_cache(self, key: Array, value: Array) -> None:
     """Makes the self-attention cache for [B, L, N, H] keys/values, in the decode layouts.

@@ -239,20 +239,35 @@ class PositionalEncoding(Module):
 # Feed-forward.
 
 
+# The feed-forward's activation (config.model.activation, choices.ACTIVATIONS): the paper's ReLU,
+# or those of pretrained models. transformers' ACT2FN names them the same: "swish" and "silu" are
+# x * sigmoid(x) (OPUS-MT's configs say "swish"), "gelu" is the exact (erf) GELU,
+# "gelu_new" its tanh approximation.
+ACTIVATIONS = {
+  "relu": nn.relu,
+  "swish": nn.silu,
+  "silu": nn.silu,
+  "gelu": lambda x: nn.gelu(x, approximate=False),
+  "gelu_new": lambda x: nn.gelu(x, approximate=True),
+}
+
+
 class FeedForward(Module):
-  """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2)."""
+  """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); another activation than max(0, .)
+  for a pretrained model that has one (`ACTIVATIONS`)."""
 
   d_model: int
   d_ff: int
   relu_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
+  activation: str = "relu"  # a key of ACTIVATIONS
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
     # x: [B, T, D]
     init = nn.initializers.xavier_uniform()
     h = Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
-    h = nn.relu(h)  # [B, T, F]
+    h = ACTIVATIONS[self.activation](h)  # [B, T, F]
     h = Dropout(self.relu_dropout_rate, self.dropout_kind)(h, deterministic=deterministic)
     return Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)

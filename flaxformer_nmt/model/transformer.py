@@ -56,6 +56,19 @@ class TransformerConfig:
   remat: bool = False
   dropout_rng: str = "threefry16"  # how masks are drawn: choices.DROPOUT_RNGS
   attention: str = "ours"  # choices.ATTENTIONS
+  # Options a pretrained model may need (transformers' Marian, export/marian.py); the defaults are
+  # the paper's. The activation of the feed-forward (choices.ACTIVATIONS); biases on the attention
+  # projections; the layer norms' epsilon; the decoder's depth (0 = num_layers); a learned bias
+  # added to the logits.
+  activation: str = "relu"
+  attention_bias: bool = False
+  layer_norm_epsilon: float = 1e-6
+  num_decoder_layers: int = 0
+  logits_bias: bool = False
+
+  @property
+  def decoder_depth(self) -> int:
+    return self.num_decoder_layers or self.num_layers
 
   @classmethod
   def from_config(
@@ -73,9 +86,9 @@ class TransformerConfig:
     return cls(vocab_size=vocab_size, dtype=_DTYPES[dtype], **{k: model[k] for k in copied})
 
 
-def _layer_norm(name: str) -> layers.LayerNorm:
+def _layer_norm(cfg: TransformerConfig, name: str) -> layers.LayerNorm:
   # Always float32 (statistics and output), whatever the matmul dtype: see the module docstring.
-  return layers.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
+  return layers.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.float32, name=name)
 
 
 def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadAttention:
@@ -87,13 +100,20 @@ def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadA
     dropout_kind=cfg.dropout_rng,
     implementation=cfg.attention,
     d_k=cfg.d_k,
+    use_bias=cfg.attention_bias,
     name=name,
   )
 
 
 def _feed_forward(cfg: TransformerConfig) -> layers.FeedForward:
   return layers.FeedForward(
-    cfg.d_model, cfg.d_ff, cfg.relu_dropout_rate, cfg.dtype, cfg.dropout_rng, name="ffn"
+    cfg.d_model,
+    cfg.d_ff,
+    cfg.relu_dropout_rate,
+    cfg.dtype,
+    cfg.dropout_rng,
+    activation=cfg.activation,
+    name="ffn",
   )
 
 
@@ -107,8 +127,8 @@ class Residual(nn.Module):
     # x: [B, T, D]; sublayer: [B, T, D] -> same
     dropout = layers.Dropout(self.cfg.dropout_rate, self.cfg.dropout_rng)
     if self.cfg.pre_ln:
-      return x + dropout(sublayer(_layer_norm("ln")(x)), deterministic=deterministic)
-    return _layer_norm("ln")(x + dropout(sublayer(x), deterministic=deterministic))
+      return x + dropout(sublayer(_layer_norm(self.cfg, "ln")(x)), deterministic=deterministic)
+    return _layer_norm(self.cfg, "ln")(x + dropout(sublayer(x), deterministic=deterministic))
 
 
 class EncoderLayer(nn.Module):
@@ -199,11 +219,16 @@ class Transformer(nn.Module):
     encoder_layer = _RematEncoderLayer if cfg.remat else EncoderLayer
     decoder_layer = _RematDecoderLayer if cfg.remat else DecoderLayer
     self.encoder_layers = [encoder_layer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)]
-    self.decoder_layers = [decoder_layer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)]
+    self.decoder_layers = [
+      decoder_layer(cfg, name=f"decoder_{i}") for i in range(cfg.decoder_depth)
+    ]
     self.dropout = layers.Dropout(cfg.dropout_rate, cfg.dropout_rng)
     if cfg.pre_ln:
-      self.encoder_norm = _layer_norm("encoder_norm")
-      self.decoder_norm = _layer_norm("decoder_norm")
+      self.encoder_norm = _layer_norm(cfg, "encoder_norm")
+      self.decoder_norm = _layer_norm(cfg, "decoder_norm")
+    if cfg.logits_bias:
+      # Marian's final_logits_bias: [V], added to the float32 logits.
+      self.logits_bias = self.param("logits_bias", nn.initializers.zeros, (cfg.vocab_size,))
 
   def _embed(self, table: layers.Embed, tokens: Array) -> Array:
     # tokens: [B, T] -> [B, T, D] float32, scaled by sqrt(d_model) (3.4).
@@ -213,10 +238,12 @@ class Transformer(nn.Module):
     """[B, T, D] -> [B, T, V] float32: a `dtype` product, accumulated
     and returned in float32 (rounding logits to bfloat16 would coarsen the loss)."""
     if not self.cfg.share_embeddings:
-      return self.logits_dense(y)
-    table = self.embedding.embedding  # [vocab, d_model] float32 parameter
-    dtype = self.cfg.dtype
-    return layers.tied_logits(y.astype(dtype), table.astype(dtype))
+      logits = self.logits_dense(y)
+    else:
+      table = self.embedding.embedding  # [vocab, d_model] float32 parameter
+      dtype = self.cfg.dtype
+      logits = layers.tied_logits(y.astype(dtype), table.astype(dtype))
+    return logits + self.logits_bias if self.cfg.logits_bias else logits
 
   def encode(
     self,

@@ -25,9 +25,10 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import checks, run_config
-from flaxformer_nmt.run import identity
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
+from flaxformer_nmt.run import identity, selection
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.runtime import compile_cache, files
+from flaxformer_nmt.runtime import compile_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
     absolute_paths(config)
   if saved is not None:
     absolute_paths(saved, saved=run.config_path)
+  if mode == "train" and config is not None and config.get("init_from"):
+    selection.adopt_architecture(config)  # before the reconcile: a resume compares them
   resuming = mode == "train" and bool(run.training_steps())
   if saved is not None and (config is None or mode != "train" or resuming):
     recorded = run.training_data() if resuming else None
@@ -101,9 +104,9 @@ def _check_vocabulary(
   if not given or given == saved.data.vocab_path:
     return
   own = run.vocabulary(saved)
-  if not os.path.isfile(given):
+  if not tokenizer_lib.vocabulary_exists(given):
     raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
-  if os.path.isfile(own) and not files.same_bytes(given, own):
+  if tokenizer_lib.vocabulary_exists(own) and not tokenizer_lib.same_vocabulary(given, own):
     raise errors.ConfigError(
       f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(run)}: "
       f"its content differs from {own}. Leave it out (the run's own is used)."

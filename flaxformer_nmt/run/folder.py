@@ -38,9 +38,13 @@ import ml_collections
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.config import run_config
+from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.runtime import files
 
 VOCABULARY = "spm.model"
+# An imported Marian model's vocabulary (data/pair_vocabulary.py): source.spm, target.spm,
+# vocab.json in this folder.
+PAIR_VOCABULARY = "vocabulary"
 _UNREAD = object()  # config.json not read yet
 
 
@@ -144,11 +148,15 @@ class Workdir:
     return self.join(f"{mode}_result.json")
 
   def vocabulary(self, config: ml_collections.ConfigDict | None = None) -> str:
-    """The run's SentencePiece model. A run that has started training (it saved config.json)
+    """The run's vocabulary: `<workdir>/vocabulary/` when it holds a Marian model's (imported,
+    or copied from init_from's source), else its SentencePiece model. A run that has started
+    training (it saved config.json)
     reads its own `<workdir>/spm.model` (trained here, or copied from data.vocab_path): the file
     that path names may change or move later. Before that, and for a run from before the copy,
     `data.vocab_path` of `config` (default: of the run's saved config.json) when given; else
     where `<workdir>/spm.model` is (or is to be trained)."""
+    if os.path.isdir(self.join(PAIR_VOCABULARY)):  # imported, or copied from init_from's source
+      return self.join(PAIR_VOCABULARY)
     own = self.join(VOCABULARY)
     if os.path.isfile(own) and os.path.isfile(self.config_path):
       return own
@@ -158,18 +166,40 @@ class Workdir:
       vocab_path = self.saved_config().get("data", {}).get("vocab_path", "")
     return vocab_path or own
 
+  def own_vocabulary(self, given: str) -> str:
+    """Where this run keeps a copy of the vocabulary at `given`: `spm.model` for a SentencePiece
+    file, `vocabulary/` for a Marian folder (data/pair_vocabulary.py)."""
+    return self.join(PAIR_VOCABULARY if os.path.isdir(given) else VOCABULARY)
+
+  def copy_vocabulary(self, given: str) -> str:
+    """Copies the vocabulary at `given` into the run (`own_vocabulary`), replacing one left by
+    an earlier attempt; a Marian folder's three files only. Returns the copy's path."""
+    own = self.own_vocabulary(given)
+    if os.path.isdir(given):
+      scratch = f"{own}.tmp-{os.getpid()}"
+      shutil.rmtree(scratch, ignore_errors=True)
+      os.makedirs(scratch)
+      for name in pair_vocabulary.FILES:
+        shutil.copyfile(os.path.join(given, name), os.path.join(scratch, name))
+      shutil.rmtree(own, ignore_errors=True)
+      os.replace(scratch, own)
+    else:
+      with files.atomic_path(own) as scratch:
+        shutil.copyfile(given, scratch)
+    return own
+
   def keep_vocabulary(self, config: ml_collections.ConfigDict) -> None:
-    """Copies the file data.vocab_path names into the run (`spm.model`) when training starts,
-    so the run keeps its vocabulary whatever happens to that path later (process 0, once the
-    run's checks have passed; a spm.model left by an earlier attempt is replaced)."""
-    own = self.join(VOCABULARY)
+    """Copies the vocabulary data.vocab_path names into the run (`spm.model`, or `vocabulary/`
+    for a Marian folder) when training starts, so the run keeps its vocabulary whatever happens
+    to that path later (process 0, once the run's checks have passed; a copy left by an earlier
+    attempt is replaced)."""
     given = config.data.vocab_path
-    if not given or not os.path.isfile(given):
+    if not given or not os.path.exists(given):
       return
-    if os.path.isfile(own) and files.same_bytes(own, given):
+    own = self.own_vocabulary(given)
+    if os.path.exists(own) and pair_vocabulary.digest(own) == pair_vocabulary.digest(given):
       return
-    with files.atomic_path(own) as scratch:
-      shutil.copyfile(given, scratch)
+    self.copy_vocabulary(given)
 
   # ------------------------------------------------------------------------------- records
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
-from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.data.tokenizer import Vocabulary, open_vocabulary, vocabulary_exists
 from flaxformer_nmt.model.ensemble import Ensemble
 from flaxformer_nmt.model.shapes import abstract_params as model_abstract_params
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -88,7 +87,7 @@ class Components:
   """The config (validated), its tokenizer, the model config, the model, and the parameters'
   shapes and dtypes (`abstract_params`, computed once, allocating nothing)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> None:
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Vocabulary) -> None:
     # The first thing every compiling command builds, once its cheap checks have passed: so a
     # command refused for a missing checkpoint or file says that, and only that.
     compile_cache.enable(config.get("compile_cache", "auto"))
@@ -114,12 +113,12 @@ class Components:
     """With the run's existing vocabulary (`Workdir.vocabulary`), never trained: for the modes
     that read no corpus. One line naming it if it is missing."""
     path = workdir.vocabulary(config)
-    if not os.path.isfile(path):
+    if not vocabulary_exists(path):
       what = "config.data.vocab_path=" if config.data.vocab_path else ""
       raise errors.CheckpointError(
         f"{what}{path}: no such vocabulary; train with --workdir={workdir.path} first."
       )
-    return cls(config, Tokenizer(path))
+    return cls(config, open_vocabulary(path))
 
   @functools.cached_property
   def abstract_params(self) -> Any:

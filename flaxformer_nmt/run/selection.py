@@ -32,6 +32,7 @@ from flaxformer_nmt.checkpoints import averaging, checkpointer, reader
 from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.config.run_config import ARCHITECTURE
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import files, parallel
 
@@ -74,6 +75,36 @@ def architecture_difference(theirs: Workdir, config: ml_collections.ConfigDict) 
   return None
 
 
+# What a fine-tuning run takes from its init_from source's config.json rather than from its own
+# config (docs/pretrained.md): the architecture (and model.size, its name), the positions' table
+# size, and how its vocabulary spells a language tag. Dropout, the data, the schedule and the
+# decoding settings stay the command's.
+ADOPTED = tuple(f"model.{f}" for f in (*ARCHITECTURE, "size", "max_len")) + (
+  "data.lang_tag_format",
+)
+
+
+def adopt_architecture(config: ml_collections.ConfigDict) -> list[str]:
+  """Sets the ADOPTED fields of `config` to those of the run config.init_from names (its folder,
+  or the run above its checkpoints/, averaged/ or best/), so an imported model's architecture
+  need not be restated; returns the fields that changed, which are logged."""
+  path = os.path.normpath(config.init_from)
+  if os.path.basename(path) in ("checkpoints", "averaged", "best"):
+    path = os.path.dirname(path) or "."
+  saved = Workdir(path).saved_config()
+  changed = []
+  for field in ADOPTED:
+    group, name = field.split(".")
+    if name in saved.get(group, {}) and name in config[group]:
+      value = saved[group][name]
+      if config[group][name] != value:
+        config[group][name] = value
+        changed.append(f"{field}={value!r}")
+  if changed:
+    logging.info("From config.init_from=%s: %s.", config.init_from, ", ".join(changed))
+  return changed
+
+
 def check_compatible(
   theirs: Workdir, config: ml_collections.ConfigDict, ours: str, who: str, what: str
 ) -> str:
@@ -82,9 +113,9 @@ def check_compatible(
   member X", "config.init_from=X") otherwise; `what` says who must agree ("the members of an
   ensemble"). Parameter shapes are checked apart (params.check_fits), once the model exists."""
   vocabulary = theirs.vocabulary()
-  if not os.path.isfile(vocabulary):
+  if not tokenizer_lib.vocabulary_exists(vocabulary):
     raise errors.CheckpointError(f"{who}: no vocabulary at {vocabulary}.")
-  if os.path.isfile(ours) and not files.same_bytes(vocabulary, ours):
+  if tokenizer_lib.vocabulary_exists(ours) and not tokenizer_lib.same_vocabulary(vocabulary, ours):
     raise errors.CheckpointMismatchError(
       f"{who}: its vocabulary {vocabulary} differs from {ours}; {what} must share one vocabulary."
     )
@@ -249,6 +280,21 @@ def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
   if which == "ema":
     return AveragePlan(chosen, "ema", EMA_PATH)
   return AveragePlan(chosen, "params", PARAMS_PATH)
+
+
+IMPORTED = "imported"  # averaged/imported/0: an imported model's parameters (export/importing.py)
+
+
+def save_imported(run: Workdir, params: Any, source: str) -> str:
+  """Writes an imported model's parameters as `averaged/imported/0`, named in averaged/latest.json:
+  `--checkpoint=auto` and `averaged` read them, and so does `config.init_from`."""
+  directory = os.path.join(run.averaged, IMPORTED)
+  info = {"imported_from": source, "averaged_steps": [0], "num_checkpoints": 1, "of": "params"}
+  path = checkpointer.write(directory, 0, {"params": params}, info, replace=True)
+  pointer = {"name": IMPORTED, "steps": [0], "of": "params", "newest_training_step": 0}
+  if parallel.is_main_process():
+    files.write_text(os.path.join(run.averaged, LATEST_AVERAGE), json.dumps(pointer) + "\n")
+  return path
 
 
 def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from typing import Any
 
 import ml_collections
@@ -105,12 +104,10 @@ def log_ignored(setting: str, workdir: Workdir) -> None:
 def adopt_vocabulary(config: ml_collections.ConfigDict, workdir: Workdir, source: Source) -> None:
   """Copies the source's SentencePiece model into the workdir (process 0; the others wait for the
   file, as for a trained one), unless config.data.vocab_path already names it."""
-  target = workdir.vocabulary(config)
-  if config.data.vocab_path or os.path.isfile(target) or not parallel.is_main_process():
+  target = workdir.own_vocabulary(source.vocabulary)
+  if config.data.vocab_path or os.path.exists(target) or not parallel.is_main_process():
     return
-  partial = target + ".partial"
-  shutil.copyfile(source.vocabulary, partial)
-  os.replace(partial, target)
+  workdir.copy_vocabulary(source.vocabulary)
   logging.info("Copied the vocabulary of %s into %s.", source.setting, target)
 
 

@@ -17,8 +17,8 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import data as data_lib
-from flaxformer_nmt.config import builders as config_builders
-from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.config import run_config
+from flaxformer_nmt.data.tokenizer import open_vocabulary
 from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.run import command, identity
 from flaxformer_nmt.run.folder import Workdir
@@ -61,7 +61,7 @@ def finished_result(config: ml_collections.ConfigDict, workdir: Workdir) -> dict
 
 def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> bool:
   """Whether a run's saved config.json is `config`: the same text, or the same but for fields
-  added since it was saved (config.builders.ADDED_FIELDS) that `config` leaves at the value that
+  added since it was saved (config.run_config.ADDED_FIELDS) that `config` leaves at the value that
   reproduces the old behaviour."""
   if saved_text is None:
     return False
@@ -71,7 +71,7 @@ def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> b
   command.absolute_paths(saved)  # a run saved before: its relative paths, as the command read them
   if saved == current:
     return True
-  for path, old_value in config_builders.ADDED_FIELDS.items():
+  for path, old_value in run_config.ADDED_FIELDS.items():
     *groups, name = path.split(".")
     saved_node, current_node = saved, current
     for group in groups:
@@ -96,7 +96,7 @@ def _components_before_data(
   if not config.get("init_from"):
     return None, None
   source = init_from.check(config, workdir)
-  components = Components(config, Tokenizer(source.vocabulary))
+  components = Components(config, open_vocabulary(source.vocabulary))
   init_from.check_fits(source, components)
   init_from.adopt_vocabulary(config, workdir, source)  # before the data looks for one
   return components, source

@@ -39,7 +39,7 @@ def test_an_old_workdir_reads_every_checkpoint_choice(old_workdir):
 
 
 def test_a_finished_run_saved_before_a_config_field_was_added_is_still_finished(old_workdir):
-  """A field added to the config since (config.builders.ADDED_FIELDS, e.g. model.d_k) at its
+  """A field added to the config since (config.run_config.ADDED_FIELDS, e.g. model.d_k) at its
   old-behaviour value does not make the saved config.json another config, so rerunning the
   finished command returns its figures; any real difference still does."""
   from flaxformer_nmt.training import loop  # pylint: disable=g-import-not-at-top

@@ -110,7 +110,7 @@ def test_unknown_size_or_pair_is_one_clear_error():
     ("eval.compound_split", "yes", "config.eval.compound_split must be one of"),
     ("optim.accumulate_steps", 0, "config.optim.accumulate_steps must be >= 1"),
     ("optim.lr_scale", 0.0, "config.optim.lr_scale must be > 0"),
-    ("data.source", "web", "config.data.source must be one of ['demo', 'tfds', 'files']"),
+    ("data.source", "web", "config.data.source must be one of ['demo', 'tfds', 'files', 'none']"),
     ("data.tokens_per_batch", 10, "config.data.tokens_per_batch=10 is smaller than"),
     ("data.tgt_lang", "en", "config.data.src_lang and config.data.tgt_lang are both 'en'"),
     ("decode.beam_size", 0, "config.decode.beam_size must be >= 1"),

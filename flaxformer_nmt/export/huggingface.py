@@ -1,0 +1,285 @@
+"""`--mode=export --format=huggingface`: any run as a transformers Marian model folder.
+
+The folder loads with `MarianMTModel.from_pretrained(DIR)` and `MarianTokenizer.from_pretrained(
+DIR)`, goes to the Hub as it is, and converts to CTranslate2 with its own transformers converter
+(docs/pretrained.md). It holds:
+
+- config.json: a MarianConfig. Our model fields that transformers has no key for (the layer norms'
+  epsilon, the dropout generator, ...) and the run's languages are kept under the extra key
+  "flaxformer_nmt", which transformers carries along untouched and --mode=import reads back (so
+  export then import is exact, tests/e2e/test_pretrained.py).
+- generation_config.json: beam search as config.decode says, as close as `generate` allows. What
+  differs: transformers divides a hypothesis's log-probability by length^length_penalty where we
+  divide by ((5 + length) / 6)^alpha (GNMT's), and its maximum length is one number
+  (`max_length`, the model's max_len) where ours is the input's length + decode.max_len_offset.
+  `<pad>` is a bad word, as in OPUS-MT's own configs: it is the decoder's start symbol, never an
+  output.
+- model.safetensors: export/marian.to_marian's state dict (tied embeddings once, as
+  `save_pretrained` writes them; zeros for the attention biases and final_logits_bias our paper
+  model has not).
+- source.spm, target.spm, vocab.json, tokenizer_config.json: MarianTokenizer's files. A run with
+  one shared SentencePiece model writes it as both .spm files; vocab.json maps its pieces to the
+  Marian ids (`</s>` 0, `<unk>` 1, the others in order, `<pad>` last). An imported run writes its
+  own three files back.
+- README.md: a model card with the run's recorded figures and config.
+
+What transformers computes differently: the layer norms' epsilon is 1e-5 in MarianEncoderLayer
+(nn.LayerNorm's default; transformers has no config key for it), where our paper runs use 1e-6.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import directions
+from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.data.tokenizer import Vocabulary
+from flaxformer_nmt.export import marian
+from flaxformer_nmt.model.transformer import TransformerConfig
+
+EXTRA_KEY = "flaxformer_nmt"  # config.json's key for what transformers has no key for
+TRANSFORMERS_EPSILON = 1e-5  # MarianEncoderLayer's nn.LayerNorm(embed_dim)
+# Our model fields that MarianConfig expresses itself (the rest go under EXTRA_KEY).
+_EXPRESSED = ("num_layers", "d_model", "d_ff", "num_heads", "max_len", "num_decoder_layers")
+
+
+def check_request(output: str, quantization: str, model: ml_collections.ConfigDict) -> None:
+  """ConfigError, before any work, for a model Marian cannot express or an output in the way."""
+  if quantization != "float32":
+    raise errors.ConfigError(
+      f"--quantization={quantization}: --format=huggingface writes float32 (quantize when "
+      "converting it, e.g. ct2-transformers-converter --quantization)."
+    )
+  what = None
+  if model.pre_ln:
+    what = "model.pre_ln=True (Marian is post-LN)"
+  elif model.positional != "sinusoidal":
+    what = f"model.positional={model.positional!r} (Marian's positions are sinusoidal)"
+  elif not model.share_embeddings:
+    what = "model.share_embeddings=False (the export ties one embedding matrix)"
+  elif model.d_k and model.d_k != model.d_model // model.num_heads:
+    what = f"model.d_k={model.d_k} (Marian's heads are d_model / num_heads wide)"
+  if what:
+    raise errors.ConfigError(f"--format=huggingface cannot express {what}.")
+  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    raise errors.ConfigError(f"--output={output}: exists and is not an empty folder.")
+
+
+def marian_vocab(tokenizer: Vocabulary) -> dict[str, int]:
+  """vocab.json of a run's vocabulary: piece -> Marian id (an imported run's own; for ours,
+  `</s>` 0, `<unk>` 1, the other pieces in our order, `<pad>` last)."""
+  if isinstance(tokenizer, pair_vocabulary.PairVocabulary):
+    order = tokenizer.marian_ids
+  else:
+    v = tokenizer.vocab_size
+    order = np.concatenate([[v - 1, 0, 1], np.arange(2, v - 1)])
+  return {tokenizer.id_to_piece(j): int(order[j]) for j in range(tokenizer.vocab_size)}
+
+
+def marian_config(
+  cfg: TransformerConfig, config: ml_collections.ConfigDict, vocab: dict[str, int]
+) -> dict[str, Any]:
+  """config.json: a MarianConfig's fields, plus EXTRA_KEY."""
+  pad, eos = vocab[pair_vocabulary.PAD], vocab[pair_vocabulary.EOS]
+  ours = {k: v for k, v in config.model.to_dict().items() if k not in _EXPRESSED}
+  data = config.data
+  return {
+    "architectures": ["MarianMTModel"],
+    "model_type": "marian",
+    "vocab_size": cfg.vocab_size,
+    "decoder_vocab_size": cfg.vocab_size,
+    "d_model": cfg.d_model,
+    "encoder_layers": cfg.num_layers,
+    "decoder_layers": cfg.decoder_depth,
+    "encoder_attention_heads": cfg.num_heads,
+    "decoder_attention_heads": cfg.num_heads,
+    "encoder_ffn_dim": cfg.d_ff,
+    "decoder_ffn_dim": cfg.d_ff,
+    "activation_function": cfg.activation,
+    "dropout": float(config.model.dropout_rate),
+    "attention_dropout": float(config.model.attention_dropout_rate),
+    "activation_dropout": float(config.model.relu_dropout_rate),
+    "max_position_embeddings": cfg.max_len,
+    "scale_embedding": True,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+    "is_encoder_decoder": True,
+    "pad_token_id": pad,
+    "eos_token_id": eos,
+    "forced_eos_token_id": eos,
+    "decoder_start_token_id": pad,
+    "dtype": "float32",
+    EXTRA_KEY: {
+      "model": ours,
+      "data": {
+        "src_lang": data.src_lang,
+        "tgt_lang": data.tgt_lang,
+        "directions": data.directions,
+        "lang_tag_format": data.get("lang_tag_format", "<2{}>"),
+      },
+    },
+  }
+
+
+def generation_config(config: ml_collections.ConfigDict, vocab: dict[str, int]) -> dict[str, Any]:
+  pad, eos = vocab[pair_vocabulary.PAD], vocab[pair_vocabulary.EOS]
+  return {
+    "num_beams": int(config.decode.beam_size),
+    "length_penalty": float(config.decode.alpha),
+    "max_length": int(config.model.max_len),
+    "early_stopping": True,
+    "bad_words_ids": [[pad]],
+    "pad_token_id": pad,
+    "eos_token_id": eos,
+    "forced_eos_token_id": eos,
+    "decoder_start_token_id": pad,
+  }
+
+
+def tokenizer_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return {
+    "tokenizer_class": "MarianTokenizer",
+    "source_lang": config.data.src_lang,
+    "target_lang": config.data.tgt_lang,
+    "separate_vocabs": False,
+    "model_max_length": int(config.model.max_len),
+    "eos_token": pair_vocabulary.EOS,
+    "unk_token": pair_vocabulary.UNK,
+    "pad_token": pair_vocabulary.PAD,
+  }
+
+
+def model_card(
+  config: ml_collections.ConfigDict, description: str, results: dict[str, dict[str, Any]]
+) -> str:
+  """README.md: what the model is, its recorded figures, how to use it, its config."""
+  d = config.data
+  langs = d.directions or f"{d.src_lang}-{d.tgt_lang}"
+  lines = [
+    "---",
+    "library_name: transformers",
+    "pipeline_tag: translation",
+    "tags: [marian, flaxformer_nmt]",
+    "---",
+    f"# {langs} Transformer (flaxformer_nmt)",
+    "",
+    f"Exported by flaxformer_nmt's `--mode=export --format=huggingface` from {description}.",
+    "A post-LN Transformer (Vaswani et al., 2017) in transformers' Marian format.",
+    "",
+    "## Recorded figures",
+    "",
+  ]
+  shown = False
+  for mode, result in results.items():
+    figures = {
+      k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    if figures:
+      shown = True
+      lines.append(f"- `{mode}_result.json`: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+  if not shown:
+    lines.append("None recorded in the run.")
+  tag = directions.lang_tag("xx", d).replace("xx", "<lang>")
+  usage = (
+    f"Multilingual: start each source with its target language's tag, `{tag}`.\n\n"
+    if directions.is_multilingual(d)
+    else ""
+  )
+  lines += [
+    "",
+    "## Use",
+    "",
+    usage + "```python",
+    "from transformers import MarianMTModel, MarianTokenizer",
+    "tokenizer = MarianTokenizer.from_pretrained(PATH)",
+    "model = MarianMTModel.from_pretrained(PATH)",
+    'batch = tokenizer(["A sentence."], return_tensors="pt")',
+    "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+    "```",
+    "",
+    "transformers' layer norms use epsilon 1e-5; this model's config says "
+    f"{config.model.layer_norm_epsilon}, so its scores there may differ slightly from "
+    "flaxformer_nmt's.",
+    "",
+    "## Config",
+    "",
+    "```json",
+    config.to_json_best_effort(indent=2),
+    "```",
+    "",
+  ]
+  return "\n".join(lines)
+
+
+def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
+  """--mode=export's call (modes.export): the loaded model (run/loaded.LoadedModel) of `run`
+  (its recorded train and eval figures go into the model card) to `output`."""
+  del quantization  # float32: check_request
+  c = loaded.components
+  results = {m: run.read_result(m) or {} for m in ("train", "eval")}
+  params = jax.device_get(loaded.params)
+  return export_huggingface(
+    c.model_cfg, c.config, params, c.tokenizer, output, loaded.description, results
+  )
+
+
+def export_huggingface(
+  cfg: TransformerConfig,
+  config: ml_collections.ConfigDict,
+  params: Any,
+  tokenizer: Vocabulary,
+  output: str,
+  description: str,
+  results: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+  """Writes the folder (into a scratch folder beside `output`, renamed when complete); returns
+  the figures of the export."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  vocab = marian_vocab(tokenizer)
+  order = pair_vocabulary.marian_order(vocab)
+  state = marian.to_marian(params, order, cfg.num_layers, cfg.decoder_depth)
+  parent = os.path.dirname(os.path.abspath(output))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  try:
+    save_file(state, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+    docs = {
+      "config.json": marian_config(cfg, config, vocab),
+      "generation_config.json": generation_config(config, vocab),
+      "tokenizer_config.json": tokenizer_config(config),
+      "vocab.json": vocab,
+    }
+    for name, doc in docs.items():
+      with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    if isinstance(tokenizer, pair_vocabulary.PairVocabulary):
+      sources = {n: os.path.join(tokenizer.model_path, n) for n in ("source.spm", "target.spm")}
+    else:
+      sources = {n: tokenizer.model_path for n in ("source.spm", "target.spm")}
+    for name, path in sources.items():
+      shutil.copyfile(path, os.path.join(staging, name))
+    with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
+      f.write(model_card(config, description, results))
+    if os.path.isdir(output):
+      os.rmdir(output)  # empty: check_request allows nothing else
+    os.replace(staging, output)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return {
+    "format": "huggingface",
+    "output": os.path.abspath(output),
+    "parameters": int(sum(v.size for v in state.values())),
+    "vocab_size": cfg.vocab_size,
+  }

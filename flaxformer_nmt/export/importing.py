@@ -1,0 +1,305 @@
+"""`--mode=import --input=DIR_OR_HUB_ID --workdir=W`: a transformers Marian model as a run.
+
+The run describes itself as a trained one does, so every later command needs no --config:
+  config.json        the model's architecture as config.model fields (export/marian.py says how
+                     each Marian option maps), its languages, the decoding settings of its
+                     generation_config.json (beam size)
+  vocabulary/        source.spm, target.spm, vocab.json (data/pair_vocabulary.py)
+  averaged/imported/ one parameter checkpoint (--checkpoint=auto and averaged read it;
+                     `config.init_from=W` fine-tunes from it)
+  import.json        where it came from: the folder or Hub id, each file's SHA-256, and the
+                     transformers config as given
+  run.json           the run record (its training data: "imported")
+
+A Hub id (`Helsinki-NLP/opus-mt-en-de`) is downloaded with huggingface_hub into its own cache.
+A multi-target model's `>>xx<<` pieces become its target languages (`data.directions`,
+`data.lang_tag_format=">>{}<<"`), so `--target_lang=xx` puts the tag in front as for our own
+multilingual runs. Anything Marian allows that this model has not (unequal head counts or FFN
+widths, separate vocabularies, unscaled embeddings) is one line, before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.config import builders, checks
+from flaxformer_nmt.config import directions as directions_lib
+from flaxformer_nmt.config.choices import ACTIVATIONS
+from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.export import huggingface, marian
+from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.runtime import files
+
+IMPORT_RECORD = "import.json"
+_HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.json"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_OPUS_NAME = re.compile(r"opus-mt-(?:tc-[a-z]+-)?([a-z]{2,3})-([a-z]{2,3})$")
+
+
+def locate(source: str) -> str:
+  """The local folder of `source`: itself, or a Hub id's snapshot (downloaded once into
+  huggingface_hub's cache). ConfigError, one line, when it is neither."""
+  if os.path.isdir(source):
+    return source
+  if not _HUB_ID.match(source) or os.path.exists(source):
+    raise errors.ConfigError(f"--input={source}: no such folder, nor a Hub id like org/name.")
+  try:
+    from huggingface_hub import snapshot_download  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError(
+      f'--input={source}: a Hub id needs huggingface_hub (pip install -e ".[hf]").'
+    ) from None
+  try:
+    return snapshot_download(source, allow_patterns=_HUB_FILES)
+  except Exception as e:  # noqa: BLE001  # offline, unknown repo, no permission: all one line
+    raise errors.ConfigError(
+      f"--input={source}: could not download it from the Hub ({type(e).__name__}: "
+      f"{str(e).splitlines()[0] if str(e) else 'no detail'})."
+    ) from None
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = json.load(f)
+  except FileNotFoundError:
+    return {}
+  except (OSError, ValueError) as e:
+    raise errors.DataError(f"{path}: not JSON ({e}).") from None
+  return doc if isinstance(doc, dict) else {}
+
+
+def check_marian(hf: dict[str, Any], where: str) -> None:
+  """ConfigError naming the first option of a Marian config.json this model cannot compute."""
+  if hf.get("model_type") != "marian":
+    raise errors.ConfigError(
+      f"{where}: model_type is {hf.get('model_type')!r}; --mode=import reads Marian models."
+    )
+
+  def refuse(what: str) -> None:
+    raise errors.ConfigError(f"{where}: {what}; this model has no such option.")
+
+  if hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads"):
+    refuse("the encoder and decoder have different numbers of attention heads")
+  if hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"):
+    refuse("the encoder and decoder have different feed-forward widths")
+  if not hf.get("share_encoder_decoder_embeddings", True) or hf.get(
+    "decoder_vocab_size", hf.get("vocab_size")
+  ) != hf.get("vocab_size"):
+    refuse("the source and target have separate vocabularies")
+  if not hf.get("scale_embedding", False):
+    refuse("scale_embedding is false (unscaled embeddings)")
+  if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
+    refuse("its layer norms come before the sub-layers")
+  if hf.get("static_position_embeddings") is False:
+    refuse("its positions are learned")
+  if hf.get("activation_function", "swish") not in ACTIVATIONS:
+    refuse(f"its activation is {hf.get('activation_function')!r}")
+  if int(hf.get("d_model", 0)) % 2:
+    refuse("d_model is odd")
+
+
+def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
+  """(source, target) languages: tokenizer_config.json's, else an OPUS-MT name's
+  (opus-mt-en-de), else "src" and "tgt"."""
+  extra = hf.get(huggingface.EXTRA_KEY, {}).get("data", {})
+  tok = _read_json(os.path.join(folder, "tokenizer_config.json"))
+  src = extra.get("src_lang") or tok.get("source_lang")
+  tgt = extra.get("tgt_lang") or tok.get("target_lang")
+  if not (src and tgt):
+    match = _OPUS_NAME.search(source.rstrip("/").split("/")[-1])
+    if match:
+      src, tgt = src or match.group(1), tgt or match.group(2)
+  return str(src or "src"), str(tgt or "tgt")
+
+
+def make_config(
+  folder: str, source: str, hf: dict[str, Any], vocab: dict[str, int]
+) -> ml_collections.ConfigDict:
+  """The run's config: the paper's fields overlaid with the model's."""
+  config = builders.base_config("base")
+  config.unlock()
+  extra = hf.get(huggingface.EXTRA_KEY, {})
+  m = config.model
+  m.size = "imported"
+  m.num_layers = int(hf["encoder_layers"])
+  decoder = int(hf["decoder_layers"])
+  m.num_decoder_layers = 0 if decoder == m.num_layers else decoder
+  m.d_model, m.d_ff = int(hf["d_model"]), int(hf["encoder_ffn_dim"])
+  m.num_heads = int(hf["encoder_attention_heads"])
+  m.max_len = int(hf.get("max_position_embeddings", 512))
+  m.activation = str(hf.get("activation_function", "swish"))
+  m.attention_bias, m.logits_bias = True, True
+  m.layer_norm_epsilon = huggingface.TRANSFORMERS_EPSILON
+  m.dropout_rate = float(hf.get("dropout", 0.1))
+  m.attention_dropout_rate = float(hf.get("attention_dropout", 0.0))
+  m.relu_dropout_rate = float(hf.get("activation_dropout", 0.0))
+  # A run of ours exported and imported again gets its own fields back (the biases stay: they
+  # are zeros, and the checkpoint holds them).
+  for key, value in extra.get("model", {}).items():
+    if key in m and key not in ("attention_bias", "logits_bias", "size"):
+      m[key] = type(m[key])(value) if m[key] is not None else value
+  d = config.data
+  d.source = "none"
+  d.src_lang, d.tgt_lang = languages(folder, source, hf)
+  d.vocab_size = len(vocab)
+  d.max_len = min(int(d.max_len), m.max_len)
+  code = pair_vocabulary.LANGUAGE_CODE
+  codes = [p[2:-2] for p in sorted(vocab, key=vocab.get) if code.fullmatch(p)]
+  data_extra = extra.get("data", {})
+  if data_extra.get("directions"):
+    d.directions = data_extra["directions"]
+    d.lang_tag_format = data_extra.get("lang_tag_format", "<2{}>")
+  elif codes:
+    valid = [c for c in codes if directions_lib.is_language(c) and c != d.src_lang]
+    d.directions = ",".join(f"{d.src_lang}-{c}" for c in valid)
+    d.lang_tag_format = ">>{}<<"
+  gen = _read_json(os.path.join(folder, "generation_config.json"))
+  if gen.get("num_beams"):
+    config.decode.beam_size = int(gen["num_beams"])
+  return config
+
+
+def _state_dict(folder: str) -> dict[str, np.ndarray]:
+  """The weights: model.safetensors (no torch needed), else pytorch_model.bin (torch)."""
+  path = os.path.join(folder, "model.safetensors")
+  if os.path.isfile(path):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+    try:
+      sd = load_file(path)
+    except Exception as e:  # noqa: BLE001  # a torn or foreign file
+      raise errors.DataError(f"{path}: not a safetensors file ({e}).") from None
+    return {k: np.asarray(v, np.float32) for k, v in sd.items()}
+  path = os.path.join(folder, "pytorch_model.bin")
+  if not os.path.isfile(path):
+    raise errors.DataError(f"{folder}: has no model.safetensors or pytorch_model.bin.")
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError(
+      f'{path}: reading pytorch_model.bin needs torch (pip install -e ".[hf]"), or give a '
+      "folder with model.safetensors."
+    ) from None
+  sd = torch.load(path, map_location="cpu", weights_only=True)
+  return {k: v.float().numpy() for k, v in sd.items()}
+
+
+def _shared_embedding(sd: dict[str, np.ndarray], where: str) -> None:
+  """Older checkpoints name the tied table by its users; one name is kept (model.shared)."""
+  names = ("model.shared.weight", "model.encoder.embed_tokens.weight", "lm_head.weight")
+  found = [sd[n] for n in names if n in sd]
+  if not found:
+    raise errors.DataError(f"{where}: has no embedding table (model.shared.weight).")
+  decoder = sd.get("model.decoder.embed_tokens.weight")
+  if decoder is not None and not np.array_equal(decoder, found[0]):
+    raise errors.ConfigError(
+      f"{where}: its decoder has its own embedding table; this model ties one for both."
+    )
+  sd["model.shared.weight"] = found[0]
+
+
+def _check_shapes(params: Any, template: Any, where: str) -> None:
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  got = {jax.tree_util.keystr(k): np.shape(v) for k, v in leaves}
+  want = {
+    jax.tree_util.keystr(k): tuple(v.shape)
+    for k, v in jax.tree_util.tree_leaves_with_path(template)
+  }
+  for name in sorted(set(got) | set(want)):
+    if got.get(name) != want.get(name):
+      raise errors.CheckpointMismatchError(
+        f"{where}: the weight {name} is {got.get(name)} where the model needs {want.get(name)}."
+      )
+
+
+def _digests(folder: str) -> dict[str, str]:
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    path = os.path.join(folder, name)
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        out[name] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def import_marian(source: str, workdir: str) -> dict[str, Any]:
+  """Makes the run in `workdir` from the Marian model `source`; returns import's figures. Every
+  check comes before the folder is made, and a failure while writing removes a folder it made."""
+  run = Workdir(workdir)
+  if os.path.exists(run.config_path):
+    raise errors.ConfigError(f"--workdir={workdir}: already holds a run; import into a new folder.")
+  folder = locate(source)
+  where = os.path.join(folder, "config.json")
+  hf = _read_json(where)
+  if not hf:
+    raise errors.DataError(f"{where}: no such file; --input must be a transformers model folder.")
+  check_marian(hf, where)
+  vocabulary = pair_vocabulary.PairVocabulary(folder)
+  vocab = pair_vocabulary.read_vocab_json(os.path.join(folder, "vocab.json"))
+  if len(vocab) != int(hf["vocab_size"]):
+    raise errors.DataError(
+      f"{folder}/vocab.json: holds {len(vocab)} pieces where config.json says vocab_size "
+      f"{hf['vocab_size']}."
+    )
+  pad, eos = vocab[pair_vocabulary.PAD], vocab[pair_vocabulary.EOS]
+  if (hf.get("pad_token_id"), hf.get("eos_token_id"), hf.get("decoder_start_token_id", pad)) != (
+    pad,
+    eos,
+    pad,
+  ):
+    raise errors.DataError(
+      f"{where}: its pad, eos and decoder start ids are not vocab.json's <pad>, </s> and <pad>."
+    )
+  config = make_config(folder, source, hf, vocab)
+  checks.validate(config)
+  sd = _state_dict(folder)
+  _shared_embedding(sd, folder)
+  order = vocabulary.marian_ids
+  layers = (config.model.num_layers, config.model.num_decoder_layers or config.model.num_layers)
+  try:
+    params = marian.to_ours(sd, order, *layers)
+  except KeyError as e:
+    raise errors.DataError(f"{folder}: has no weight {e.args[0]}.") from None
+  components = Components(config, vocabulary)
+  _check_shapes(params, components.abstract_params, folder)
+  fresh = not os.path.exists(workdir)
+  run.create()
+  try:
+    run.copy_vocabulary(folder)
+    record = {
+      "source": source,
+      "folder": os.path.abspath(folder),
+      "files_sha256": _digests(folder),
+      "transformers_config": hf,
+    }
+    files.write_text(run.join(IMPORT_RECORD), json.dumps(record, indent=2) + "\n")
+    selection.save_imported(run, params, source)
+    run.write_config(config)  # last: a folder with config.json is a complete run
+    run.write_run_record("", {"kind": "imported", "source": source})
+  except BaseException:
+    if fresh:  # nothing half-made is left to be taken for a run
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
+  return {
+    "mode": "import",
+    "source": source,
+    "parameters": int(sum(np.size(v) for v in jax.tree.leaves(params))),
+    "vocab_size": len(vocab),
+    "encoder_layers": layers[0],
+    "decoder_layers": layers[1],
+    "activation": config.model.activation,
+    "target_languages": directions_lib.target_languages(config.data) or [config.data.tgt_lang],
+  }
