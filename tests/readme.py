@@ -26,6 +26,7 @@ CHAINS = (
   "demo",
   "decoding",
   "fine-tuning",
+  "pretrained",
   "serving",
   "wmt14",
   "files",
@@ -40,6 +41,7 @@ CHAINS = (
 OWN_DEMO_CHAINS = {
   "decoding.md": "decoding",
   "fine-tuning.md": "fine-tuning",
+  "pretrained.md": "pretrained",
   "serving.md": "serving",
 }
 
@@ -71,6 +73,8 @@ def chain_of(command: Command) -> str:
 def _chain_of(command: Command) -> str:
   t = command.text
   config = _config(t)
+  if command.page == "pretrained.md" and re.search(r"--(workdir|input)=runs/demo", t):
+    return "demo"  # docs/pretrained.md's walk-through on the quick start's runs/demo
   if command.kind == "python":
     return "api" if "flaxformer_nmt import api" in t else "demo" if "ctranslate2" in t else ""
   if "pytest" in t or t.startswith("python tools/"):

@@ -145,7 +145,14 @@ def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
     assert (work / "attention" / "cross_attention.png").stat().st_size > 0
   elif "--mode=export" in command.text:
     out = re.search(r"--output=(\S+)", command.text).group(1)
-    assert (box.repo / out / "model.bin").is_file()
+    if "--format=huggingface" in command.text:  # docs/pretrained.md
+      assert (box.repo / out / "model.safetensors").is_file()
+      assert (box.repo / out / "README.md").is_file()
+    else:
+      assert (box.repo / out / "model.bin").is_file()
+  elif "--mode=import" in command.text:
+    result = readme_checks.last_json(proc)
+    assert result["mode"] == "import" and result["target_languages"] == ["de"]
   elif command.kind == "python":
     printed = ast.literal_eval(proc.stdout.strip().splitlines()[-1])  # a list of strings
     assert len(printed) == 2 and all(isinstance(t, str) and t for t in printed)
@@ -176,16 +183,18 @@ def test_demo_chain(tmp_path):
 
 
 @readme_run
-@pytest.mark.parametrize("chain", ["decoding", "fine-tuning"])
+@pytest.mark.parametrize("chain", ["decoding", "fine-tuning", "pretrained"])
 def test_docs_demo_chain(chain, tmp_path):
-  """docs/decoding.md (n-best, sampling, ensembles, alignments, back-translation) and
-  docs/fine-tuning.md (a shifted domain), each from the quick start's trained runs/demo."""
+  """docs/decoding.md (n-best, sampling, ensembles, alignments, back-translation),
+  docs/fine-tuning.md (a shifted domain) and docs/pretrained.md (export, import, translate and
+  fine-tune the import), each from the quick start's trained runs/demo."""
   seen, trained = [], []
   start = readme.quick_start_training()
   for command, proc, box in run_chain(chain, tmp_path, {"demo": readme.DEMO}, first=[start]):
     seen.append(command.text)
     _check_demo_command(command, proc, box, trained)
-  assert seen[0] == start.text and len(seen) >= {"decoding": 10, "fine-tuning": 5}[chain]
+  least = {"decoding": 10, "fine-tuning": 5, "pretrained": 5}[chain]
+  assert seen[0] == start.text and len(seen) >= least
 
 
 @readme_run

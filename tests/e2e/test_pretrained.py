@@ -1,0 +1,148 @@
+"""Pretrained models in and out, checked against transformers itself (the `hf` extra: transformers
+and torch). CI runs these in their own leg, in a virtual environment kept between runs
+(.ci/run, tools/hf_tests.sh); the README's test command deselects them (`-m 'not hf'`), as they
+need torch's several GB.
+
+- Import: tiny random Marian models (tests/marian_models.py: swish and relu, unequal depths, a
+  non-zero final_logits_bias) give our teacher-forced scores of 40 pairs within 1e-4 of
+  transformers' own, per sentence.
+- Export: the shared trained demo, exported, loads in MarianMTModel and MarianTokenizer with no
+  missing, unexpected or mismatched weight, and transformers' greedy `generate` agrees with our
+  greedy output on at least 95% of the demo's test lines.
+- Round trip: export then import gives every parameter of the run bitwise, the added biases are
+  zero, and the translations are identical.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from flaxformer_nmt import api, errors, modes
+
+import helpers
+import marian_models
+
+pytestmark = [pytest.mark.hf, pytest.mark.xdist_group("pretrained")]
+
+
+def _pairs(n: int = 40) -> tuple[list[str], list[str]]:
+  pairs = marian_models.demo_pairs("test", n)
+  return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+@pytest.mark.parametrize(
+  "activation,encoder_layers,decoder_layers",
+  [("swish", 2, 1), ("relu", 1, 3), ("gelu", 2, 2)],
+)
+def test_import_scores_as_transformers(tmp_path, activation, encoder_layers, decoder_layers):
+  folder = tmp_path / "marian"
+  marian_models.tiny_marian(
+    folder, activation=activation, encoder_layers=encoder_layers, decoder_layers=decoder_layers
+  )
+  sources, targets = _pairs()
+  theirs = marian_models.teacher_forced_log_probs(folder, sources, targets)
+  proc = helpers.run_main("--mode=import", f"--input={folder}", f"--workdir={tmp_path / 'run'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert (result["encoder_layers"], result["decoder_layers"]) == (encoder_layers, decoder_layers)
+  ours = [s.log_prob for s in api.load(str(tmp_path / "run")).score(sources, targets)]
+  diffs = np.abs(np.asarray(ours) - np.asarray(theirs))
+  print(f"{activation} {encoder_layers}/{decoder_layers}: largest |difference| {diffs.max():.3g}")
+  assert diffs.max() < 1e-4, diffs.max()
+  # The run describes itself: no --config for a decoding command.
+  proc = helpers.run_main(f"--workdir={tmp_path / 'run'}", "--mode=translate", stdin=sources[0])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_multi_target_models_codes_are_its_target_languages(tmp_path):
+  folder = tmp_path / "marian"
+  marian_models.tiny_marian(folder, codes="de,fr")
+  run = tmp_path / "run"
+  result = modes.import_model(str(folder), str(run))
+  assert result["target_languages"] == ["de", "fr"]
+  session = api.load(str(run))
+  sources, targets = _pairs(8)
+  theirs = marian_models.teacher_forced_log_probs(folder, [f">>fr<< {s}" for s in sources], targets)
+  ours = [s.log_prob for s in session.score(sources, targets, target_lang="fr")]
+  assert np.abs(np.asarray(ours) - np.asarray(theirs)).max() < 1e-4
+  with pytest.raises(errors.ConfigError, match="--target_lang=es: unknown language"):
+    session.translate(sources[:1], target_lang="es")
+
+
+def test_an_option_marian_has_and_we_have_not_is_one_line(tmp_path):
+  folder = tmp_path / "marian"
+  marian_models.tiny_marian(folder)
+  config = json.loads((folder / "config.json").read_text())
+  config["decoder_ffn_dim"] = 128
+  (folder / "config.json").write_text(json.dumps(config))
+  proc = helpers.run_main("--mode=import", f"--input={folder}", f"--workdir={tmp_path / 'run'}")
+  assert proc.returncode == 2
+  assert (
+    proc.stderr.strip()
+    .splitlines()[-1]
+    .endswith(
+      "the encoder and decoder have different feed-forward widths; this model has no such option."
+    )
+  )
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def exported(trained_demo, tmp_path_factory):
+  """(the trained demo, its export to transformers' format via main.py)."""
+  folder = tmp_path_factory.mktemp("hf_export")
+  result, work, out = helpers.mode_on_a_copy(
+    trained_demo[1], folder, "export", "--format=huggingface"
+  )
+  assert result["format"] == "huggingface"
+  return work, out
+
+
+def test_the_export_loads_in_transformers_and_decodes_as_ours(exported):
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import MarianMTModel, MarianTokenizer  # pylint: disable=g-import-not-at-top
+
+  work, out = exported
+  model, info = MarianMTModel.from_pretrained(out, output_loading_info=True)
+  assert {k: v for k, v in info.items() if v} == {}, info
+  tokenizer = MarianTokenizer.from_pretrained(out)
+  config = helpers.demo_config(model__dtype="float32")
+  session = api.load(str(work))
+  pairs = marian_models.demo_pairs("test", config.data.demo_test_size)
+  sources = [s for s, _ in pairs]
+  session.config.decode.beam_size = 1
+  ours = session.translate(sources)
+  with torch.no_grad():
+    batch = tokenizer(sources, return_tensors="pt", padding=True)
+    generated = model.eval().generate(**batch, num_beams=1, max_new_tokens=64)
+  theirs = tokenizer.batch_decode(generated, skip_special_tokens=True)
+  agree = np.mean([a == b for a, b in zip(ours, theirs, strict=True)])
+  mine = [s.log_prob for s in session.score(sources, ours)]
+  theirs_scores = marian_models.teacher_forced_log_probs(out, sources, ours)
+  largest = float(np.abs(np.asarray(mine) - np.asarray(theirs_scores)).max())
+  print(f"greedy agreement {agree:.3f} on {len(sources)} lines; largest score difference {largest}")
+  print("three lines:", list(zip(sources[:3], theirs[:3], strict=True)))
+  assert agree >= 0.95
+
+
+def test_export_then_import_is_exact(exported, tmp_path):
+  work, out = exported
+  proc = helpers.run_main("--mode=import", f"--input={out}", f"--workdir={tmp_path / 'back'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  config = helpers.demo_config(model__dtype="float32")
+  before, _ = helpers.load_params(config, work)
+  after_session = api.load(str(tmp_path / "back"))
+  after = jax.device_get(after_session.loaded.params)
+  flat_after = dict(jax.tree_util.tree_leaves_with_path(after))
+  for path, value in jax.tree_util.tree_leaves_with_path(jax.device_get(before)):
+    np.testing.assert_array_equal(np.asarray(flat_after.pop(path)), np.asarray(value))
+  assert flat_after, "the import adds the attention biases and logits_bias"
+  for path, value in flat_after.items():
+    assert not np.any(np.asarray(value)), jax.tree_util.keystr(path)
+  sources = marian_models.demo_pairs("test", 20)
+  lines = [s for s, _ in sources]
+  assert after_session.translate(lines) == api.load(str(work)).translate(lines)

@@ -1,0 +1,102 @@
+"""Pretrained models' pieces that need no transformers: the weight and id conversions
+(export/marian.py), the Marian vocabulary (data/pair_vocabulary.py), the model options. The
+checks against transformers itself are tests/e2e/test_pretrained.py (the `hf` extra)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.data.tokenizer import open_vocabulary
+from flaxformer_nmt.export import marian
+from flaxformer_nmt.model import layers
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+
+import marian_models
+
+_CFG = TransformerConfig(
+  vocab_size=50,
+  num_layers=2,
+  num_decoder_layers=1,
+  d_model=16,
+  d_ff=32,
+  num_heads=2,
+  attention_bias=True,
+  logits_bias=True,
+  activation="swish",
+  layer_norm_epsilon=1e-5,
+)
+
+
+def _random_params(cfg: TransformerConfig, seed: int = 0):
+  params = jax.device_get(init_params(cfg, jax.random.PRNGKey(seed)))
+  leaves, tree = jax.tree.flatten(params)
+  rng = np.random.default_rng(seed)
+  return jax.tree.unflatten(tree, [rng.normal(size=x.shape).astype(np.float32) for x in leaves])
+
+
+def test_weights_to_marian_and_back_are_bitwise_and_every_weight_is_used():
+  params = _random_params(_CFG)
+  order = np.concatenate([[49, 0, 1], np.arange(2, 49)])
+  state = marian.to_marian(params, order, 2, 1)
+  back = marian.to_ours(state, order, 2, 1)
+  jax.tree.map(np.testing.assert_array_equal, params, back)
+  used = sum(v.size for v in state.values())
+  assert used == sum(np.size(v) for v in jax.tree.leaves(params))
+
+
+def test_the_feature_permutation_turns_marians_sinusoid_into_ours():
+  # MarianSinusoidalPositionalEmbedding: sines in the first half, cosines in the second.
+  d, positions = 16, np.arange(30)
+  angle = positions[:, None] / np.power(10000, 2 * (np.arange(d) // 2) / d)[None, :]
+  theirs = np.concatenate([np.sin(angle[:, 0::2]), np.cos(angle[:, 1::2])], axis=1)
+  ours = np.asarray(layers.sinusoidal_encoding(jnp.asarray(positions), d))
+  np.testing.assert_allclose(theirs[:, marian.feature_order(d)], ours, atol=2e-5)
+
+
+def test_zero_attention_biases_and_logits_bias_change_nothing():
+  plain = TransformerConfig(vocab_size=50, num_layers=1, d_model=16, d_ff=32, num_heads=2)
+  biased = TransformerConfig(**{**plain.__dict__, "attention_bias": True, "logits_bias": True})
+  params = _random_params(plain)
+  with_zeros = jax.device_get(init_params(biased, jax.random.PRNGKey(0)))
+  flat = dict(jax.tree_util.tree_leaves_with_path(params))
+  with_zeros = jax.tree_util.tree_map_with_path(
+    lambda p, v: flat[p] if p in flat else np.zeros_like(v), with_zeros
+  )
+  src, tgt = jnp.array([[5, 6, 7, EOS_ID]]), jnp.array([[8, 9, EOS_ID]])
+  a = Transformer(plain).apply({"params": params}, src, tgt)
+  b = Transformer(biased).apply({"params": with_zeros}, src, tgt)
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def marian_folder(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("marian_vocab")
+  vocab = marian_models.marian_vocabulary(folder, codes="de,fr")
+  return folder, vocab
+
+
+def test_a_marian_vocabulary_renumbers_the_special_pieces_and_keeps_the_rest(marian_folder):
+  folder, vocab = marian_folder
+  v = open_vocabulary(str(folder))
+  assert isinstance(v, pair_vocabulary.PairVocabulary)
+  assert [v.id_to_piece(i) for i in (PAD_ID, EOS_ID, UNK_ID)] == ["<pad>", "</s>", "<unk>"]
+  assert v.vocab_size == len(vocab)
+  assert [int(v.marian_ids[i]) for i in (PAD_ID, EOS_ID, UNK_ID)] == [len(vocab) - 1, 0, 1]
+  assert list(v.marian_ids[3:]) == list(range(2, len(vocab) - 1))
+  text = "Ich habe drei Äpfel."
+  ids = v.encode_target(text)
+  assert v.decode([*ids, EOS_ID, 7]) == text
+  assert [v.id_to_piece(i) for i in v.reserved_ids()] == [">>de<<", ">>fr<<"]
+  assert v.encode(">>fr<< three")[0] == v.piece_id(">>fr<<")
+
+
+def test_a_folder_that_is_not_a_marian_vocabulary_is_one_line(tmp_path):
+  (tmp_path / "vocab.json").write_text("{}")
+  with pytest.raises(errors.DataError, match="not a Marian vocabulary"):
+    pair_vocabulary.PairVocabulary(str(tmp_path))

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs the tests that check --mode=import and --mode=export --format=huggingface against
+# transformers itself (tests/e2e/test_pretrained.py, marker `hf`), in a virtual environment with
+# the `hf` extra (transformers 5, torch). torch from the registry pulls CUDA wheels of several GB,
+# so the venv is kept between runs where HF_VENV names one (.ci/run keeps it beside the
+# compatibility legs'): made once; when pyproject.toml changes, the install runs again in it
+# (torch stays unless the extra asks for another), and it is made anew only if that fails. Prints
+# its versions, the venv's size, and the figures the tests print (-s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${HF_VENV:-$(mktemp -d)/venv}
+stamp=$(sha256sum pyproject.toml | cut -c1-16)
+install_venv() {
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  fi
+  if [ "$(cat "$venv/.made_from" 2>/dev/null)" != "hf $stamp" ]; then
+    "$venv/bin/python" -m pip install -q -e ".[test,hf]" && echo "hf $stamp" > "$venv/.made_from"
+  fi
+  # This checkout, whichever folder it is in (CI's clone moves): the package itself, no deps.
+  "$venv/bin/python" -m pip install -q --no-deps -e .
+}
+if ! install_venv; then
+  echo "hf: the install in $venv failed; making the venv anew."
+  rm -rf "$venv"
+  install_venv
+fi
+. "$venv/bin/activate"
+python - <<'PY'
+import sys, jax, torch, transformers, safetensors
+print(f"hf: Python {sys.version.split()[0]}, jax {jax.__version__}, torch {torch.__version__}, "
+      f"transformers {transformers.__version__}, safetensors {safetensors.__version__}")
+PY
+echo "hf: venv $venv, $(du -sh "$venv" | cut -f1)"
+# One process (-n 0), so that the figures the tests print (-s) reach the log; transformers' and
+# huggingface_hub's progress bars stay off.
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+python -m pytest -q -s -n 0 -m hf tests/e2e/test_pretrained.py "$@"
