@@ -3,6 +3,7 @@ r"""The training runs behind the BLEU figures of the README and docs/, recorded.
   python benchmarks/experiments.py --experiment=demo                # the quick start: record `demo`
   python benchmarks/experiments.py --experiment=demo_precisions   # float32, bfloat16, float16
   python benchmarks/experiments.py --experiment=fine_tune_demo      # docs/fine-tuning.md
+  python benchmarks/experiments.py --experiment=finetune_imported   # docs/pretrained.md
   python benchmarks/experiments.py --experiment=multi30k --data_dir=data/multi30k --minutes=60
   python benchmarks/experiments.py --experiment=multi30k_seeds --data_dir=data/multi30k --minutes=20
   python benchmarks/experiments.py --experiment=multi30k_multilingual --data_dir=data/multi30k \
@@ -23,6 +24,10 @@ then evaluates again; nothing already trained is lost to an interruption.
 - `fine_tune_demo`: the demo model (trained first if --source is missing) fine-tuned on a shifted
   domain of 5-6 digit numbers (docs/fine-tuning.md's recipe), its best and EMA parameters, and a
   run fine-tuned on a mix of the shifted and the original domain; each scored on both test sets.
+- `finetune_imported`: the demo run exported to transformers' format, imported again
+  (--mode=import), then fine-tuned on the shifted domain as `fine_tune_demo`'s best/EMA run is
+  (no --config model fields: they come from the import), its best and EMA parameters scored on
+  both test sets: beside fine_tune_demo.json.
 - `multi30k`: configs/multi30k.py within a training budget of --minutes (evaluation not counted),
   the last --average checkpoints averaged; test_2016_flickr scored for the average (both beam
   styles) and the last checkpoint; the dev BLEU curve (PNG beside the workdir's records).
@@ -68,6 +73,7 @@ _EXPERIMENT = flags.DEFINE_enum(
     "demo",
     "demo_precisions",
     "fine_tune_demo",
+    "finetune_imported",
     "multi30k",
     "multi30k_seeds",
     "multi30k_multilingual",
@@ -185,6 +191,47 @@ def fine_tune_demo() -> dict[str, Any]:
       "shifted": score(shifted, mixed_dir, "latest"),
       "original": score(original, mixed_dir, "latest"),
     },
+  }
+
+
+def finetune_imported() -> dict[str, Any]:
+  source, workdir = _SOURCE.value, _WORKDIR.value or "runs/finetune_imported"
+  exported, imported = f"{workdir}_hf", f"{workdir}_imported"
+  demo_args = ["--config=configs/demo.py"]
+  shifted = ["--config.data.source=files", "--config.data.dir=data/demo_large"]
+  original = ["--config.data.source=demo"]  # the run's own config (its model is the import's)
+  main_py(*demo_args, f"--workdir={source}")  # trains the quick start's model, or returns it
+  _demo_text("data/demo_large", "--variant=large")
+  if not os.path.isdir(os.path.join(_checkout(), exported)):
+    main_py(f"--workdir={source}", "--mode=export", "--format=huggingface", f"--output={exported}")
+  if not os.path.isdir(os.path.join(_checkout(), imported)):
+    main_py("--mode=import", f"--input={exported}", f"--workdir={imported}")
+  trained = main_py(
+    *demo_args,
+    *shifted,
+    f"--workdir={workdir}",
+    f"--config.init_from={imported}",
+    "--config.optim.schedule=constant",
+    "--config.optim.lr_scale=0.1",
+    f"--config.num_train_steps={_FT_STEPS.value}",
+    "--config.eval_every_steps=50",
+    "--config.checkpoint_every_steps=50",
+    "--config.best_metric=dev_bleu",
+    "--config.optim.ema_decay=0.99",
+  )
+
+  def score(args: list[str], run: str, which: str) -> dict[str, Any]:
+    return scores(main_py(*args, f"--workdir={run}", "--mode=eval", f"--checkpoint={which}"))
+
+  return {
+    "source": source,
+    "imported": imported,
+    "fine_tuned": _trained(trained),
+    "best": {
+      "shifted": score(shifted, workdir, "best"),
+      "original": score(original, workdir, "best"),
+    },
+    "ema": {"shifted": score(shifted, workdir, "ema"), "original": score(original, workdir, "ema")},
   }
 
 
@@ -511,6 +558,7 @@ EXPERIMENTS: dict[str, Callable[[], dict[str, Any]]] = {
   "demo": demo,
   "demo_precisions": demo_precisions,
   "fine_tune_demo": fine_tune_demo,
+  "finetune_imported": finetune_imported,
   "multi30k": multi30k,
   "multi30k_seeds": multi30k_seeds,
   "multi30k_multilingual": multi30k_multilingual,
