@@ -293,6 +293,9 @@ class CharTokenizer:
       out.append(self.ids[ch])
     return out
 
+  def encode_target(self, text: str) -> list[int]:
+    return self.encode(text)  # one vocabulary for both sides, as data/tokenizer.Tokenizer
+
   def decode(self, ids) -> str:
     out = []
     for i in ids:

@@ -126,3 +126,54 @@ def teacher_forced_log_probs(
       labels = batch["labels"]
       out.append(float(logp[0].gather(-1, labels[0][:, None]).sum()))
   return out
+
+
+class Server:
+  """`main.py --mode=serve --workdir=RUN` on a free port, stopped on leaving the `with`."""
+
+  def __init__(self, workdir: pathlib.Path, log: pathlib.Path) -> None:
+    self.workdir, self.log = workdir, log
+
+  def __enter__(self) -> Server:
+    import subprocess  # pylint: disable=g-import-not-at-top
+    import sys  # pylint: disable=g-import-not-at-top
+    import time  # pylint: disable=g-import-not-at-top
+    import urllib.request  # pylint: disable=g-import-not-at-top
+
+    import helpers  # pylint: disable=g-import-not-at-top
+    from cluster import free_port  # pylint: disable=g-import-not-at-top
+
+    port = free_port()
+    self.url = f"http://127.0.0.1:{port}"
+    self.proc = subprocess.Popen(
+      [sys.executable, "main.py", "--mode=serve", f"--workdir={self.workdir}", f"--port={port}"],
+      cwd=helpers.REPO,
+      stdout=open(self.log, "w"),  # noqa: SIM115 (closed with the process)
+      stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+      assert self.proc.poll() is None, self.log.read_text()[-4000:]
+      try:
+        with urllib.request.urlopen(self.url + "/health", timeout=10) as response:
+          if json.loads(response.read())["status"] == "ok":
+            return self
+      except OSError:
+        pass
+      time.sleep(0.5)
+    raise AssertionError(f"the server was not ready: {self.log.read_text()[-4000:]}")
+
+  def translate(self, lines: list[str]) -> list[str]:
+    import urllib.request  # pylint: disable=g-import-not-at-top
+
+    request = urllib.request.Request(
+      self.url + "/translate",
+      data=json.dumps({"text": lines}).encode(),
+      headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+      return json.loads(response.read())["translations"]
+
+  def __exit__(self, *exc_info: object) -> None:
+    self.proc.kill()
+    self.proc.wait(60)

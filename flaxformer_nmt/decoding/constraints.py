@@ -34,7 +34,7 @@ _NAMED_MISSING = 20
 
 
 class TermTokenizer(Protocol):
-  def encode(self, text: str) -> list[int]: ...
+  def encode_target(self, text: str) -> list[int]: ...  # terms are target text
 
 
 @dataclasses.dataclass

@@ -146,3 +146,39 @@ def test_export_then_import_is_exact(exported, tmp_path):
   sources = marian_models.demo_pairs("test", 20)
   lines = [s for s, _ in sources]
   assert after_session.translate(lines) == api.load(str(work)).translate(lines)
+
+
+def test_every_command_reads_an_imported_run_without_a_config(tmp_path):
+  """eval (on the user's files), attention, export and serve on an imported run; its export
+  scores in transformers as the model it was imported from."""
+  folder, run = tmp_path / "marian", tmp_path / "run"
+  marian_models.tiny_marian(folder, activation="relu", encoder_layers=1, decoder_layers=2)
+  modes.import_model(str(folder), str(run))
+  sources, targets = _pairs(8)
+  data = tmp_path / "data"
+  data.mkdir()
+  (data / "test.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+  (data / "test.de").write_text("\n".join(targets) + "\n", encoding="utf-8")
+  proc = helpers.run_main(f"--workdir={run}", "--mode=eval")
+  assert proc.returncode == 2
+  assert "an imported model has no data of its own" in proc.stderr.strip().splitlines()[-1]
+  files = ["--config.data.source=files", f"--config.data.dir={data}"]
+  proc = helpers.run_main(f"--workdir={run}", "--mode=eval", *files)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1])["test_sentences"] == 8
+  proc = helpers.run_main(
+    f"--workdir={run}", "--mode=attention", f"--text={sources[0]}", f"--output={tmp_path / 'a'}"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / "a" / "cross_attention.png").stat().st_size > 0
+  out = tmp_path / "again"
+  proc = helpers.run_main(
+    f"--workdir={run}", "--mode=export", "--format=huggingface", f"--output={out}"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  before = marian_models.teacher_forced_log_probs(folder, sources, targets)
+  after = marian_models.teacher_forced_log_probs(out, sources, targets)
+  np.testing.assert_allclose(after, before, rtol=0, atol=1e-5)
+  expected = api.load(str(run)).translate(sources)
+  with marian_models.Server(run, tmp_path / "server.log") as server:
+    assert server.translate(sources) == expected

@@ -173,6 +173,9 @@ class WordPieceTokenizer:
       out += [self._id("\u2581" + word[0])] + [self._id(ch) for ch in word[1:]]
     return out
 
+  def encode_target(self, text: str) -> list[int]:
+    return self.encode(text)
+
   def id_to_piece(self, i: int) -> str:
     return self.pieces.get(int(i), "\u2581?")
 
