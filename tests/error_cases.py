@@ -127,12 +127,6 @@ CASES = [
     trained=False,
   ),
   Case(
-    "fine-tuning with another architecture",
-    fine_tuning("{trained}", "--config.model.num_heads=4"),
-    "trained with model.num_heads=2 where this config has 4",
-    trained=False,
-  ),
-  Case(
     "unknown learning-rate schedule",
     in_trained("--config=configs/demo.py", "--config.optim.schedule=cosine"),
     "config.optim.schedule must be one of ['paper', 'constant'], got 'cosine'",

@@ -101,7 +101,11 @@ def adopt_architecture(config: ml_collections.ConfigDict) -> list[str]:
         config[group][name] = value
         changed.append(f"{field}={value!r}")
   if changed:
-    logging.info("From config.init_from=%s: %s.", config.init_from, ", ".join(changed))
+    logging.warning(
+      "The architecture comes from config.init_from=%s's config.json: %s.",
+      config.init_from,
+      ", ".join(changed),
+    )
   return changed
 
 

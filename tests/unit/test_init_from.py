@@ -6,6 +6,7 @@ import pytest
 
 from flaxformer_nmt import api, errors
 from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.run import selection
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.training import init_from, optim
@@ -45,6 +46,15 @@ def test_bad_sources_are_one_line_before_any_work(tmp_path, change, message):
   assert message.format(tmp=tmp_path) in line and "\n" not in line
   assert "config.init_from=" in line
   assert not (tmp_path / "fine").exists()
+
+
+def test_a_fine_tuning_config_takes_its_sources_architecture(tmp_path):
+  config = _fine_tune_config(str(helpers.SAVED_RUN), **{"model.num_heads": 4})
+  assert selection.adopt_architecture(config) == ["model.num_heads=2"]
+  assert config.model.num_heads == 2
+  source = init_from.check(config, Workdir(str(tmp_path / "fine")))  # no refusal now
+  init_from.check_fits(source, Components(config, Tokenizer(source.vocabulary)))
+  assert selection.adopt_architecture(config) == []  # nothing left to take
 
 
 def test_the_constant_schedule_warms_up_as_the_papers_then_holds():
