@@ -1,7 +1,8 @@
 """Export a trained model to CTranslate2, a C++ inference engine for Transformer translation.
 
 `main.py --mode=export --format=ctranslate2 --output=DIR` writes a CTranslate2 model directory
-(`model.bin`, `config.json`, `shared_vocabulary.json`) plus our `spm.model`, built with
+(`model.bin`, `config.json`, `shared_vocabulary.json`) plus our `spm.model` (an imported model's
+source.spm and target.spm), built with
 CTranslate2's model-spec API (`TransformerSpec`), not with one of its converters: none of them
 reads Flax parameters, and each would assume another toolkit's conventions. What differs from
 CTranslate2's defaults is set by hand:
@@ -10,11 +11,14 @@ CTranslate2's defaults is set by hand:
 - our positional table, given explicitly: sines and cosines *interleave* over the features
   (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos, as the paper indexes them), where CTranslate2's
   built-in sinusoid puts all sines first; a learned table (`positional="learned"`) the same way;
-- layer-norm epsilon 1e-6 (CTranslate2's default is 1e-5);
+- layer-norm epsilon `model.layer_norm_epsilon` (the paper runs' 1e-6; CTranslate2's default is
+  1e-5);
 - embeddings scaled by sqrt(d_model), and one matrix for source, target and the output
   projection (`share_embeddings`), or separate ones;
-- bias-free attention projections (fused Q/K/V for self-attention, K/V for cross-attention, in
-  CTranslate2's [out, in] layout), biased FFN layers;
+- attention projections fused (Q/K/V for self-attention, K/V for cross-attention, in
+  CTranslate2's [out, in] layout), bias-free as the paper's or with `model.attention_bias`;
+  biased FFN layers with `model.activation`; `model.logits_bias` as the projection's bias; the
+  decoder's own depth (`model.num_decoder_layers`): an imported OPUS-MT model exports too;
 - the decoder starts from id 0 (our PAD piece) rather than a BOS token, and EOS is appended to
   every source (`add_source_eos`), as our encoder sees it.
 
@@ -32,7 +36,7 @@ import jax
 import numpy as np
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.data.tokenizer import Vocabulary
 from flaxformer_nmt.model import layers
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 from flaxformer_nmt.model.transformer import TransformerConfig
@@ -49,7 +53,6 @@ QUANTIZATIONS = (
   "float16",
   "bfloat16",
 )
-LAYER_NORM_EPSILON = 1e-6  # model._layer_norm
 
 
 def import_ctranslate2() -> Any:
@@ -87,23 +90,6 @@ def check_model(model: Any) -> None:
       f"into equal widths (d_model / num_heads = {model.d_model // model.num_heads}), so this "
       "model (Table 3 row B) cannot be exported; translate with --mode=translate."
     )
-  # A pretrained model's options (docs/pretrained.md) that this spec does not write; CTranslate2's
-  # own transformers converter reads them from --format=huggingface's folder.
-  options = {
-    "activation": "relu",
-    "attention_bias": False,
-    "logits_bias": False,
-    "layer_norm_epsilon": LAYER_NORM_EPSILON,
-    "num_decoder_layers": 0,
-  }
-  for name, paper in options.items():
-    value = getattr(model, name, paper)
-    if value != paper:
-      raise errors.ConfigError(
-        f"config.model.{name}={value!r}: --format=ctranslate2 writes the paper's model only; "
-        "export with --format=huggingface and convert that with ct2-transformers-converter "
-        "(docs/pretrained.md)."
-      )
 
 
 def check_request(output: str, quantization: str, model: Any = None) -> None:
@@ -142,17 +128,25 @@ def _layer_norm(spec: Any, ln: dict[str, Any]) -> None:
   spec.gamma, spec.beta = _np(ln["scale"]), _np(ln["bias"])
 
 
+def _bias(attn: dict[str, Any], *names: str) -> np.ndarray | None:
+  """The projections' biases, concatenated as their kernels are (None: a paper model has none)."""
+  if f"{names[0]}_bias" not in attn:
+    return None
+  return np.concatenate([_np(attn[f"{name}_bias"]) for name in names])
+
+
 def _self_attention(spec: Any, attn: dict[str, Any], ln: dict[str, Any]) -> None:
   fused = np.concatenate([_np(attn["query"]), _np(attn["key"]), _np(attn["value"])], axis=1)
-  _linear(spec.linear[0], fused)  # [3D, D]
-  _linear(spec.linear[1], attn["out"])
+  _linear(spec.linear[0], fused, _bias(attn, "query", "key", "value"))  # [3D, D]
+  _linear(spec.linear[1], attn["out"], _bias(attn, "out"))
   _layer_norm(spec.layer_norm, ln)
 
 
 def _cross_attention(spec: Any, attn: dict[str, Any], ln: dict[str, Any]) -> None:
-  _linear(spec.linear[0], attn["query"])
-  _linear(spec.linear[1], np.concatenate([_np(attn["key"]), _np(attn["value"])], axis=1))
-  _linear(spec.linear[2], attn["out"])
+  _linear(spec.linear[0], attn["query"], _bias(attn, "query"))
+  kv = np.concatenate([_np(attn["key"]), _np(attn["value"])], axis=1)
+  _linear(spec.linear[1], kv, _bias(attn, "key", "value"))
+  _linear(spec.linear[2], attn["out"], _bias(attn, "out"))
   _layer_norm(spec.layer_norm, ln)
 
 
@@ -176,11 +170,18 @@ def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[
 
   check_model(cfg)
 
+  activations = {
+    "relu": common_spec.Activation.RELU,
+    "swish": common_spec.Activation.SWISH,
+    "silu": common_spec.Activation.SWISH,
+    "gelu": common_spec.Activation.GELU,
+    "gelu_new": common_spec.Activation.GELUTanh,
+  }
   spec = transformer_spec.TransformerSpec.from_config(
-    cfg.num_layers,
+    (cfg.num_layers, cfg.decoder_depth),
     cfg.num_heads,
     pre_norm=cfg.pre_ln,
-    activation=common_spec.Activation.RELU,
+    activation=activations[cfg.activation],
   )
   encoder, decoder = spec.encoder, spec.decoder
   embedding = _np(params["embedding"]["embedding"])  # [V, D]
@@ -195,6 +196,8 @@ def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[
   else:
     decoder.embeddings.weight = _np(params["target_embedding"]["embedding"])
     _linear(decoder.projection, params["logits_dense"]["kernel"])
+  if cfg.logits_bias:
+    decoder.projection.bias = _np(params["logits_bias"])
   if cfg.pre_ln:
     _layer_norm(encoder.layer_norm, params["encoder_norm"])
     _layer_norm(decoder.layer_norm, params["decoder_norm"])
@@ -211,7 +214,7 @@ def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[
 
   spec.register_source_vocabulary(vocabulary)
   spec.register_target_vocabulary(vocabulary)
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   spec.config.unk_token = vocabulary[UNK_ID]
   spec.config.eos_token = vocabulary[EOS_ID]
   spec.config.bos_token = vocabulary[PAD_ID]  # we have no BOS; never added (add_source_bos)
@@ -225,7 +228,7 @@ def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[
 def export_ctranslate2(
   cfg: TransformerConfig,
   params: dict[str, Any],
-  tokenizer: Tokenizer,
+  tokenizer: Vocabulary,
   output: str,
   quantization: str = "float32",
 ) -> dict[str, Any]:
@@ -243,7 +246,11 @@ def export_ctranslate2(
   try:
     os.chmod(staging, 0o755)  # mkdtemp makes it private; a model directory is not
     spec.save(staging)
-    shutil.copyfile(tokenizer.model_path, os.path.join(staging, "spm.model"))
+    if os.path.isdir(tokenizer.model_path):  # an imported model's two SentencePiece models
+      for name in ("source.spm", "target.spm"):
+        shutil.copyfile(os.path.join(tokenizer.model_path, name), os.path.join(staging, name))
+    else:
+      shutil.copyfile(tokenizer.model_path, os.path.join(staging, "spm.model"))
     if os.path.isdir(output):
       os.rmdir(output)  # empty (check_output_dir)
     os.rename(staging, output)

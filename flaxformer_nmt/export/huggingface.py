@@ -1,8 +1,9 @@
 """`--mode=export --format=huggingface`: any run as a transformers Marian model folder.
 
 The folder loads with `MarianMTModel.from_pretrained(DIR)` and `MarianTokenizer.from_pretrained(
-DIR)`, goes to the Hub as it is, and converts to CTranslate2 with its own transformers converter
-(docs/pretrained.md). It holds:
+DIR)` and goes to the Hub as it is. CTranslate2's transformers converter reads it too, but starts
+the decoder from a zero embedding (OPUS-MT's `<pad>` row), which our own runs do not have:
+docs/pretrained.md. It holds:
 
 - config.json: a MarianConfig. Our model fields that transformers has no key for (the layer norms'
   epsilon, the dropout generator, ...) and the run's languages are kept under the extra key

@@ -151,3 +151,51 @@ def test_position_table_interleaves_sines_and_cosines(exported):
   np.testing.assert_allclose(
     table[pos, 1::2], np.cos(pos / 10000 ** (np.arange(d // 2) * 2 / d)), atol=1e-5
   )
+
+
+def test_a_pretrained_models_options_export_and_score_as_ours(tmp_path):
+  """swish, attention biases, a logits bias, epsilon 1e-5 and a shallower decoder (an imported
+  OPUS-MT model's options, docs/pretrained.md): CTranslate2's teacher-forced scores of the
+  export equal ours."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.data import demo  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.decoding import scoring  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.model import transformer  # pylint: disable=g-import-not-at-top
+
+  tok = Tokenizer(str(helpers.SAVED_RUN / "spm.model"))
+  cfg = transformer.TransformerConfig(
+    vocab_size=tok.vocab_size,
+    num_layers=2,
+    num_decoder_layers=1,
+    d_model=32,
+    d_ff=64,
+    num_heads=4,
+    activation="swish",
+    attention_bias=True,
+    logits_bias=True,
+    layer_norm_epsilon=1e-5,
+    max_len=64,
+  )
+  params = jax.device_get(transformer.init_params(cfg, jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(0)  # every weight non-zero and wide, biases included
+  params = jax.tree.map(lambda x: (x + 0.3 * rng.normal(size=x.shape)).astype(np.float32), params)
+  out = tmp_path / "ct2"
+  export.export_ctranslate2(cfg, params, tok, str(out))
+  pairs = demo.make_demo_split("test", 8, 0)
+  sources = [tok.encode(s) + [1] for s, _ in pairs]
+  targets = [tok.encode_target(t) + [1] for _, t in pairs]
+
+  def padded(rows):
+    width = max(map(len, rows))
+    return np.asarray([r + [0] * (width - len(r)) for r in rows], np.int32)
+
+  ours, _ = scoring.token_log_probs(
+    transformer.Transformer(cfg), params, padded(sources), padded(targets)
+  )
+  pieces = [[tok.id_to_piece(i) for i in row[:-1]] for row in sources]
+  target_pieces = [[tok.id_to_piece(i) for i in row[:-1]] for row in targets]
+  results = ctranslate2.Translator(str(out), device="cpu").score_batch(pieces, target_pieces)
+  theirs = [sum(r.log_probs) for r in results]
+  np.testing.assert_allclose(np.asarray(ours), theirs, rtol=0, atol=1e-3)
