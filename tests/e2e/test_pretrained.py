@@ -182,3 +182,26 @@ def test_every_command_reads_an_imported_run_without_a_config(tmp_path):
   expected = api.load(str(run)).translate(sources)
   with marian_models.Server(run, tmp_path / "server.log") as server:
     assert server.translate(sources) == expected
+
+
+def test_a_pytorch_model_bin_imports_as_its_safetensors_do(tmp_path):
+  """Older Hub models have pytorch_model.bin only (a torch state dict, tied tables under each
+  of their names): read with torch (the `hf` extra). transformers 5 saves safetensors only, so
+  the state dict is written as the old ones were."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  folder = tmp_path / "marian"
+  model = marian_models.tiny_marian(folder)
+  binary = tmp_path / "bin"
+  binary.mkdir()
+  torch.save(model.state_dict(), binary / "pytorch_model.bin")
+  assert "lm_head.weight" in model.state_dict()
+  names = ("config.json", "source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
+  for name in names:
+    (binary / name).write_bytes((folder / name).read_bytes())
+  assert (binary / "pytorch_model.bin").is_file() and not (binary / "model.safetensors").exists()
+  modes.import_model(str(folder), str(tmp_path / "a"))
+  modes.import_model(str(binary), str(tmp_path / "b"))
+  a = jax.device_get(api.load(str(tmp_path / "a")).loaded.params)
+  b = jax.device_get(api.load(str(tmp_path / "b")).loaded.params)
+  jax.tree.map(np.testing.assert_array_equal, a, b)

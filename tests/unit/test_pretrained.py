@@ -100,3 +100,35 @@ def test_a_folder_that_is_not_a_marian_vocabulary_is_one_line(tmp_path):
   (tmp_path / "vocab.json").write_text("{}")
   with pytest.raises(errors.DataError, match="not a Marian vocabulary"):
     pair_vocabulary.PairVocabulary(str(tmp_path))
+
+
+def test_a_hub_id_is_downloaded_with_huggingface_hub_and_a_failure_is_one_line(
+  tmp_path, monkeypatch
+):
+  """No network here: huggingface_hub's snapshot_download is stood in for."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.export import importing  # pylint: disable=g-import-not-at-top
+
+  asked = []
+
+  def snapshot_download(repo_id, allow_patterns):
+    asked.append((repo_id, allow_patterns))
+    if repo_id.endswith("missing"):
+      raise OSError("404 Client Error: Repository Not Found\nmore detail")
+    return str(tmp_path)
+
+  hub = types.ModuleType("huggingface_hub")
+  hub.snapshot_download = snapshot_download
+  monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+  assert importing.locate("Helsinki-NLP/opus-mt-en-de") == str(tmp_path)
+  assert asked[0][0] == "Helsinki-NLP/opus-mt-en-de" and "*.safetensors" in asked[0][1]
+  with pytest.raises(errors.ConfigError) as info:
+    importing.locate("Helsinki-NLP/missing")
+  assert str(info.value) == (
+    "--input=Helsinki-NLP/missing: could not download it from the Hub (OSError: 404 Client "
+    "Error: Repository Not Found)."
+  )
+  with pytest.raises(errors.ConfigError, match="no such folder, nor a Hub id"):
+    importing.locate(str(tmp_path / "not" / "here"))
