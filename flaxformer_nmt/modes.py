@@ -305,7 +305,10 @@ def export(
   (export/huggingface.py)."""
   from flaxformer_nmt.export import ctranslate2, huggingface  # their libraries load lazily
 
-  exporter = {"ctranslate2": ctranslate2, "huggingface": huggingface}[fmt]  # as the flag allows
+  exporters = {"ctranslate2": ctranslate2, "huggingface": huggingface}
+  if fmt not in exporters:  # the flag allows no other; the API may
+    raise errors.ConfigError(f"--format={fmt}: choose one of {', '.join(exporters)}.")
+  exporter = exporters[fmt]
   config, run = _begin(config, workdir, "export")
   exporter.check_request(output, quantization, config.model)  # before any work
   loaded = loaded_model.load(config, run, which)

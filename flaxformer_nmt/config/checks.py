@@ -197,10 +197,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _seed(config, "decode.seed")
   if not 0 < dc.top_p <= 1:
     _fail(f"config.decode.top_p must be in (0, 1], got {dc.top_p!r}.")
-  if dc.alignment_layer >= m.num_layers:
+  depth = m.get("num_decoder_layers", 0) or m.num_layers
+  if dc.alignment_layer >= depth:
     _fail(
       f"config.decode.alignment_layer={dc.alignment_layer} names no decoder layer of "
-      f"config.model.num_layers={m.num_layers} (0 .. {m.num_layers - 1}, or -1 for the last)."
+      f"the model's {depth} (0 .. {depth - 1}, or -1 for the last)."
     )
   _in_unit(config, "optim.ema_decay")
   _one_of(config, "best_metric", BEST_METRICS)

@@ -80,6 +80,15 @@ def digest(path: str) -> str:
   return h.hexdigest()
 
 
+def _load_spm(path: str) -> spm.SentencePieceProcessor:
+  try:
+    return spm.SentencePieceProcessor(model_file=path)
+  except (OSError, RuntimeError) as e:  # a torn file, a git-LFS pointer
+    raise errors.DataError(
+      f"{path}: not a SentencePiece model ({str(e).splitlines()[0]})."
+    ) from None
+
+
 class PairVocabulary:
   """Text <-> our ids with a Marian folder's source and target SentencePiece models."""
 
@@ -89,8 +98,8 @@ class PairVocabulary:
       raise errors.DataError(f"{folder}: not a Marian vocabulary (no {', '.join(missing)}).")
     self.model_path = folder
     self.fingerprint = digest(folder)[:16]
-    self._source = spm.SentencePieceProcessor(model_file=os.path.join(folder, "source.spm"))
-    self._target = spm.SentencePieceProcessor(model_file=os.path.join(folder, "target.spm"))
+    self._source = _load_spm(os.path.join(folder, "source.spm"))
+    self._target = _load_spm(os.path.join(folder, "target.spm"))
     vocab = read_vocab_json(os.path.join(folder, "vocab.json"))
     order = marian_order(vocab)
     self.marian_ids = order  # ours -> Marian

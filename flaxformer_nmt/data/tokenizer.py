@@ -262,14 +262,14 @@ def load_or_train_tokenizer(
   if process_index != 0:
     logging.info("Process %d: waiting for process 0 to write %s...", process_index, path)
     deadline = time.time() + _WAIT_TIMEOUT_S
-    while not os.path.isfile(path):
+    while not vocabulary_exists(path):
       if time.time() > deadline:
         raise errors.ConfigError(
           f"Process {process_index}: {path} did not appear; is --workdir on a filesystem all "
           "processes share?"
         )
       time.sleep(_WAIT_POLL_S)
-    return check_symbols(Tokenizer(path), user_symbols)
+    return check_symbols(open_vocabulary(path), user_symbols)
   if sentences_fn is not None:
     sentences = sentences_fn()
   else:

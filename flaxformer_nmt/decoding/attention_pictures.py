@@ -52,8 +52,9 @@ def attention_maps(
   sown = state["intermediates"]
   maps: dict[str, list[np.ndarray]] = {kind: [] for kind in KINDS}
   for i in range(model.cfg.num_layers):
-    enc, dec = sown[f"encoder_{i}"], sown[f"decoder_{i}"]
-    maps["encoder_self_attention"].append(_weights(enc["self_attention"]))
+    maps["encoder_self_attention"].append(_weights(sown[f"encoder_{i}"]["self_attention"]))
+  for i in range(model.cfg.decoder_depth):  # an imported model's decoder may differ in depth
+    dec = sown[f"decoder_{i}"]
     maps["decoder_self_attention"].append(_weights(dec["self_attention"]))
     maps["cross_attention"].append(_weights(dec["cross_attention"]))
   return {kind: np.stack(ws) for kind, ws in maps.items()}

@@ -325,7 +325,7 @@ def make_translator(
   layer = -1
   if alignments:
     setting = int(decode_config.get("alignment_layer", -1))
-    layer = alignments_lib.alignment_layer(setting, model.cfg.num_layers)
+    layer = alignments_lib.alignment_layer(setting, model.cfg.decoder_depth)
   search = decode.SearchConfig.from_config(
     decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
   )

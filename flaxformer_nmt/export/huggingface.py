@@ -45,6 +45,7 @@ from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.data.tokenizer import Vocabulary
 from flaxformer_nmt.export import marian
+from flaxformer_nmt.export.ctranslate2 import check_output_dir  # the one rule for --output
 from flaxformer_nmt.model.transformer import TransformerConfig
 
 EXTRA_KEY = "flaxformer_nmt"  # config.json's key for what transformers has no key for
@@ -71,8 +72,7 @@ def check_request(output: str, quantization: str, model: ml_collections.ConfigDi
     what = f"model.d_k={model.d_k} (Marian's heads are d_model / num_heads wide)"
   if what:
     raise errors.ConfigError(f"--format=huggingface cannot express {what}.")
-  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-    raise errors.ConfigError(f"--output={output}: exists and is not an empty folder.")
+  check_output_dir(output)
 
 
 def marian_vocab(tokenizer: Vocabulary) -> dict[str, int]:
@@ -253,6 +253,7 @@ def export_huggingface(
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
   try:
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; a model folder is not
     save_file(state, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
     docs = {
       "config.json": marian_config(cfg, config, vocab),

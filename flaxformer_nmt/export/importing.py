@@ -44,6 +44,23 @@ from flaxformer_nmt.runtime import files
 
 IMPORT_RECORD = "import.json"
 _HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.json"]
+# What a Marian config.json must say, and what MarianConfig assumes where it is silent
+# (configuration_marian.py).
+_REQUIRED = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim")
+_DEFAULTS = {
+  "activation_function": "gelu",
+  "max_position_embeddings": 1024,
+  "dropout": 0.1,
+  "encoder_attention_heads": 16,
+  "decoder_attention_heads": 16,
+  "decoder_ffn_dim": 4096,
+}
+
+
+def _get(hf: dict[str, Any], key: str) -> Any:
+  return hf.get(key, _DEFAULTS.get(key))
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _OPUS_NAME = re.compile(r"opus-mt-(?:tc-[a-z]+-)?([a-z]{2,3})-([a-z]{2,3})$")
 
@@ -62,7 +79,10 @@ def locate(source: str) -> str:
       f'--input={source}: a Hub id needs huggingface_hub (pip install -e ".[hf]").'
     ) from None
   try:
-    return snapshot_download(source, allow_patterns=_HUB_FILES)
+    folder = snapshot_download(source, allow_patterns=_HUB_FILES)
+    if not os.path.isfile(os.path.join(folder, "model.safetensors")):  # an older repo
+      folder = snapshot_download(source, allow_patterns=[*_HUB_FILES, "pytorch_model.bin"])
+    return folder
   except Exception as e:  # noqa: BLE001  # offline, unknown repo, no permission: all one line
     raise errors.ConfigError(
       f"--input={source}: could not download it from the Hub ({type(e).__name__}: "
@@ -88,16 +108,19 @@ def check_marian(hf: dict[str, Any], where: str) -> None:
       f"{where}: model_type is {hf.get('model_type')!r}; --mode=import reads Marian models."
     )
 
+  missing = [k for k in _REQUIRED if k not in hf]
+  if missing:
+    raise errors.DataError(f"{where}: has no {missing[0]!r}; not a complete Marian config.")
+
   def refuse(what: str) -> None:
     raise errors.ConfigError(f"{where}: {what}; this model has no such option.")
 
-  if hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads"):
+  if _get(hf, "encoder_attention_heads") != _get(hf, "decoder_attention_heads"):
     refuse("the encoder and decoder have different numbers of attention heads")
-  if hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"):
+  if _get(hf, "encoder_ffn_dim") != _get(hf, "decoder_ffn_dim"):
     refuse("the encoder and decoder have different feed-forward widths")
-  if not hf.get("share_encoder_decoder_embeddings", True) or hf.get(
-    "decoder_vocab_size", hf.get("vocab_size")
-  ) != hf.get("vocab_size"):
+  decoder_vocab = hf.get("decoder_vocab_size") or hf["vocab_size"]  # null: the same
+  if not hf.get("share_encoder_decoder_embeddings", True) or decoder_vocab != hf["vocab_size"]:
     refuse("the source and target have separate vocabularies")
   if not hf.get("scale_embedding", False):
     refuse("scale_embedding is false (unscaled embeddings)")
@@ -105,7 +128,7 @@ def check_marian(hf: dict[str, Any], where: str) -> None:
     refuse("its layer norms come before the sub-layers")
   if hf.get("static_position_embeddings") is False:
     refuse("its positions are learned")
-  if hf.get("activation_function", "swish") not in ACTIVATIONS:
+  if _get(hf, "activation_function") not in ACTIVATIONS:
     refuse(f"its activation is {hf.get('activation_function')!r}")
   if int(hf.get("d_model", 0)) % 2:
     refuse("d_model is odd")
@@ -138,12 +161,12 @@ def make_config(
   decoder = int(hf["decoder_layers"])
   m.num_decoder_layers = 0 if decoder == m.num_layers else decoder
   m.d_model, m.d_ff = int(hf["d_model"]), int(hf["encoder_ffn_dim"])
-  m.num_heads = int(hf["encoder_attention_heads"])
-  m.max_len = int(hf.get("max_position_embeddings", 512))
-  m.activation = str(hf.get("activation_function", "swish"))
+  m.num_heads = int(_get(hf, "encoder_attention_heads"))
+  m.max_len = int(_get(hf, "max_position_embeddings"))
+  m.activation = str(_get(hf, "activation_function"))
   m.attention_bias, m.logits_bias = True, True
   m.layer_norm_epsilon = huggingface.TRANSFORMERS_EPSILON
-  m.dropout_rate = float(hf.get("dropout", 0.1))
+  m.dropout_rate = float(_get(hf, "dropout"))
   m.attention_dropout_rate = float(hf.get("attention_dropout", 0.0))
   m.relu_dropout_rate = float(hf.get("activation_dropout", 0.0))
   # A run of ours exported and imported again gets its own fields back (the biases stay: they
@@ -193,7 +216,10 @@ def _state_dict(folder: str) -> dict[str, np.ndarray]:
       f'{path}: reading pytorch_model.bin needs torch (pip install -e ".[hf]"), or give a '
       "folder with model.safetensors."
     ) from None
-  sd = torch.load(path, map_location="cpu", weights_only=True)
+  try:
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # noqa: BLE001  # a torn file, a git-LFS pointer, a pickle of code
+    raise errors.DataError(f"{path}: not a torch state dict ({type(e).__name__}).") from None
   return {k: v.float().numpy() for k, v in sd.items()}
 
 
@@ -275,7 +301,8 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
     raise errors.DataError(f"{folder}: has no weight {e.args[0]}.") from None
   components = Components(config, vocabulary)
   _check_shapes(params, components.abstract_params, folder)
-  fresh = not os.path.exists(workdir)
+  existed = os.path.isdir(workdir)  # empty, or it holds no run (config.json: refused above)
+  before = set(os.listdir(workdir)) if existed else set()
   run.create()
   try:
     run.copy_vocabulary(folder)
@@ -290,8 +317,13 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
     run.write_config(config)  # last: a folder with config.json is a complete run
     run.write_run_record("", {"kind": "imported", "source": source})
   except BaseException:
-    if fresh:  # nothing half-made is left to be taken for a run
+    # Nothing half-made is left to be taken for a run: what this call made goes.
+    if not existed:
       shutil.rmtree(workdir, ignore_errors=True)
+    else:
+      for name in set(os.listdir(workdir)) - before:
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     raise
   return {
     "mode": "import",

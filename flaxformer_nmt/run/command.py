@@ -56,9 +56,16 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
     absolute_paths(config)
   if saved is not None:
     absolute_paths(saved, saved=run.config_path)
-  if mode == "train" and config is not None and config.get("init_from"):
-    selection.adopt_architecture(config)  # before the reconcile: a resume compares them
+  if mode == "train" and saved is not None and run.imported():
+    raise errors.ConfigError(
+      f"--workdir={workdir} holds an imported model, which is not trained in place: fine-tune "
+      f"it into a new workdir with --config.init_from={workdir}."
+    )
   resuming = mode == "train" and bool(run.training_steps())
+  if mode == "train" and config is not None and config.get("init_from"):
+    # Before the reconcile, which compares them. A resume takes them from its own config.json
+    # (the source is not read again: it may have moved).
+    selection.adopt_architecture(config, saved.to_dict() if saved is not None else None)
   if saved is not None and (config is None or mode != "train" or resuming):
     recorded = run.training_data() if resuming else None
     try:

@@ -233,6 +233,10 @@ class Workdir:
     except (OSError, ValueError):
       return {}
 
+  def imported(self) -> bool:
+    """Whether the run was made by --mode=import (run.json's training data says so)."""
+    return (self.run_record().get("training_data") or {}).get("kind") == "imported"
+
   def training_data(self) -> dict[str, Any] | None:
     """The fingerprint of the data the run trained on (run/identity.py), if it recorded one."""
     return self.run_record().get("training_data")

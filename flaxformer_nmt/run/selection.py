@@ -84,14 +84,18 @@ ADOPTED = tuple(f"model.{f}" for f in (*ARCHITECTURE, "size", "max_len")) + (
 )
 
 
-def adopt_architecture(config: ml_collections.ConfigDict) -> list[str]:
-  """Sets the ADOPTED fields of `config` to those of the run config.init_from names (its folder,
-  or the run above its checkpoints/, averaged/ or best/), so an imported model's architecture
-  need not be restated; returns the fields that changed, which are logged."""
-  path = os.path.normpath(config.init_from)
-  if os.path.basename(path) in ("checkpoints", "averaged", "best"):
-    path = os.path.dirname(path) or "."
-  saved = Workdir(path).saved_config()
+def adopt_architecture(
+  config: ml_collections.ConfigDict, saved: dict[str, Any] | None = None
+) -> list[str]:
+  """Sets the ADOPTED fields of `config` to those of `saved` (a resumed run's own config), else
+  of the run config.init_from names (its folder, or the run above its checkpoints/, averaged/ or
+  best/), so an imported model's architecture need not be restated; returns the fields that
+  changed, which are logged."""
+  if saved is None:
+    path = os.path.normpath(config.init_from)
+    if os.path.basename(path) in ("checkpoints", "averaged", "best"):
+      path = os.path.dirname(path) or "."
+    saved = Workdir(path).saved_config()
   changed = []
   for field in ADOPTED:
     group, name = field.split(".")

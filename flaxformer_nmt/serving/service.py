@@ -187,8 +187,11 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
     on_batch=backend.batch_hook,
   )
   cfg = loaded.components.model_cfg
+  depth = f"{cfg.num_layers}" + (
+    f" + {cfg.decoder_depth}" if cfg.decoder_depth != cfg.num_layers else ""
+  )
   details = {
-    "model": f"{loaded.components.config.model.size}: {cfg.num_layers} layers, d_model "
+    "model": f"{loaded.components.config.model.size}: {depth} layers, d_model "
     f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_heads} heads"
     + (f", d_k {cfg.d_k}" if cfg.d_k else ""),
     "vocab_size": loaded.components.tokenizer.vocab_size,

@@ -127,6 +127,8 @@ def test_the_export_loads_in_transformers_and_decodes_as_ours(exported):
   print(f"greedy agreement {agree:.3f} on {len(sources)} lines; largest score difference {largest}")
   print("three lines:", list(zip(sources[:3], theirs[:3], strict=True)))
   assert agree >= 0.95
+  # Only the layer norms' epsilon differs (ours 1e-6, transformers' 1e-5): 6e-5 was measured.
+  assert largest < 1e-3, largest
 
 
 def test_export_then_import_is_exact(exported, tmp_path):

@@ -66,3 +66,30 @@ def test_the_constant_schedule_warms_up_as_the_papers_then_holds():
   assert float(constant(3999)) == pytest.approx(peak, rel=1e-6)
   assert float(constant(100_000)) == pytest.approx(peak, rel=1e-6)
   assert float(paper(100_000)) < peak / 4
+
+
+def test_a_resumed_fine_tuning_run_takes_its_architecture_from_its_own_config(tmp_path):
+  """Its source is not read again (it may have moved): the run's config.json decides."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.run import command  # pylint: disable=g-import-not-at-top
+
+  work = tmp_path / "fine"
+  shutil.copytree(helpers.SAVED_RUN, work)
+  config = _fine_tune_config(str(tmp_path / "moved_away"), **{"model.num_heads": 4})
+  run = command.open_run(config, str(work), "train")
+  assert run.config.model.num_heads == 2
+
+
+def test_an_imported_run_is_not_trained_in_place(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.run import command  # pylint: disable=g-import-not-at-top
+
+  work = tmp_path / "imported"
+  shutil.copytree(helpers.SAVED_RUN, work)
+  (work / "run.json").write_text(json.dumps({"training_data": {"kind": "imported"}}))
+  config = api.load_config("demo", helpers.saved_run_overrides())
+  with pytest.raises(errors.ConfigError, match="holds an imported model, which is not trained"):
+    command.open_run(config, str(work), "train")

@@ -132,3 +132,42 @@ def test_a_hub_id_is_downloaded_with_huggingface_hub_and_a_failure_is_one_line(
   )
   with pytest.raises(errors.ConfigError, match="no such folder, nor a Hub id"):
     importing.locate(str(tmp_path / "not" / "here"))
+
+
+def test_a_hand_built_marian_table_lands_where_the_ids_and_features_say():
+  """Marian's row m, feature k is our row `order^-1[m]`, feature 2k (a sine) or 2(k - D/2) + 1:
+  written out by hand, apart from the conversion's own index arithmetic."""
+  vocab, d = 6, 4  # Marian ids: </s> 0, <unk> 1, a 2, b 3, c 4, <pad> 5
+  shared = np.arange(vocab * d, dtype=np.float32).reshape(vocab, d)
+  sd = {
+    "model.shared.weight": shared,
+    "final_logits_bias": np.arange(vocab, dtype=np.float32)[None],
+  }
+  order = pair_vocabulary.marian_order({"</s>": 0, "<unk>": 1, "a": 2, "b": 3, "c": 4, "<pad>": 5})
+  ours = marian.to_ours(sd, order, 0, 0)
+  table = ours["embedding"]["embedding"]
+  rows = {PAD_ID: 5, EOS_ID: 0, UNK_ID: 1, 3: 2, 4: 3, 5: 4}  # our id: Marian id
+  for our_id, marian_id in rows.items():
+    m = shared[marian_id]
+    np.testing.assert_array_equal(table[our_id], [m[0], m[2], m[1], m[3]])
+    assert ours["logits_bias"][our_id] == marian_id
+
+
+def test_attention_pictures_and_alignments_follow_the_decoders_own_depth():
+  from flaxformer_nmt.config import builders  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.decoding import attention_pictures  # pylint: disable=g-import-not-at-top
+
+  cfg = TransformerConfig(
+    vocab_size=20, num_layers=1, num_decoder_layers=3, d_model=8, d_ff=16, num_heads=2
+  )
+  params = _random_params(cfg)
+  maps = attention_pictures.attention_maps(Transformer(cfg), params, [5, 6, EOS_ID], [7, EOS_ID])
+  assert maps["encoder_self_attention"].shape[0] == 1
+  assert maps["decoder_self_attention"].shape[0] == maps["cross_attention"].shape[0] == 3
+  config = builders.base_config("tiny")
+  config.model.update(num_layers=1, num_decoder_layers=3)
+  config.decode.alignment_layer = 2
+  builders.validate(config)  # the decoder's last layer
+  config.decode.alignment_layer = 3
+  with pytest.raises(errors.ConfigError, match="names no decoder layer of the model's 3"):
+    builders.validate(config)
