@@ -19,6 +19,7 @@ from error_setups import (
   copy_trained,
   data_dir_under_a_file,
   fine_tuning,
+  importing,
   in_trained,
   in_trained_before_config_json,
   kept_none,
@@ -125,6 +126,25 @@ CASES = [
     fine_tuning("{base}/not_a_run"),
     "/not_a_run: not a trained workdir",
     trained=False,
+  ),
+  Case(
+    "import of a model with an option this one has not",
+    importing(decoder_ffn_dim=1024),
+    "the encoder and decoder have different feed-forward widths; this model has no such option",
+    trained=False,
+  ),
+  Case(
+    "import of a folder that is not a Marian model",
+    importing(model_type="bart"),
+    "model_type is 'bart'; --mode=import reads Marian models",
+    trained=False,
+  ),
+  Case(
+    "export to transformers over a folder",
+    in_trained(
+      "--config=configs/demo.py", "--mode=export", "--format=huggingface", "--output={base}"
+    ),
+    "already exists and is not an empty directory",
   ),
   Case(
     "unknown learning-rate schedule",
@@ -349,8 +369,11 @@ def run_mode(args: list[str]) -> None:
   flag = dict(a[2:].split("=", 1) for a in args)
   overrides = {k[len("config.") :]: _value(v) for k, v in flag.items() if k.startswith("config.")}
   parallel.maybe_initialize_distributed("auto")
-  config = api.load_config(flag["config"], overrides)
   workdir, mode = flag["workdir"], flag.get("mode", "train")
+  if mode == "import":  # reads no config (cli.main: the model's own)
+    modes.import_model(flag["input"], workdir)
+    raise AssertionError("--mode=import got past its checks")
+  config = api.load_config(flag["config"], overrides)
   members = tuple(m for m in flag.get("ensemble", "").split(",") if m)
   which = flag.get("checkpoint", "auto")
   if mode == "train":

@@ -212,3 +212,30 @@ def busy_port() -> int:
   held.listen()
   _HELD.append(held)
   return held.getsockname()[1]
+
+
+def importing(**config: object) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """--mode=import of a folder whose config.json is a Marian model's (OPUS-MT's sizes) with
+  `config` changed; the run it would make is new."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    del trained
+    folder = base / "marian"
+    folder.mkdir()
+    marian = {
+      "model_type": "marian",
+      "vocab_size": 58101,
+      "d_model": 512,
+      "encoder_layers": 6,
+      "decoder_layers": 6,
+      "encoder_attention_heads": 8,
+      "decoder_attention_heads": 8,
+      "encoder_ffn_dim": 2048,
+      "decoder_ffn_dim": 2048,
+      "activation_function": "swish",
+      "scale_embedding": True,
+    }
+    (folder / "config.json").write_text(json.dumps({**marian, **config}))
+    return [f"--workdir={base / 'imported'}", "--mode=import", f"--input={folder}"]
+
+  return setup
