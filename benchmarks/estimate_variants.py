@@ -37,7 +37,9 @@ _VARIANT = flags.DEFINE_string("variant", None, "bf16_residual, lse_backward or 
 
 
 def _bf16_residual() -> None:
-  model._layer_norm = lambda name: nn.LayerNorm(epsilon=1e-6, dtype=jnp.bfloat16, name=name)  # pylint: disable=protected-access
+  model._layer_norm = lambda cfg, name: nn.LayerNorm(  # pylint: disable=protected-access
+    epsilon=cfg.layer_norm_epsilon, dtype=jnp.bfloat16, name=name
+  )
   embed = model.Transformer._embed  # pylint: disable=protected-access
   model.Transformer._embed = lambda self, table, tokens: embed(self, table, tokens).astype(  # pylint: disable=protected-access
     jnp.bfloat16
