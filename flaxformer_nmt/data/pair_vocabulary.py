@@ -84,9 +84,8 @@ def _load_spm(path: str) -> spm.SentencePieceProcessor:
   try:
     return spm.SentencePieceProcessor(model_file=path)
   except (OSError, RuntimeError) as e:  # a torn file, a git-LFS pointer
-    raise errors.DataError(
-      f"{path}: not a SentencePiece model ({str(e).splitlines()[0]})."
-    ) from None
+    detail = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    raise errors.DataError(f"{path}: not a SentencePiece model ({detail}).") from None
 
 
 class PairVocabulary:

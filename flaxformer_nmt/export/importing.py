@@ -314,8 +314,8 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
     }
     files.write_text(run.join(IMPORT_RECORD), json.dumps(record, indent=2) + "\n")
     selection.save_imported(run, params, source)
-    run.write_config(config)  # last: a folder with config.json is a complete run
     run.write_run_record("", {"kind": "imported", "source": source})
+    run.write_config(config)  # last: a folder with config.json is a complete run
   except BaseException:
     # Nothing half-made is left to be taken for a run: what this call made goes.
     if not existed:

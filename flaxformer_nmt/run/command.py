@@ -65,7 +65,7 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   if mode == "train" and config is not None and config.get("init_from"):
     # Before the reconcile, which compares them. A resume takes them from its own config.json
     # (the source is not read again: it may have moved).
-    selection.adopt_architecture(config, saved.to_dict() if saved is not None else None)
+    selection.adopt_architecture(config, saved.to_dict() if resuming and saved else None)
   if saved is not None and (config is None or mode != "train" or resuming):
     recorded = run.training_data() if resuming else None
     try:

@@ -234,8 +234,10 @@ class Workdir:
       return {}
 
   def imported(self) -> bool:
-    """Whether the run was made by --mode=import (run.json's training data says so)."""
-    return (self.run_record().get("training_data") or {}).get("kind") == "imported"
+    """Whether the run was made by --mode=import (run.json's training data says so, or its
+    import.json is there)."""
+    kind = (self.run_record().get("training_data") or {}).get("kind")
+    return kind == "imported" or os.path.isfile(self.join("import.json"))
 
   def training_data(self) -> dict[str, Any] | None:
     """The fingerprint of the data the run trained on (run/identity.py), if it recorded one."""

@@ -91,11 +91,13 @@ def adopt_architecture(
   of the run config.init_from names (its folder, or the run above its checkpoints/, averaged/ or
   best/), so an imported model's architecture need not be restated; returns the fields that
   changed, which are logged."""
+  where = "this run's own config.json (a resume)"
   if saved is None:
     path = os.path.normpath(config.init_from)
     if os.path.basename(path) in ("checkpoints", "averaged", "best"):
       path = os.path.dirname(path) or "."
     saved = Workdir(path).saved_config()
+    where = f"config.init_from={config.init_from}'s config.json"
   changed = []
   for field in ADOPTED:
     group, name = field.split(".")
@@ -105,11 +107,7 @@ def adopt_architecture(
         config[group][name] = value
         changed.append(f"{field}={value!r}")
   if changed:
-    logging.warning(
-      "The architecture comes from config.init_from=%s's config.json: %s.",
-      config.init_from,
-      ", ".join(changed),
-    )
+    logging.warning("The architecture comes from %s: %s.", where, ", ".join(changed))
   return changed
 
 
