@@ -33,7 +33,8 @@ print(f"hf: Python {sys.version.split()[0]}, jax {jax.__version__}, torch {torch
       f"transformers {transformers.__version__}, safetensors {safetensors.__version__}")
 PY
 echo "hf: venv $venv, $(du -sh "$venv" | cut -f1)"
-# One process (-n 0), so that the figures the tests print (-s) reach the log; transformers' and
+# Two workers; -rP prints what each passing test printed (its figures: score differences, greedy
+# agreement) in the summary, which xdist would otherwise drop. transformers' and
 # huggingface_hub's progress bars stay off.
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-python -m pytest -q -s -n 0 -m hf tests/e2e/test_pretrained.py "$@"
+python -m pytest -q -rP -n 2 -m hf tests/e2e/test_pretrained.py "$@"
