@@ -29,6 +29,7 @@ import sentencepiece as spm
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.runtime import files
 
 # The files of a Marian vocabulary, in a folder (a transformers model folder, or a run's
 # `vocabulary/`).
@@ -72,12 +73,10 @@ def marian_order(vocab: dict[str, int]) -> np.ndarray:
 def digest(path: str) -> str:
   """A vocabulary's identity: SHA-256 of a SentencePiece model file, or of a Marian folder's
   three files (nothing else in the folder counts: a model folder and a run's copy agree)."""
-  h = hashlib.sha256()
-  names = [os.path.join(path, f) for f in FILES] if os.path.isdir(path) else [path]
-  for name in names:
-    with open(name, "rb") as f:
-      h.update(f.read())
-  return h.hexdigest()
+  if not os.path.isdir(path):
+    return files.sha256(path)
+  parts = "".join(files.sha256(os.path.join(path, name)) for name in FILES)
+  return hashlib.sha256(parts.encode()).hexdigest()
 
 
 def _load_spm(path: str) -> spm.SentencePieceProcessor:

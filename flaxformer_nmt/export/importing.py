@@ -20,7 +20,6 @@ widths, separate vocabularies, unscaled embeddings) is one line, before anything
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -252,13 +251,8 @@ def _check_shapes(params: Any, template: Any, where: str) -> None:
 
 
 def _digests(folder: str) -> dict[str, str]:
-  out = {}
-  for name in sorted(os.listdir(folder)):
-    path = os.path.join(folder, name)
-    if os.path.isfile(path):
-      with open(path, "rb") as f:
-        out[name] = hashlib.sha256(f.read()).hexdigest()
-  return out
+  names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
+  return {name: files.sha256(os.path.join(folder, name)) for name in names}
 
 
 def import_marian(source: str, workdir: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ the content matches: that is how a moved run is pointed at its data again.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
@@ -25,17 +24,9 @@ import ml_collections
 
 from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import multilingual, sources
+from flaxformer_nmt.runtime import files
 
 VERSION = 1
-_CHUNK = 1 << 20
-
-
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def _file(path: str, known: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -48,7 +39,7 @@ def _file(path: str, known: dict[str, dict[str, Any]]) -> dict[str, Any]:
   if old and old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
     entry["sha256"] = old["sha256"]
   else:
-    entry["sha256"] = _sha256(path)
+    entry["sha256"] = files.sha256(path)
   return entry
 
 

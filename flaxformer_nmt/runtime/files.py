@@ -49,14 +49,14 @@ def atomic_path(path: str) -> Iterator[str]:
       os.remove(tmp)
 
 
-def same_bytes(a: str, b: str) -> bool:
-  """Whether two files hold the same bytes (vocabularies of two runs)."""
-
-  def digest(path: str) -> str:
-    with open(path, "rb") as f:
-      return hashlib.sha256(f.read()).hexdigest()
-
-  return digest(a) == digest(b)
+def sha256(path: str) -> str:
+  """A file's SHA-256 (hex), read in 1 MiB chunks: the one digest of a file the stages use
+  (vocabularies, training data, an imported model's files)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 def check_output_file(path: str, flag: str) -> None:
