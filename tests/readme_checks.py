@@ -67,7 +67,7 @@ def rescored(box: readme_sandbox.Sandbox, text: str, result: dict, name: str) ->
   from flaxformer_nmt import api  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.data import sources  # pylint: disable=g-import-not-at-top
 
-  from error_cases import _value  # pylint: disable=g-import-not-at-top
+  from error_runner import _value  # pylint: disable=g-import-not-at-top
 
   words = shlex.split(text) + readme.DEMO
   overrides = dict(w[len("--config.") :].split("=", 1) for w in words if w.startswith("--config."))

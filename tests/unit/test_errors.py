@@ -20,7 +20,8 @@ from absl import flags
 from flaxformer_nmt import cli, errors
 
 import helpers
-from error_cases import CASES, FLAG_CASES, arguments, run_mode
+from error_cases import CASES, FLAG_CASES, arguments
+from error_runner import run_mode
 
 ERRORS_PAGE = helpers.REPO / "docs" / "errors.md"
 
