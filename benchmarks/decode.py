@@ -30,7 +30,6 @@ the remaining steps at that rate.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Any
@@ -41,10 +40,10 @@ import numpy as np
 from absl import app, flags, logging
 
 from flaxformer_nmt.benchmarking import record
+from flaxformer_nmt.benchmarking.fixed_decode import decode_fixed
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.config import choices
 from flaxformer_nmt.decoding import beam_search, decode, token_loop
-from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.model.tokens import EOS_ID
 from flaxformer_nmt.model.transformer import (
   Transformer,
@@ -123,25 +122,6 @@ def time_ctranslate2(
 
   first = run()
   return float(np.median([run() for _ in range(repeats)])), first
-
-
-@functools.partial(jax.jit, static_argnames=("model", "search"))
-def decode_fixed(
-  model: Transformer, params: Any, inputs: jax.Array, search: decode.SearchConfig
-) -> search_lib.SearchResult:
-  """`decode.decode_batch` with EOS impossible: every sentence runs to its maximum length."""
-  model_step, max_lengths, max_decode_len = decode.prepare_search(model, params, inputs, search)
-
-  def step(cache: search_lib.Cache, ids: jax.Array) -> tuple[jax.Array, search_lib.Cache]:
-    logits, cache = model_step(cache, ids)  # [rows, vocab]
-    return logits.at[:, EOS_ID].set(-jnp.inf), cache
-
-  if search.method == "beam" and search.beam_size == 1 and search.style == "t2t":
-    search = dataclasses.replace(search, method="greedy")  # as decode_batch: t2t's beam 1
-  members = len(params.members) if isinstance(params, decode.Ensemble) else None
-  return decode.run_search(
-    model, step, max_lengths, inputs.shape, max_decode_len, search, members=members
-  )
 
 
 class _LaxWithLoop:

@@ -34,7 +34,7 @@ import ast
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -210,31 +210,42 @@ def estimate_main() -> None:
   record.report(out)
 
 
-def _apply_overrides(c: Any) -> None:
+def _apply_overrides(c: Any, overrides: list[str] | None = None) -> None:
   """--set=path=value onto the config (a value starting with a letter is a string)."""
-  for override in FLAGS.set:
+  for override in FLAGS.set if overrides is None else overrides:
     path, _, text = override.partition("=")
-    config_lib.set_field(
-      c, path, ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
-    )
+    config_lib.set_field(c, path, parse_value(text))
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  if FLAGS.target != "host":
-    estimate_main()
-    return
-  c = config_lib.base_config(FLAGS.size)
-  c.model.dtype, c.model.remat = FLAGS.dtype, FLAGS.remat
-  if FLAGS.dropout_percent >= 0:
-    c.model.dropout_rate = FLAGS.dropout_percent / 100
-  _apply_overrides(c)  # e.g. optim.ema_decay=0.999: what the parameter average costs a step
-  cfg = TransformerConfig.from_config(c.model, FLAGS.vocab_size, auto_dtype=parallel.auto_dtype())
+def parse_value(text: str) -> Any:
+  """A --set value: a Python literal, or a string where it starts with a letter."""
+  return ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
+
+
+class Step(NamedTuple):
+  """One size's real pmapped train step, its replicated state and packed batches, ready to time."""
+
+  p_step: Any  # jax.pmap(steps.train_step), the state donated
+  state: Any  # replicated TrainState
+  batches: list[Any]  # sharded host batches, [devices, rows / devices, max_len] each
+  cfg: TransformerConfig
+  params: Any  # the unreplicated initial parameters
+  rows: int
+  accumulate_steps: int
+
+
+def build_step(
+  c: Any, vocab_size: int, tokens_per_step: int, max_len: int, accumulate_steps: int, batches: int
+) -> Step:
+  """The step as training builds it (optim, loss scale, pmap over every local device), on
+  `batches` packed random batches of about `tokens_per_step` target tokens; also used by
+  ab_step.py and profile_step.py, so all three time the same program."""
+  cfg = TransformerConfig.from_config(c.model, vocab_size, auto_dtype=parallel.auto_dtype())
   model = Transformer(cfg)
   tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
   n_dev = jax.local_device_count()
-  k = FLAGS.accumulate_steps
-  rows = max(FLAGS.tokens_per_step // FLAGS.max_len // (n_dev * k), 1) * n_dev * k
+  k = accumulate_steps
+  rows = max(tokens_per_step // max_len // (n_dev * k), 1) * n_dev * k
   params = jax.jit(lambda r: init_params(cfg, r))(jax.random.PRNGKey(0))
   scale = loss_scale.initial(c.optim) if cfg.dtype == jnp.float16 else None
   state = parallel.replicate(
@@ -248,9 +259,51 @@ def main(argv: list[str]) -> None:
     label_smoothing=c.label_smoothing,
     accumulate_steps=k,
   )
-  batches = [
-    parallel.shard(_batch(rows, FLAGS.max_len, FLAGS.vocab_size, s), n_dev) for s in range(2)
-  ]
+  host = [parallel.shard(_batch(rows, max_len, vocab_size, s), n_dev) for s in range(batches)]
+  return Step(p_step, state, host, cfg, params, rows, k)
+
+
+def step_flops(
+  cfg: TransformerConfig, vocab_size: int, tokens: int, max_len: int, n_dev: int
+) -> float:
+  """The step's analytic FLOPs per device, like XLA's figure: each device runs rows / n_dev rows."""
+  return flop_count.train_step_flops(
+    num_layers=cfg.num_layers,
+    d_model=cfg.d_model,
+    d_ff=cfg.d_ff,
+    vocab_size=vocab_size,
+    src_tokens=tokens // n_dev,
+    tgt_tokens=tokens // n_dev,
+    row_len=max_len,
+    d_qk=cfg.num_heads * cfg.d_k,
+  )
+
+
+def config_for_flags() -> Any:
+  """The size's config with --dtype, --remat, --dropout_percent and --set applied."""
+  c = config_lib.base_config(FLAGS.size)
+  c.model.dtype, c.model.remat = FLAGS.dtype, FLAGS.remat
+  if FLAGS.dropout_percent >= 0:
+    c.model.dropout_rate = FLAGS.dropout_percent / 100
+  _apply_overrides(c)  # e.g. optim.ema_decay=0.999: what the parameter average costs a step
+  return c
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if FLAGS.target != "host":
+    estimate_main()
+    return
+  b = build_step(
+    config_for_flags(),
+    FLAGS.vocab_size,
+    FLAGS.tokens_per_step,
+    FLAGS.max_len,
+    FLAGS.accumulate_steps,
+    batches=2,
+  )
+  p_step, state, batches, cfg, params, rows, k = b
+  n_dev = jax.local_device_count()
 
   start = time.perf_counter()
   state, metrics = p_step(state, batches[0])
@@ -268,17 +321,7 @@ def main(argv: list[str]) -> None:
   except Exception:  # cost and memory analysis are best effort: not every backend reports them
     pass
   tokens = rows * FLAGS.max_len
-  # Per device, like XLA's figure: each device runs rows / n_dev rows.
-  flops = flop_count.train_step_flops(
-    num_layers=cfg.num_layers,
-    d_model=cfg.d_model,
-    d_ff=cfg.d_ff,
-    vocab_size=FLAGS.vocab_size,
-    src_tokens=tokens // n_dev,
-    tgt_tokens=tokens // n_dev,
-    row_len=FLAGS.max_len,
-    d_qk=cfg.num_heads * cfg.d_k,
-  )
+  flops = step_flops(cfg, FLAGS.vocab_size, tokens, FLAGS.max_len, n_dev)
 
   rss_reset = _reset_peak_rss()
   start = time.perf_counter()

@@ -50,3 +50,45 @@ def test_recipe_cost_estimate_follows_the_flop_count(tmp_path):
   assert record["command"].startswith("python benchmarks/recipe_cost.py --mfu=0.5")
   assert record["machine"]["cores"] == os.cpu_count() and record["machine"]["processor"]
   assert record["versions"]["jax"] == importlib.metadata.version("jax")
+
+
+def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
+  """benchmarks/gpu.sh is what a session lent a GPU runs first (#54), with minutes to spare: its
+  profile and A/B stages run here at the tiny size (SMOKE=1), and their records say what the GPU
+  run's will: the step's kernels by kind with the costliest named, and each variant's time and
+  loss beside the baseline's."""
+  env = {
+    **os.environ,
+    "SMOKE": "1",
+    "OUT": str(tmp_path),
+    "GPU_NAME": "cpu",
+    "PYTHON": sys.executable,
+  }
+  proc = subprocess.run(
+    ["bash", "benchmarks/gpu.sh", "profile", "ab_base"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=env,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+  assert "gpu.sh: " in proc.stdout and "0 failed or skipped" in proc.stdout
+  profile = json.loads((tmp_path / "profile_step_cpu_base.json").read_text())["result"]
+  assert profile["size"] == "tiny" and profile["profiled_steps"] == 3
+  fractions = profile["by_kind_fraction"]
+  assert sum(fractions.values()) == pytest.approx(1.0, abs=0.01)
+  # A 37,000-token vocabulary on a 256-wide model: the tied logits' products dominate.
+  assert max(fractions, key=fractions.get) == "matmul"
+  assert any("_logits" in k["op_name"] for k in profile["top"][:3]), profile["top"][:3]
+  assert profile["kernels_per_step"] > 100
+  ab = json.loads((tmp_path / "ab_step_cpu_base.json").read_text())["result"]
+  variants = {v["name"]: v for v in ab["variants"]}
+  assert list(variants) == ["baseline", "fastmath"]
+  assert variants["baseline"]["max_loss_diff"] == 0.0 and variants["baseline"]["speedup"] == 1.0
+  assert variants["fastmath"]["compiler_options"] == {"xla_cpu_enable_fast_math": True}
+  assert variants["fastmath"]["max_loss_diff"] < 1e-3  # an XLA option keeps the numerics
+  assert len(ab["baseline_losses"]) == 3
+  assert all(abs(x - 10.5) < 1.5 for x in ab["baseline_losses"])  # ~ln(37,000) at the start
+  for v in variants.values():
+    assert v["step_s"] > 0 and len(v["round_step_s"]) == 2

@@ -1,0 +1,115 @@
+r"""The real train step under jax.profiler: kernel time by kind, and the kernels that cost most.
+
+  python benchmarks/profile_step.py --size=base --dtype=bfloat16 --tokens_per_step=25000 \
+    --max_len=256                                                      # one GPU, the #54 shapes
+  python benchmarks/profile_step.py --size=tiny --tokens_per_step=1024 --max_len=32   # any CPU
+
+The step is train_step.py's (the same builder, flags and batches). It is compiled once; that
+executable runs the warm-up steps, then `--profile_steps` steps under
+`jax.profiler.trace(create_perfetto_trace=True)`, and its HLO text names the kernels the trace
+shows (flaxformer_nmt/benchmarking/kernels.py): each kernel's kind (matrix product, fused
+attention, element-wise, reduction, random bits, copy, collective), its time per step, and the JAX
+operation it came from. `--compiler_option=xla_...=value` profiles the step compiled with an XLA
+option, as ab_step.py's variants are.
+
+The record keeps the breakdown by kind and the `--top` kernels; `--trace_dir` keeps the trace
+itself (for Perfetto: ui.perfetto.dev opens the .trace.json.gz). Kernel time is the sum of the
+kernels' durations: on a GPU it is close to the step's wall time when the step is device-bound;
+on a CPU, XLA runs some thunks in parallel and the sum can exceed it. Last line: JSON
+(benchmarks/results/<--record>.json, default profile_step).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import train_step
+from absl import app, flags
+
+from flaxformer_nmt.benchmarking import kernels, record
+
+flags.DEFINE_integer("profile_steps", 3, "Steps under the profiler (after --warmup_steps).")
+flags.DEFINE_integer("warmup_steps", 2, "Steps before the profiled ones (the first compiles).")
+flags.DEFINE_integer("top", 15, "Kernels named in the record, the costliest first.")
+flags.DEFINE_string("trace_dir", "", "Where the trace is kept ('' = a temporary folder).")
+flags.DEFINE_multi_string(
+  "compiler_option", [], "xla_...=value: an XLA option for this step's compile (ab_step.py's)."
+)
+FLAGS = flags.FLAGS
+
+
+def _options() -> dict[str, Any]:
+  options = {}
+  for text in FLAGS.compiler_option:
+    key, eq, value = text.partition("=")
+    if not eq or not key.startswith("xla_"):
+      raise app.UsageError(f"--compiler_option={text!r}: expected xla_<option>=<value>.")
+    options[key] = train_step.parse_value(value) if value else ""
+  return options
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  options = _options()
+  b = train_step.build_step(
+    train_step.config_for_flags(),
+    FLAGS.vocab_size,
+    FLAGS.tokens_per_step,
+    FLAGS.max_len,
+    FLAGS.accumulate_steps,
+    batches=2,
+  )
+  start = time.perf_counter()
+  compiled = b.p_step.lower(b.state, b.batches[0]).compile(compiler_options=options or None)
+  compile_s = time.perf_counter() - start
+  hlo = kernels.hlo_index(compiled.as_text())
+  state = b.state
+  for i in range(FLAGS.warmup_steps):
+    state, metrics = compiled(state, b.batches[i % 2])
+  jax.block_until_ready(state)
+  trace_dir = FLAGS.trace_dir or tempfile.mkdtemp(prefix="profile_step-")
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    start = time.perf_counter()
+    for i in range(FLAGS.profile_steps):
+      state, metrics = compiled(state, b.batches[i % 2])
+    jax.block_until_ready(metrics)
+    seconds = (time.perf_counter() - start) / FLAGS.profile_steps
+  path = kernels.find_trace(trace_dir)
+  events = kernels.kernel_events(kernels.read_trace(path), hlo)
+  if not events:
+    raise SystemExit(f"profile_step.py: no kernel found in {path}: cannot break the step down.")
+  summary = kernels.summarize(events, hlo, FLAGS.profile_steps, FLAGS.top)
+  tokens = b.rows * FLAGS.max_len
+  n_dev = jax.local_device_count()
+  flops = train_step.step_flops(b.cfg, FLAGS.vocab_size, tokens, FLAGS.max_len, n_dev)
+  for kind, fraction in summary["by_kind_fraction"].items():
+    print(f"{kind:12s} {summary['by_kind_ms_per_step'][kind]:10.3f} ms/step  {fraction:6.1%}")
+  for k in summary["top"][:5]:
+    print(f"{k['ms_per_step']:9.3f} ms  {k['kind']:11s} {k['kernel']}  {k['op_name'][-90:]}")
+  record.report(
+    {
+      "size": FLAGS.size,
+      "device_kind": jax.devices()[0].device_kind,
+      "devices": n_dev,
+      "dtype": np.dtype(b.cfg.dtype).name,
+      "overrides": FLAGS.set,
+      "compiler_options": options,
+      "rows": b.rows,
+      "max_len": FLAGS.max_len,
+      "target_tokens_per_step": tokens,
+      "compile_s": round(compile_s, 1),
+      "profiled_steps": FLAGS.profile_steps,
+      "step_s_profiled": round(seconds, 5),
+      "analytic_gflop_per_step_per_device": round(flops / 1e9, 2),
+      "trace": path if FLAGS.trace_dir else None,
+      **summary,
+    }
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)
