@@ -6,7 +6,8 @@ r"""The real train step under jax.profiler: kernel time by kind, and the kernels
 
 The step is train_step.py's (the same builder, flags and batches). It is compiled once; that
 executable runs the warm-up steps, then `--profile_steps` steps under
-`jax.profiler.trace(create_perfetto_trace=True)`, and its HLO text names the kernels the trace
+`jax.profiler.trace(create_perfetto_trace=True)` (after as many unprofiled, timed for comparison:
+`step_s` beside `step_s_profiled`), and its HLO text names the kernels the trace
 shows (flaxformer_nmt/benchmarking/kernels.py): each kernel's kind (matrix product, fused
 attention, element-wise, reduction, random bits, copy, collective), its time per step, and the JAX
 operation it came from. `--compiler_option=xla_...=value` profiles the step compiled with an XLA
@@ -71,6 +72,11 @@ def main(argv: list[str]) -> None:
   for i in range(FLAGS.warmup_steps):
     state, metrics = compiled(state, b.batches[i % 2])
   jax.block_until_ready(state)
+  start = time.perf_counter()  # the same steps unprofiled: what the profiler itself costs
+  for i in range(FLAGS.profile_steps):
+    state, metrics = compiled(state, b.batches[i % 2])
+  jax.block_until_ready(metrics)
+  unprofiled = (time.perf_counter() - start) / FLAGS.profile_steps
   trace_dir = FLAGS.trace_dir or tempfile.mkdtemp(prefix="profile_step-")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     start = time.perf_counter()
@@ -103,6 +109,7 @@ def main(argv: list[str]) -> None:
       "target_tokens_per_step": tokens,
       "compile_s": round(compile_s, 1),
       "profiled_steps": FLAGS.profile_steps,
+      "step_s": round(unprofiled, 5),
       "step_s_profiled": round(seconds, 5),
       "analytic_gflop_per_step_per_device": round(flops / 1e9, 2),
       "trace": path if FLAGS.trace_dir else None,
