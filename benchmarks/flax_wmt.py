@@ -17,7 +17,9 @@ Same work on both sides:
   --vocab_size with tied logits), our dtype for activations and products, our dropout and
   attention dropout rates, label smoothing 0.1, Adam(W) with beta2 0.98, the same packed batches
   (train_step.py's: rows of 4 sentences, segment ids and positions), pmapped over the local
-  devices with the state donated. Ours is train_step.py's step (build_step).
+  devices with the state donated. Ours is train_step.py's step (build_step). The example is
+  pre-LN (a layer norm before each sublayer, one after each stack) where ours is the paper's
+  post-LN: the same products, two more layer norms.
 - beam search: beam 4, alpha 0.6, random sources of --src_len tokens on one device, and exactly
   src_len + --max_len_offset decoder steps on both sides (ours forbids EOS, fixed_decode.py; the
   example gets an EOS id no token has, so none of its beams ever ends and its loop runs to its
@@ -212,7 +214,7 @@ def compare_steps(train: Any, models: Any) -> dict[str, Any]:
   out: dict[str, Any] = {
     "target_tokens_per_step": tokens,
     "rows": ours.rows,
-    # The example's dense layers have biases and ours do not: a few thousand more parameters.
+    # The example is pre-LN, with a final layer norm after each stack: 4 x d_model more.
     "params": {"ours": count_params(ours.params), "flax_example": count_params(params)},
   }
   for name, side in sides.items():
