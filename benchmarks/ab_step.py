@@ -7,7 +7,8 @@ r"""A/B of the real train step: variants compiled in one process, then timed alt
 The first variant is always `baseline` (the step as configured, XLA's defaults). Each --variant is
 `name;setting;setting...`, a setting either a config override (`model.attention=jax`, a dotted
 path, as train_step.py's --set) or an XLA compiler option (`xla_...=value`, passed to that
-variant's `compile(compiler_options=...)` only, so one process holds every variant).
+variant's `compile(compiler_options=...)` only, so one process holds every variant). A variant
+with no setting (`--variant=again`) is the baseline once more: its `speedup` is the noise floor.
 
 Why one process, alternately: two runs of a step on one accelerator minutes apart differ by a few
 percent (clocks, temperature, other tenants), which is the size of the changes being judged. Here

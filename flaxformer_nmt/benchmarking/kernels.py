@@ -148,7 +148,8 @@ def find_trace(directory: str) -> str:
 def kernel_events(trace: dict[str, Any] | list[Any], hlo: dict[str, Instruction]) -> list[Any]:
   """(name, microseconds, HLO key) of every kernel in the trace.
 
-  GPU: every complete event on a device process's stream threads. CPU (no device process): the
+  GPU: every complete event on a device process's stream threads (where a profiler names them
+  otherwise: the device's events that name an HLO instruction). CPU (no device process): the
   client threads' events that name an HLO instruction.
   """
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -159,6 +160,7 @@ def kernel_events(trace: dict[str, Any] | list[Any], hlo: dict[str, Instruction]
     elif e.get("ph") == "M" and e.get("name") == "thread_name":
       threads[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
   devices = {pid for pid, name in processes.items() if "/device:" in name}
+  streams = {k for k, name in threads.items() if k[0] in devices and "stream" in name.lower()}
   out = []
   for e in events:
     if e.get("ph") != "X" or "dur" not in e:
@@ -166,9 +168,11 @@ def kernel_events(trace: dict[str, Any] | list[Any], hlo: dict[str, Instruction]
     name = str(e.get("name", ""))
     args = e.get("args") or {}
     key = normalize(str(args.get("hlo_op") or name))
-    if devices:
-      thread = threads.get((e["pid"], e.get("tid")), "")
-      if e["pid"] not in devices or "Stream" not in thread:
+    if streams:
+      if (e["pid"], e.get("tid")) not in streams:
+        continue
+    elif devices:  # no thread is named a stream: the device's events that name an instruction
+      if e["pid"] not in devices or key not in hlo:
         continue
     elif name.startswith(_CPU_NOISE) or key not in hlo:
       continue

@@ -177,6 +177,28 @@ def test_a_cpu_trace_counts_the_thunks_that_name_instructions():
   }
 
 
+def test_device_threads_not_named_streams_count_the_events_that_name_instructions():
+  """Should a profiler name its stream threads otherwise, a device's kernels are still found: those
+  named after an instruction of the program (cuBLAS's own names are then missed, and say so by a
+  lower kernel total)."""
+  trace = _gpu_trace(steps=1)
+  for e in trace["traceEvents"]:
+    if e.get("name") == "thread_name" and e["pid"] == 2:
+      e["args"]["name"] = f"Queue {e['tid']}"
+  trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("tid") != 11]
+  hlo = kernels.hlo_index(HLO)
+  names = [name for name, _, _ in kernels.kernel_events(trace, hlo)]
+  assert names == [
+    "loop_add_fusion",
+    "loop_add_fusion",
+    "nvjet_sm90_tst_128x256_h_bz_NNT",  # its event names custom-call.5 (args.hlo_op)
+    "input_reduce_fusion_2",
+    "gemm_fusion_dot_4",
+    "loop_xor_fusion",
+    "copy_6",
+  ]
+
+
 def test_a_folder_without_a_trace_says_so(tmp_path):
   with pytest.raises(FileNotFoundError, match="no \\*.trace.json.gz"):
     kernels.find_trace(str(tmp_path))
