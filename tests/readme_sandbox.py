@@ -194,12 +194,19 @@ def run_chain(
   **env: str,
 ):
   """Runs the chain's commands in README order (after `first`), its `--mode=prepare` commands
-  first, in one sandbox; yields (command, process, sandbox) to check."""
+  first, each distinct command once, in one sandbox; yields (command, process, sandbox) to
+  check."""
   box = Sandbox(tmp_path, overrides)
   box.env.update(env)
   chain_commands = [*first, *readme.in_chain(chain)]
   chain_commands.sort(key=lambda c: "--mode=prepare" not in c.text)  # stable: otherwise in order
+  ran: set[str] = set()
   for command in map(readme.as_installed, chain_commands):  # installed already: .ci/run
     if command.text.startswith("pip install"):
       continue  # the install chain's
+    if command.text in ran:
+      # The same command on a second page (the README's results table and the page that explains
+      # the figure): the same sandbox, the same overrides, so a second run would check nothing new.
+      continue
+    ran.add(command.text)
     yield command, box.run(command), box
