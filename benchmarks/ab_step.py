@@ -173,14 +173,7 @@ def main(argv: list[str]) -> None:
   nominal = train_step._peak_tflops()  # pylint: disable=protected-access
   record.report(
     {
-      "size": FLAGS.size,
-      "device_kind": jax.devices()[0].device_kind,
-      "devices": n_dev,
-      "dtype": np.dtype(b0.cfg.dtype).name,
-      "rows": b0.rows,
-      "max_len": FLAGS.max_len,
-      "target_tokens_per_step": tokens,
-      "overrides": FLAGS.set,
+      **train_step.describe(b0, FLAGS.max_len),
       "rounds": FLAGS.rounds,
       "steps_per_round": FLAGS.steps_per_round,
       "loss_steps": FLAGS.loss_steps,

@@ -27,7 +27,6 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 import train_step
 from absl import app, flags
 
@@ -98,15 +97,8 @@ def main(argv: list[str]) -> None:
     print(f"{k['ms_per_step']:9.3f} ms  {k['kind']:11s} {k['kernel']}  {k['op_name'][-90:]}")
   record.report(
     {
-      "size": FLAGS.size,
-      "device_kind": jax.devices()[0].device_kind,
-      "devices": n_dev,
-      "dtype": np.dtype(b.cfg.dtype).name,
-      "overrides": FLAGS.set,
+      **train_step.describe(b, FLAGS.max_len),
       "compiler_options": options,
-      "rows": b.rows,
-      "max_len": FLAGS.max_len,
-      "target_tokens_per_step": tokens,
       "compile_s": round(compile_s, 1),
       "profiled_steps": FLAGS.profile_steps,
       "step_s": round(unprofiled, 5),

@@ -279,6 +279,20 @@ def step_flops(
   )
 
 
+def describe(b: Step, max_len: int) -> dict[str, Any]:
+  """What every record of a built step starts with: the model, the machine, the batch."""
+  return {
+    "size": FLAGS.size,
+    "device_kind": jax.devices()[0].device_kind,
+    "devices": jax.local_device_count(),
+    "dtype": np.dtype(b.cfg.dtype).name,
+    "overrides": FLAGS.set,
+    "rows": b.rows,
+    "max_len": max_len,
+    "target_tokens_per_step": b.rows * max_len,
+  }
+
+
 def config_for_flags() -> Any:
   """The size's config with --dtype, --remat, --dropout_percent and --set applied."""
   c = config_lib.base_config(FLAGS.size)
