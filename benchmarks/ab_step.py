@@ -16,11 +16,13 @@ every variant is compiled first, then the timing goes round-robin (`--rounds` ro
 `--steps_per_round` steps of each variant), and a variant's step time is its median round.
 
 Numerics: before timing, each variant runs the same `--loss_steps` fixed batches from the same
-initial state; `max_loss_diff` is the largest |loss - baseline's loss| over those steps. A variant
-that changes only how XLA compiles should stay within float tolerance of the baseline (#54 asks
-1e-3); one that changes the random bits (model.dropout_rng) is not expected to, and
-model.attention=jax matches only while model.attention_dropout_rate is 0 (it has no attention
-dropout).
+initial state; `max_loss_diff` is the largest |loss - baseline's loss| over those steps, and
+`max_grad_norm_rel_diff` the same for the gradient norm, relative (the backward's check: the
+warm-up's learning rate is tiny in those steps, so the losses alone hardly see the gradients).
+A variant that changes only how XLA compiles should stay within float tolerance of the
+baseline (#54 asks 1e-3); one that changes the random bits (model.dropout_rng) is not expected
+to, and model.attention=jax matches only while model.attention_dropout_rate is 0 (it has no
+attention dropout).
 
 A variant whose compile fails (an option this XLA does not know, a shape cuDNN does not take) is
 reported with its one-line error and the others still run. Last line: JSON (benchmarks/results/
@@ -79,7 +81,7 @@ def _one_line(e: BaseException) -> str:
 def _prepare(name: str, overrides: list[str], options: dict[str, Any]) -> dict[str, Any]:
   """Builds and compiles one variant; its error instead where that fails."""
   c = train_step.config_for_flags()
-  train_step._apply_overrides(c, overrides)  # pylint: disable=protected-access
+  train_step.apply_overrides(c, overrides)
   out: dict[str, Any] = {"name": name, "overrides": overrides, "compiler_options": options}
   try:
     b = train_step.build_step(
@@ -96,21 +98,25 @@ def _prepare(name: str, overrides: list[str], options: dict[str, Any]) -> dict[s
   except Exception as e:  # noqa: BLE001 -- reported, and the other variants still run
     out["error"] = _one_line(e)
     return out
-  out.update(step=compiled, build=b, state=b.state)
+  out.update(step=compiled, build=b, state=b.state, hlo=compiled.as_text())
   return out
 
 
-def _losses(v: dict[str, Any], n: int) -> list[float]:
-  """The variant's losses over the first n fixed batches, from its initial state."""
-  losses = []
+def _losses(v: dict[str, Any], n: int) -> tuple[list[float], list[float]]:
+  """The variant's losses and gradient norms over the first n fixed batches, from its initial
+  state. The gradient norms check the backward pass: in the warm-up's first steps the learning
+  rate is tiny, so the losses alone barely see what a variant does to the gradients."""
+  losses, norms = [], []
   for i in range(n):
     v["state"], metrics = v["step"](v["state"], v["build"].batches[i])
     m = jax.device_get(metrics)
     losses.append(float(m["loss_sum"][0]) / max(float(m["tokens"][0]), 1.0))  # psummed: [0]
-  return losses
+    norms.append(float(m["grad_norm"][0]))
+  return losses, norms
 
 
 def _time_round(v: dict[str, Any], steps: int) -> float:
+  """Seconds per step of `steps` steps of one variant, from its current state."""
   batches = v["build"].batches
   jax.block_until_ready(v["state"])
   start = time.perf_counter()
@@ -136,13 +142,17 @@ def main(argv: list[str]) -> None:
   live = [v for v in variants if "error" not in v]
   for v in live:
     try:
-      v["losses"] = _losses(v, FLAGS.loss_steps)
+      v["losses"], v["grad_norms"] = _losses(v, FLAGS.loss_steps)
     except Exception as e:  # noqa: BLE001 -- a variant that compiles but fails to run
       v["error"] = _one_line(e)
   live = [v for v in live if "error" not in v]
   base_losses = np.asarray(variants[0]["losses"])
   for v in live:
     v["max_loss_diff"] = float(np.max(np.abs(np.asarray(v["losses"]) - base_losses)))
+    base_norms = np.asarray(variants[0]["grad_norms"])
+    v["max_grad_norm_rel_diff"] = float(
+      np.max(np.abs(np.asarray(v["grad_norms"]) - base_norms) / np.maximum(base_norms, 1e-12))
+    )
     v["times"] = []
   for _ in range(FLAGS.rounds):
     for v in live:
@@ -167,6 +177,9 @@ def main(argv: list[str]) -> None:
         speedup=round(base_s / step_s, 4),
         tflops_per_s_per_device=round(flops / step_s / 1e12, 4),
         max_loss_diff=round(v["max_loss_diff"], 6),
+        max_grad_norm_rel_diff=round(v["max_grad_norm_rel_diff"], 6),
+        # Whether XLA:GPU put any of the step into command buffers (the cmdbuf variants' check).
+        hlo_has_command_buffer="command_buffer" in v["hlo"],
       )
     rows.append(row)
     print(json_line(row), flush=True)
@@ -191,6 +204,7 @@ def main(argv: list[str]) -> None:
 
 
 def json_line(row: dict[str, Any]) -> str:
+  """A variant's row for the log, without its per-round times."""
   return json.dumps({k: v for k, v in row.items() if k != "round_step_s"})
 
 

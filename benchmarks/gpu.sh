@@ -13,16 +13,17 @@
 #   ab_base  the base step's A/B: XLA options and config choices compiled in one process and timed
 #            round-robin, with the loss of 20 fixed steps beside the baseline's (ab_step.py)
 #   ab_big   the same for big, fewer variants
-#   steps    the earlier records: base and big with each attention, decoding at 32 and 256
+#   steps    the earlier records: base and big (our attention), decoding at 32 and 256
 #   fp16     base in float16 with its dynamic loss scale (the T4/V100 path of model.dtype=auto)
 # Records go to $OUT as <bench>_<gpu>_<what>.json (gpu = h100, h200, ... from the device name).
 # Each stage has its own time limit, so one that hangs costs only itself, and a stage that would
 # runs with at most what is left of GPU_BUDGET_S (default 480 s; under 60 s left, it is skipped with a
-# line saying so). Exits 1 if any stage failed or was skipped. On one H200 (2026-11-26) a base
-# compile took 30 s and big 38 s: profile, flax and ab_base should take about 7 minutes together,
-# ab_big, steps and fp16 about 8 more (a second call: `bash benchmarks/gpu.sh ab_big steps fp16`).
+# line saying so). Exits 1 if any stage failed or was skipped. On one H200 (2026-11-26) the base
+# step compiled in 27-30 s and big in 30-32 s (the records' compile_s): profile, flax and ab_base
+# should take about 6 minutes together, which with the machine's start fits one call of a
+# 15-minute device budget; run the later stages only where minutes remain.
 # SMOKE=1 runs every stage but `steps` at the tiny size, on any machine (a dry run on the CPU;
-# tests/e2e/test_benchmarks.py runs it so).
+# tests/e2e/test_scripts.py runs its profile and ab_base stages so; the others ran so by hand).
 #
 # The Flax example is not on PyPI and the GPU machine has no network: carry a copy, e.g.
 #   git -C <a flax clone> archive HEAD examples/wmt | tar -x -C build/flax   (build/ is ignored)
@@ -68,7 +69,6 @@ run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $
 # reported in the record as that variant's error and the others still run.
 AB_BASE=(
   --variant="cmdbuf_off;xla_gpu_enable_command_buffer="
-  --variant="lhs;xla_gpu_enable_latency_hiding_scheduler=True"
   --variant="triton_norm;xla_gpu_experimental_enable_fusion_block_level_rewriter=True"
   --variant="cudnn_ln;xla_gpu_enable_cudnn_layer_norm=True"
   --variant="attention_jax;model.attention=jax"

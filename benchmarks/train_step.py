@@ -177,7 +177,7 @@ def estimate_main() -> None:
     c.model.dtype = "bfloat16"  # what "auto" is on every TPU
   if FLAGS.dropout_percent >= 0:
     c.model.dropout_rate = FLAGS.dropout_percent / 100
-  _apply_overrides(c)
+  apply_overrides(c)
   cfg = TransformerConfig.from_config(c.model, FLAGS.vocab_size)
   rows = max(tokens // max_len, 1)
   if FLAGS.hlo_dir:
@@ -210,7 +210,7 @@ def estimate_main() -> None:
   record.report(out)
 
 
-def _apply_overrides(c: Any, overrides: list[str] | None = None) -> None:
+def apply_overrides(c: Any, overrides: list[str] | None = None) -> None:
   """--set=path=value onto the config (a value starting with a letter is a string)."""
   for override in FLAGS.set if overrides is None else overrides:
     path, _, text = override.partition("=")
@@ -218,8 +218,11 @@ def _apply_overrides(c: Any, overrides: list[str] | None = None) -> None:
 
 
 def parse_value(text: str) -> Any:
-  """A --set value: a Python literal, or a string where it starts with a letter."""
-  return ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
+  """A --set value: a Python literal, else the string itself (`jax`, `FUSION,CUBLAS`)."""
+  try:
+    return ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
+  except (ValueError, SyntaxError):
+    return text
 
 
 class Step(NamedTuple):
@@ -299,7 +302,7 @@ def config_for_flags() -> Any:
   c.model.dtype, c.model.remat = FLAGS.dtype, FLAGS.remat
   if FLAGS.dropout_percent >= 0:
     c.model.dropout_rate = FLAGS.dropout_percent / 100
-  _apply_overrides(c)  # e.g. optim.ema_decay=0.999: what the parameter average costs a step
+  apply_overrides(c)  # e.g. optim.ema_decay=0.999: what the parameter average costs a step
   return c
 
 

@@ -118,15 +118,17 @@ def kind_of(kernel: str, instr: Instruction | None) -> str:
     [kernel.lower()] + ([instr.opcode, instr.target.lower()] if instr is not None else [])
   )
   opcode = instr.opcode if instr is not None else ""
+  op_name = instr.op_name.lower() if instr is not None else ""
   if re.search(r"nccl|all-reduce|all_reduce|allreduce|all-gather|reduce-scatter|collective", text):
     return "collective"
-  if re.search(r"cudnn|fmha|flash|sdpa", text):
+  if re.search(r"fmha|flash|sdpa", text):  # cuDNN's fused attention (not its norms or GEMMs)
     return "attention"
   if re.search(r"nvjet|gemm|cublas|cutlass|xmma|matmul|ynn|(^|[^a-z])dot([^a-z]|$)", text) or (
     opcode in ("dot", "convolution")
   ):
     return "matmul"
-  if re.search(r"xor|threefry|philox|rng", text):
+  # XLA often fuses the random bits into a plain loop fusion: its op_name still says so.
+  if re.search(r"xor|threefry|philox|rng|random_bits", text + " " + op_name):
     return "rng"
   if re.search(r"memcpy|memset|copy|transpose", text) or opcode in ("copy", "transpose"):
     return "copy"
@@ -145,7 +147,9 @@ def find_trace(directory: str) -> str:
   return max(paths, key=os.path.getmtime)
 
 
-def kernel_events(trace: dict[str, Any] | list[Any], hlo: dict[str, Instruction]) -> list[Any]:
+def kernel_events(
+  trace: dict[str, Any] | list[Any], hlo: dict[str, Instruction]
+) -> list[tuple[str, float, str]]:
   """(name, microseconds, HLO key) of every kernel in the trace.
 
   GPU: every complete event on a device process's stream threads (where a profiler names them
@@ -195,8 +199,9 @@ def summarize(
     kind = kind_of(name, instr)
     by_kind[kind] += us
     total += us
+    # By instruction where one is found: cuBLAS gives one kernel name to many products.
     k = per_kernel.setdefault(
-      name,
+      key if instr is not None else name,
       {
         "kernel": name,
         "kind": kind,

@@ -30,7 +30,7 @@ _LONGEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
   del config
   rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.name, len(rank)))  # stable: the rest as collected

@@ -84,7 +84,7 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   assert profile["size"] == "tiny" and profile["profiled_steps"] == 3 and profile["devices"] == 1
   fractions = profile["by_kind_fraction"]
   assert sum(fractions.values()) == pytest.approx(1.0, abs=0.01)
-  # A 37,000-token vocabulary on a 256-wide model: the tied logits' products dominate.
+  # A 37,000-token vocabulary on a 128-wide model: the tied logits' products dominate.
   assert max(fractions, key=fractions.get) == "matmul"
   assert any("_logits" in k["op_name"] for k in profile["top"][:3]), profile["top"][:3]
   assert profile["kernels_per_step"] > 100
