@@ -94,6 +94,7 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   assert variants["baseline"]["max_loss_diff"] == 0.0 and variants["baseline"]["speedup"] == 1.0
   assert variants["fastmath"]["compiler_options"] == {"xla_cpu_enable_fast_math": True}
   assert variants["fastmath"]["max_loss_diff"] < 1e-3  # an XLA option keeps the numerics
+  assert variants["fastmath"]["max_grad_norm_rel_diff"] < 1e-3  # the backward's too
   assert len(ab["baseline_losses"]) == 3
   assert all(abs(x - 10.5) < 1.5 for x in ab["baseline_losses"])  # ~ln(37,000) at the start
   for v in variants.values():

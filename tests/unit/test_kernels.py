@@ -119,6 +119,33 @@ def test_each_kernel_gets_its_kind(kernel, key, kind):
   assert kernels.kind_of(kernel, hlo.get(key)) == kind
 
 
+def test_random_bits_fused_into_a_loop_are_found_by_their_operation():
+  hlo = kernels.hlo_index(
+    HLO.replace(
+      "%loop_xor_fusion = u32[8]{0} fusion(%a), kind=kLoop, calls=%fused_xor",
+      "%loop_add_fusion.9 = u32[8]{0} fusion(%a), kind=kLoop, calls=%fused_xor, "
+      'metadata={op_name="pmap(step)/dropout/threefry2x32"}',
+    )
+  )
+  assert kernels.kind_of("loop_add_fusion_9", hlo["loop_add_fusion_9"]) == "rng"
+  assert kernels.kind_of("loop_add_fusion", hlo["loop_add_fusion"]) == "elementwise"
+
+
+def test_one_library_kernel_name_for_two_products_stays_two_entries():
+  """cuBLAS runs many products under one kernel name: each is its own entry, by instruction."""
+  hlo = kernels.hlo_index(HLO)
+  events = [
+    ("nvjet_sm90_tst", 300.0, "custom_call_5"),
+    ("nvjet_sm90_tst", 100.0, "gemm_fusion_dot_4"),
+  ]
+  top = kernels.summarize(events, hlo, steps=1)["top"]
+  assert [(t["hlo"], t["ms_per_step"]) for t in top] == [
+    ("custom-call.5", 0.3),
+    ("gemm_fusion_dot.4", 0.1),
+  ]
+  assert top[1]["op_name"] == "pmap(step)/decoder_1/ffn/wi/dot_general"
+
+
 def test_a_gpu_trace_counts_stream_kernels_once_per_step(tmp_path):
   steps = 3
   path = tmp_path / "plugins" / "profile" / "run" / "host.trace.json.gz"
