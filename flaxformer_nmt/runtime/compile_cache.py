@@ -54,6 +54,16 @@ def folder(setting: str) -> str | None:
   return default_dir() if setting in ("", "auto") else setting
 
 
+def named_by(setting: str, path: str, adopted: bool = False) -> str:
+  """Who named the cache folder `path`, as the user set it: the config field, our environment
+  variable, or JAX's own (a warning names what the user can change)."""
+  if adopted:
+    return f"JAX_COMPILATION_CACHE_DIR={path}"
+  if setting in ("", "auto") and os.environ.get(ENV):
+    return f"${ENV}={path}"
+  return f"config.compile_cache={setting}"
+
+
 def _off(jax_module) -> None:
   jax_module.config.update("jax_enable_compilation_cache", False)
   jax_module.config.update("jax_compilation_cache_dir", None)
@@ -80,6 +90,8 @@ def enable(setting: str) -> str | None:
     # the whole folder at every write, which whoever owns the folder may have chosen against.
     path = jax.config.jax_compilation_cache_dir
   reason = unsafe(path)
+  if reason is None and os.path.exists(path) and not os.path.isdir(path):
+    reason = f"{path} is a file, not a folder"
   if reason is None:
     try:
       os.makedirs(path, mode=0o700, exist_ok=True)
@@ -91,8 +103,8 @@ def enable(setting: str) -> str | None:
     if path not in _refused:  # once per folder: every Components asks again
       _refused.add(path)
       logging.warning(
-        "Compilation cache not used (config.compile_cache=%s): %s; compiling without it.",
-        setting,
+        "Compilation cache not used (%s): %s; compiling without it.",
+        named_by(setting, path, adopted),
         reason,
       )
     _off(jax)
@@ -122,7 +134,12 @@ def enable(setting: str) -> str | None:
 
 
 def check(setting: str) -> None:
-  """ConfigError for a compile_cache value that names a file, not a folder."""
+  """ConfigError for a config.compile_cache value that names a file, not a folder. Only a path
+  the field itself names: "auto"'s folder (from $FLAXFORMER_NMT_COMPILE_CACHE or the default)
+  that is unusable only warns when the cache is enabled, as JAX_COMPILATION_CACHE_DIR's does, so
+  no command fails over a cache and no error names a field the user never set."""
+  if setting in ("", "auto", "off"):
+    return
   path = folder(setting)
   if path is not None and os.path.exists(path) and not os.path.isdir(path):
     raise errors.ConfigError(f"config.compile_cache={setting}: {path} is a file, not a folder.")

@@ -253,11 +253,26 @@ def unsafe(path: str) -> str | None:
   """Why the folder `path` may not hold code this user runs, or None if it may: it (when it
   exists) must be owned by this user and not writable by group or others; each existing folder
   above it must be owned by this user or root, and not writable by others unless sticky. A
-  folder that does not exist yet is made 0700 by compile_cache.enable."""
+  folder that does not exist yet is made 0700 by compile_cache.enable.
+
+  Both the path as typed and the folder it resolves to are checked: a symbolic link's target may
+  sit below a folder anyone can write (then whoever can write there chooses what is loaded), and
+  the link itself below such a folder can be replaced by anyone who can write there."""
   uid = os.getuid() if hasattr(os, "getuid") else None
   if uid is None:  # no POSIX owners (Windows): nothing to check against
     return None
-  current = os.path.abspath(path)
+  typed = os.path.abspath(path)
+  resolved = os.path.realpath(path)
+  reason = _unsafe_chain(resolved, uid)
+  if reason is not None and resolved != typed:
+    return f"{reason} ({typed} leads there)"
+  if reason is None and resolved != typed:
+    reason = _unsafe_chain(typed, uid, parents_only=True)
+  return reason
+
+
+def _unsafe_chain(current: str, uid: int, *, parents_only: bool = False) -> str | None:
+  """`unsafe`'s rule for one absolute path and every folder above it."""
   first = True
   while True:
     try:
@@ -266,7 +281,7 @@ def unsafe(path: str) -> str | None:
       st = None
     except OSError as e:
       return f"{current} cannot be checked ({e.strerror or e})"
-    if st is not None:
+    if st is not None and not (first and parents_only):
       if first:
         if st.st_uid != uid:
           return f"{current} belongs to uid {st.st_uid}, not to this user ({uid})"

@@ -129,3 +129,65 @@ def test_saved_programs_are_not_loaded_from_an_open_folder(tmp_path):
   assert executables._private(str(store))  # pylint: disable=protected-access
   store.chmod(0o770)
   assert not executables._private(str(store))  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("via", ["config", "env"])
+def test_a_link_to_a_folder_below_an_open_parent_is_not_used(
+  monkeypatch, tmp_path, caplog, request, via
+):
+  """Issue 60, defect 3: the check followed the path as typed, so a symbolic link (in a safe
+  folder) to a cache below a folder anyone can write passed, and JAX wrote its programs there.
+  The folder the link resolves to is checked, and so are the link's own parents."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  open_parent = tmp_path / "x"
+  open_parent.mkdir()
+  (open_parent / "cache").mkdir(mode=0o700)
+  open_parent.chmod(0o777)
+  link = tmp_path / "cachelink"
+  link.symlink_to(open_parent / "cache")
+  assert "above it, is writable by others" in compile_cache.unsafe(str(open_parent / "cache"))
+  reason = compile_cache.unsafe(str(link))
+  assert reason is not None and f"{open_parent}, above it, is writable by others" in reason
+  assert f"({link} leads there)" in reason
+  # A link to a safe folder, but sitting in a folder anyone can write (it can be replaced).
+  safe = tmp_path / "safe"
+  safe.mkdir(mode=0o700)
+  (open_parent / "link").symlink_to(safe)
+  assert compile_cache.unsafe(str(safe)) is None
+  assert "above it, is writable by others" in compile_cache.unsafe(str(open_parent / "link"))
+  kept = jax.config.jax_compilation_cache_dir
+  update = jax.config.update
+  request.addfinalizer(lambda: update("jax_compilation_cache_dir", kept))
+  request.addfinalizer(lambda: update("jax_enable_compilation_cache", True))
+  jax.config.update("jax_compilation_cache_dir", None)
+  if via == "env":
+    monkeypatch.setenv(compile_cache.ENV, str(link))
+  folder, calls = _enable_recording(monkeypatch, str(link) if via == "config" else "auto")
+  assert folder is None and calls["jax_compilation_cache_dir"] is None
+  assert not any((open_parent / "cache").iterdir())
+
+
+def test_a_file_named_by_the_environment_warns_naming_the_variable(
+  monkeypatch, tmp_path, caplog, request
+):
+  """Issue 60, defect 4: FLAXFORMER_NMT_COMPILE_CACHE=<a file> refused every command with an
+  error about `config.compile_cache=auto`, a field the user never set; it warns (naming the
+  variable) and compiles without a cache, as JAX_COMPILATION_CACHE_DIR=<a file> does."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  a_file = tmp_path / "f"
+  a_file.write_text("x")
+  monkeypatch.setenv(compile_cache.ENV, str(a_file))
+  compile_cache.check("auto")  # no error: "auto" never fails a command
+  kept = jax.config.jax_compilation_cache_dir
+  update = jax.config.update
+  request.addfinalizer(lambda: update("jax_compilation_cache_dir", kept))
+  request.addfinalizer(lambda: update("jax_enable_compilation_cache", True))
+  jax.config.update("jax_compilation_cache_dir", None)
+  folder, calls = _enable_recording(monkeypatch, "auto")
+  assert folder is None and calls["jax_compilation_cache_dir"] is None
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert len(warnings) == 1
+  assert f"${compile_cache.ENV}={a_file}" in warnings[0] and "is a file" in warnings[0]
+  assert "config.compile_cache" not in warnings[0]
