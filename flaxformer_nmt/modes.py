@@ -51,12 +51,12 @@ def train(
   `config_name`: what --config named (`demo`), recorded for messages about the run."""
   from flaxformer_nmt.training import loop  # the training loop: this mode only
 
-  fresh = not os.path.exists(workdir)
+  made = Workdir(workdir).first_missing()  # the folders a refused start must not leave
   try:
     return _train(config, workdir, config_name, loop)
   except errors.UserError:
-    if fresh and parallel.is_main_process():  # refused before any work: no empty folder left
-      Workdir(workdir).remove_if_empty()
+    if made and parallel.is_main_process():  # refused before any work: no empty folder left
+      Workdir(workdir).remove_if_empty(made)
     raise
 
 

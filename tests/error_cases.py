@@ -16,6 +16,7 @@ from error_setups import (
   data_dir_under_a_file,
   fine_tuning,
   importing,
+  importing_into_a_users_folder,
   in_trained,
   in_trained_before_config_json,
   kept_none,
@@ -24,6 +25,7 @@ from error_setups import (
   no_checkpoint,
   translate_bad_utf8,
   translating,
+  vocabulary_changed_in_place,
   workdir_is_a_file,
 )
 
@@ -134,6 +136,17 @@ CASES = [
     importing(model_type="bart"),
     "model_type is 'bart'; --mode=import reads Marian models",
     trained=False,
+  ),
+  Case(
+    "import into a folder of other files",
+    importing_into_a_users_folder,
+    "is not empty and holds no run (vocabulary/glossary.txt)",
+    trained=False,
+  ),
+  Case(
+    "a resume with another vocabulary",
+    vocabulary_changed_in_place,
+    "has held since its first start, and a run's vocabulary cannot change",
   ),
   Case(
     "export to transformers over a folder",

@@ -239,3 +239,27 @@ def importing(**config: object) -> Callable[[pathlib.Path, pathlib.Path], list[s
     return [f"--workdir={base / 'imported'}", "--mode=import", f"--input={folder}"]
 
   return setup
+
+
+def importing_into_a_users_folder(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  """--mode=import into an existing folder of the user's (a glossary in its vocabulary/): it
+  must stay as it was."""
+  args = importing()(base, trained)
+  user = base / "userdir"
+  (user / "vocabulary").mkdir(parents=True)
+  (user / "vocabulary" / "glossary.txt").write_text("g\n")
+  return [f"--workdir={user}", *args[1:]]
+
+
+def vocabulary_changed_in_place(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  """A resume of a run trained with data.vocab_path=DIR/v.model, that file since replaced in
+  place by another (here: one byte of it changed)."""
+  workdir = copy_trained(base, trained)
+  vocab = base / "v.model"
+  data = bytearray((workdir / "spm.model").read_bytes())
+  saved = json.loads((workdir / "config.json").read_text())
+  saved["data"]["vocab_path"] = str(vocab)
+  (workdir / "config.json").write_text(json.dumps(saved, indent=2))
+  data[-1] ^= 1
+  vocab.write_bytes(bytes(data))
+  return [f"--workdir={workdir}", "--config=configs/demo.py", f"--config.data.vocab_path={vocab}"]

@@ -259,8 +259,10 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
   """Makes the run in `workdir` from the Marian model `source`; returns import's figures. Every
   check comes before the folder is made, and a failure while writing removes a folder it made."""
   run = Workdir(workdir)
-  if os.path.exists(run.config_path):
+  run.check()
+  if run.holds_run():
     raise errors.ConfigError(f"--workdir={workdir}: already holds a run; import into a new folder.")
+  run.check_new_run("import")
   folder = locate(source)
   where = os.path.join(folder, "config.json")
   hf = _read_json(where)
@@ -295,7 +297,7 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
     raise errors.DataError(f"{folder}: has no weight {e.args[0]}.") from None
   components = Components(config, vocabulary)
   _check_shapes(params, components.abstract_params, folder)
-  existed = os.path.isdir(workdir)  # empty, or it holds no run (config.json: refused above)
+  existed = os.path.isdir(workdir)  # empty, or a killed import's leftovers (checked above)
   before = set(os.listdir(workdir)) if existed else set()
   run.create()
   try:
@@ -314,6 +316,7 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
     # Nothing half-made is left to be taken for a run: what this call made goes.
     if not existed:
       shutil.rmtree(workdir, ignore_errors=True)
+      run.remove_if_empty()  # and the parents it made (--workdir=newA/newB)
     else:
       for name in set(os.listdir(workdir)) - before:
         path = os.path.join(workdir, name)

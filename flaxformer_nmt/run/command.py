@@ -89,6 +89,10 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
     raise errors.ConfigError(
       f"{run.config_path}: no such file; give the config {workdir} was trained with."
     )
+  if mode == "train" and saved is not None:
+    _check_kept_vocabulary(config, run)
+  if mode == "train":
+    run.check_new_run("train")
   checks.validate(config)
   compile_cache.check(config.get("compile_cache", "auto"))
   if mode == "train":
@@ -117,6 +121,26 @@ def _check_vocabulary(
     raise errors.ConfigError(
       f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(run)}: "
       f"its content differs from {own}. Leave it out (the run's own is used)."
+    )
+
+
+def _check_kept_vocabulary(config: ml_collections.ConfigDict, run: Workdir) -> None:
+  """ConfigError, before any work, when a training command's data.vocab_path differs by content
+  from the copy the run made at its first start (a file changed in place since, or another path
+  after a start killed before its first checkpoint): its parameters and tokenized data use the
+  copy's ids, and replacing it would make every later score silently wrong."""
+  given = config.data.vocab_path
+  kept = run.kept_vocabulary()
+  if not given or kept is None:
+    return
+  if not tokenizer_lib.vocabulary_exists(given):
+    raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
+  if not tokenizer_lib.same_vocabulary(given, kept):
+    raise errors.ConfigError(
+      f"config.data.vocab_path={given}: its content differs from {kept}, the vocabulary "
+      f"{run.path} has held since its first start, and a run's vocabulary cannot "
+      f"change. Restore the file, name the run's copy (--config.data.vocab_path={kept}), or "
+      "train in another --workdir."
     )
 
 

@@ -28,6 +28,7 @@ command may change of config.json is config/run_config.py's.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -46,6 +47,23 @@ VOCABULARY = "spm.model"
 # vocab.json in this folder.
 PAIR_VOCABULARY = "vocabulary"
 _UNREAD = object()  # config.json not read yet
+# What a start of each run-making command may leave in a folder before its config.json (written
+# last: a folder with config.json is a run), so that it may start again there: train's lock,
+# vocabulary (trained, copied or adopted), tokenized data, TensorBoard events and scratch copies;
+# import's vocabulary, records and parameters.
+LEFTOVERS = {
+  "train": (
+    "train.lock",
+    VOCABULARY,
+    "spm.vocab",
+    PAIR_VOCABULARY,
+    "data_cache",
+    "init_from.json",
+    "events.out.tfevents.*",
+    "*.tmp-*",
+  ),
+  "import": (PAIR_VOCABULARY, "import.json", "run.json", "averaged", "*.tmp-*"),
+}
 
 
 class Workdir:
@@ -54,6 +72,7 @@ class Workdir:
   def __init__(self, path: str) -> None:
     self.path = str(path)
     self._config_text: str | None | object = _UNREAD
+    self._made: str | None = None  # the topmost folder `create` made ("" none), None: not asked
 
   def __repr__(self) -> str:
     return f"Workdir({self.path!r})"
@@ -73,9 +92,49 @@ class Workdir:
     if not os.path.isdir(parent):
       raise errors.ConfigError(f"--workdir={self.path}: {parent} is a file, not a folder.")
 
+  def holds_run(self) -> bool:
+    """Whether the folder holds a run a command may resume or read: its config.json, or the
+    checkpoints/ of a run trained before runs saved config.json."""
+    return os.path.isfile(self.config_path) or os.path.isdir(self.checkpoints)
+
+  def check_new_run(self, kind: str) -> None:
+    """ConfigError, one line, before anything is written, when a command that makes a run
+    (`kind`: "train" or "import") would make it in a folder holding anything but what a killed
+    start of the same kind leaves (LEFTOVERS): a user's folder is never written into, nor its
+    files replaced. A missing or empty folder is fine; so is one that holds a run
+    (`holds_run`: the command's own rules decide, e.g. import refuses it)."""
+    if not os.path.isdir(self.path) or self.holds_run():
+      return
+    allowed = LEFTOVERS[kind]
+    foreign = sorted(
+      name
+      for name in os.listdir(self.path)
+      if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+    )
+    pair = self.join(PAIR_VOCABULARY)
+    if os.path.isdir(pair):
+      foreign += sorted(
+        f"{PAIR_VOCABULARY}/{name}"
+        for name in os.listdir(pair)
+        if name not in pair_vocabulary.FILES
+      )
+    if os.path.isfile(self.run_record_path):
+      made_by = (self.training_data() or {}).get("kind")
+      if (made_by == "imported") != (kind == "import"):
+        foreign.append(os.path.basename(self.run_record_path))
+    if foreign:
+      shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+      raise errors.ConfigError(
+        f"--workdir={self.path} is not empty and holds no run ({shown}); "
+        f"--mode={kind} makes a run only in a new or empty folder: choose another --workdir."
+      )
+
   def create(self) -> None:
-    """Makes the folder; one line (ConfigError) if it cannot be made (under a file, read-only)."""
+    """Makes the folder (and any missing parent: `remove_if_empty` removes those it made too);
+    one line (ConfigError) if it cannot be made (under a file, read-only)."""
     self.check()
+    if self._made is None:
+      self._made = self.first_missing()
     try:
       os.makedirs(self.path, exist_ok=True)
     except OSError as e:
@@ -83,15 +142,35 @@ class Workdir:
         f"--workdir={self.path} cannot be created: {e.strerror or e} ({e.filename or self.path})."
       ) from None
 
-  def remove_if_empty(self) -> None:
+  def first_missing(self) -> str:
+    """The topmost folder of the path that does not exist yet ("" when the folder exists)."""
+    top = os.path.abspath(self.path)
+    if os.path.exists(top):
+      return ""
+    while not os.path.exists(os.path.dirname(top)):
+      top = os.path.dirname(top)
+    return top
+
+  def remove_if_empty(self, made: str | None = None) -> None:
     """Deletes the folder if no file is in it (a new run refused before any work: a missing
     corpus, a wrong field). A lock file means another job holds it, and it stays: so does any
-    file written there."""
-    if not os.path.isdir(self.path):
-      return
-    if any(names for _, _, names in os.walk(self.path)):
-      return
-    shutil.rmtree(self.path, ignore_errors=True)
+    file written there. `made` (default: what this object's `create` made) is the topmost
+    parent made for it: those up to it go too when empty."""
+    if os.path.isdir(self.path):
+      if any(names for _, _, names in os.walk(self.path)):
+        return
+      shutil.rmtree(self.path, ignore_errors=True)
+    # The parents `create` made for it (--workdir=newA/newB), up to the first that held anything.
+    top = (made if made is not None else self._made) or ""
+    current = os.path.dirname(os.path.abspath(self.path))
+    while top and (current + os.sep).startswith(top + os.sep) and os.path.isdir(current):
+      try:
+        os.rmdir(current)  # only an empty folder
+      except OSError:
+        break
+      if current == top:
+        break
+      current = os.path.dirname(current)
 
   # ------------------------------------------------------------------------------- paths
 
@@ -188,17 +267,34 @@ class Workdir:
         shutil.copyfile(given, scratch)
     return own
 
+  def kept_vocabulary(self) -> str | None:
+    """The run's own copy of its vocabulary (`vocabulary/`, else `spm.model`) once the run has
+    started (saved config.json), or None: from then on the run's vocabulary is fixed."""
+    if not os.path.isfile(self.config_path):
+      return None
+    for own in (self.join(PAIR_VOCABULARY), self.join(VOCABULARY)):
+      if os.path.exists(own):
+        return own
+    return None
+
   def keep_vocabulary(self, config: ml_collections.ConfigDict) -> None:
     """Copies the vocabulary data.vocab_path names into the run (`spm.model`, or `vocabulary/`
-    for a Marian folder) when training starts, so the run keeps its vocabulary whatever happens
-    to that path later (process 0, once the run's checks have passed; a copy left by an earlier
-    attempt is replaced)."""
+    for a Marian folder) when training first starts, so the run keeps its vocabulary whatever
+    happens to that path later (process 0, once the run's checks have passed). Copied once: a
+    copy left by a start killed before config.json is replaced, but a started run's copy never
+    is (run/command.py refuses a differing file before any work; this is the last guard)."""
     given = config.data.vocab_path
     if not given or not os.path.exists(given):
       return
     own = self.own_vocabulary(given)
     if os.path.exists(own) and pair_vocabulary.digest(own) == pair_vocabulary.digest(given):
       return
+    kept = self.kept_vocabulary()
+    if kept is not None:
+      raise errors.ConfigError(
+        f"config.data.vocab_path={given}: its content differs from {kept}, the vocabulary "
+        f"{self.path} has held since its first start."
+      )
     self.copy_vocabulary(given)
 
   # ------------------------------------------------------------------------------- records

@@ -192,3 +192,112 @@ def test_only_an_empty_new_folder_is_removed(tmp_path):
   (empty / "data_cache").mkdir(parents=True)
   Workdir(str(empty)).remove_if_empty()
   assert not empty.exists()
+
+
+@pytest.mark.parametrize("how", ["changed_in_place", "another_path_after_a_kill"])
+def test_a_runs_vocabulary_is_fixed_at_its_first_start(monkeypatch, tmp_path, how):
+  """Issue 60, defect 1 (a silent wrong result): a resume whose data.vocab_path file had been
+  replaced in place copied the new file over the run's spm.model (the parameters trained on the
+  old ids), and so did a restart with another vocab_path after a kill before the first
+  checkpoint. The run's copy is made once; a differing file is refused by content, in one line,
+  and the copy is left as it was."""
+  spm = tmp_path / "spm"
+  spm.mkdir()
+  tokenizer_lib.train_tokenizer(_EN + _DE, str(spm / "vx"), 40)
+  tokenizer_lib.train_tokenizer(_DE, str(spm / "vy"), 40)
+  _corpus(tmp_path / "data", _DE)
+  work = tmp_path / "run"
+  config = _files_config(dir=str(tmp_path / "data"), vocab_path=str(spm / "vx.model"))
+  run = _trained(monkeypatch, work, config)
+  first = (work / "spm.model").read_bytes()
+  if how == "changed_in_place":
+    (spm / "vx.model").write_bytes((spm / "vy.model").read_bytes())
+    again = config
+  else:
+    monkeypatch.setattr(Workdir, "training_steps", lambda self: [])  # no checkpoint yet
+    again = _files_config(dir=str(tmp_path / "data"), vocab_path=str(spm / "vy.model"))
+  with pytest.raises(errors.ConfigError, match=r"its content differs from .*spm\.model, the voc"):
+    modes._begin(again, str(work), "train")  # pylint: disable=protected-access
+  with pytest.raises(errors.ConfigError, match="has held since its first start"):
+    run.keep_vocabulary(again)  # the loop's own guard, had the check been passed
+  assert (work / "spm.model").read_bytes() == first
+  # Naming the run's own copy is fine; so is the unchanged file in a fresh run.
+  own = _files_config(dir=str(tmp_path / "data"), vocab_path=str(work / "spm.model"))
+  if how == "another_path_after_a_kill":
+    modes._begin(own, str(work), "train")  # pylint: disable=protected-access
+
+
+def test_import_never_writes_into_a_folder_that_holds_a_users_files(tmp_path):
+  """Issue 60, defect 2 (data loss): --mode=import into an existing folder without config.json
+  replaced its vocabulary/ (a user's glossary.txt there was deleted) and its run.json, and took
+  over a run folder whose config.json was lost. Refused in one line before the input is read;
+  nothing in the folder changes."""
+  from flaxformer_nmt.export import importing  # pylint: disable=g-import-not-at-top
+
+  user = tmp_path / "userdir"
+  (user / "vocabulary").mkdir(parents=True)
+  (user / "vocabulary" / "glossary.txt").write_text("g\n")
+  with pytest.raises(errors.ConfigError) as info:
+    importing.import_marian(str(tmp_path / "no_such_model"), str(user))
+  assert str(info.value) == (
+    f"--workdir={user} is not empty and holds no run (vocabulary/glossary.txt); --mode=import "
+    "makes a run only in a new or empty folder: choose another --workdir."
+  )
+  assert (user / "vocabulary" / "glossary.txt").read_text() == "g\n"
+  # A trained run's folder whose config.json was lost: still a run, still refused.
+  lost = tmp_path / "lost"
+  (lost / "checkpoints" / "300").mkdir(parents=True)
+  with pytest.raises(errors.ConfigError, match="already holds a run"):
+    importing.import_marian(str(tmp_path / "no_such_model"), str(lost))
+  # A run.json of a training run (no config.json): not an import's leftover.
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "run.json").write_text('{"config": "demo", "training_data": {"kind": "files"}}')
+  with pytest.raises(errors.ConfigError, match=r"holds no run \(run\.json\)"):
+    importing.import_marian(str(tmp_path / "no_such_model"), str(other))
+  # What a killed import leaves is taken up again (the input is then looked for).
+  killed = tmp_path / "killed"
+  (killed / "vocabulary").mkdir(parents=True)
+  for name in ("source.spm", "target.spm", "vocab.json"):
+    (killed / "vocabulary" / name).write_text("x")
+  (killed / "import.json").write_text("{}")
+  (killed / "run.json").write_text('{"training_data": {"kind": "imported"}}')
+  with pytest.raises(errors.ConfigError, match="no such folder, nor a Hub id"):
+    importing.import_marian(str(tmp_path / "no_such_model"), str(killed))
+
+
+def test_training_never_starts_in_a_folder_that_holds_a_users_files(tmp_path):
+  """The same rule for train: a new run starts in a missing or empty folder, or one holding only
+  what a start killed before config.json left (its lock, vocabulary, tokenized data, events)."""
+  _corpus(tmp_path / "data", _DE)
+  config = _files_config(dir=str(tmp_path / "data"))
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "todo.txt").write_text("x")
+  with pytest.raises(errors.ConfigError) as info:
+    modes._begin(config, str(notes), "train")  # pylint: disable=protected-access
+  assert str(info.value).startswith(f"--workdir={notes} is not empty and holds no run (todo.txt)")
+  killed = tmp_path / "killed"
+  (killed / "data_cache").mkdir(parents=True)
+  for name in ("train.lock", "spm.model", "events.out.tfevents.1.host"):
+    (killed / name).write_text("")
+  modes._begin(config, str(killed), "train")  # pylint: disable=protected-access
+
+
+def test_a_refused_new_workdir_leaves_no_parent_it_made(tmp_path):
+  """Issue 60, defect 6: a refused fresh --workdir=newA/newB removed newB but left newA."""
+  run = Workdir(str(tmp_path / "newA" / "newB"))
+  run.create()
+  run.remove_if_empty()
+  assert not (tmp_path / "newA").exists() and tmp_path.exists()
+  kept = tmp_path / "kept"
+  (kept / "mine").mkdir(parents=True)
+  inner = Workdir(str(kept / "mine" / "x" / "y"))
+  inner.create()
+  inner.remove_if_empty()
+  assert (kept / "mine").is_dir() and not (kept / "mine" / "x").exists()
+  # Through the command: a start refused after its folder was made (no corpus there).
+  missing = _files_config(dir=str(tmp_path / "no_corpus"))
+  with pytest.raises(errors.DataError):
+    modes.train(missing, str(tmp_path / "newC" / "newD"))
+  assert not (tmp_path / "newC").exists()
