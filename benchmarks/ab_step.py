@@ -42,7 +42,9 @@ import numpy as np
 import train_step
 from absl import app, flags
 
+from flaxformer_nmt import errors
 from flaxformer_nmt.benchmarking import record
+from flaxformer_nmt.config import checks
 
 flags.DEFINE_multi_string(
   "variant", [], "name;setting;... with settings model.x=v (config) or xla_x=v (compiler option)."
@@ -67,11 +69,24 @@ def parse_variant(text: str) -> tuple[str, list[str], dict[str, Any]]:
       options[key] = train_step.parse_value(value) if value else ""
     elif "." in key:
       overrides.append(setting)
+      _check_override(text, setting)
     else:
       raise app.UsageError(
         f"--variant={text!r}: {key!r} is neither a config path (model.x) nor an xla_ option."
       )
   return name, overrides, options
+
+
+def _check_override(text: str, setting: str) -> None:
+  """UsageError, one line, when a variant's config override names no field or a value the field
+  cannot take (`model.atention=jax`, `model.remat=maybe`): found when the flag is parsed, not
+  after the variants before it have compiled."""
+  c = train_step.config_for_flags()
+  try:
+    train_step.apply_overrides(c, [setting])
+    checks.validate(c)
+  except (errors.UserError, KeyError, TypeError, ValueError, AttributeError) as e:
+    raise app.UsageError(f"--variant={text!r}: {setting!r}: {_one_line(e)}") from None
 
 
 def _one_line(e: BaseException) -> str:

@@ -15,7 +15,8 @@
 #   ab_big   the same for big, fewer variants
 #   steps    the earlier records: base and big (our attention), decoding at 32 and 256
 #   fp16     base in float16 with its dynamic loss scale (the T4/V100 path of model.dtype=auto)
-# Records go to $OUT as <bench>_<gpu>_<what>.json (gpu = h100, h200, ... from the device name).
+# Records go to $OUT as <bench>_<gpu>_<what>.json (gpu = h100, h200, ... from the device name;
+# a SMOKE=1 dry run's end in _smoke).
 # Each stage has its own time limit, so one that hangs costs only itself, and a stage that would
 # runs with at most what is left of GPU_BUDGET_S (default 480 s; under 60 s left, it is skipped with a
 # line saying so). Exits 1 if any stage failed or was skipped. On one H200 (2026-11-26) the base
@@ -45,14 +46,16 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 \
     | grep -owiE 'GH200|H100|H200|A100|L40S|L4|A10G|V100|T4' | head -1 | tr 'A-Z' 'a-z')
 fi
-GPU=${GPU:-${GPU_NAME:-gpu}}
+# A dry run (SMOKE=1) without a GPU names its records "cpu", not "gpu".
+GPU=${GPU:-${GPU_NAME:-$([ -n "${SMOKE:-}" ] && echo cpu || echo gpu)}}
 $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 SHAPES=(--dtype=bfloat16 --tokens_per_step=25000 --max_len=256)
 PEAK=(--peak_n=8192)
 [ -z "${SMOKE:-}" ] || { SHAPES=(--size=tiny --tokens_per_step=1024 --max_len=32); PEAK=(--peak_n=256); }
 
 run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $OUT/<name>.json
-  local limit=$1 name=$2 script=$3; shift 3
+  # A dry run's records end in _smoke: they hold the tiny size, whatever the stage's name says.
+  local limit=$1 name=$2${SMOKE:+_smoke} script=$3; shift 3
   local left=$((BUDGET - (SECONDS - start)))
   if [ "$left" -lt 60 ]; then
     echo "SKIPPED: $name ($left s of GPU_BUDGET_S left)"

@@ -218,7 +218,10 @@ def apply_overrides(c: Any, overrides: list[str] | None = None) -> None:
 
 
 def parse_value(text: str) -> Any:
-  """A --set value: a Python literal, else the string itself (`jax`, `FUSION,CUBLAS`)."""
+  """A --set value: a Python literal (`true`/`false` too, as JSON and absl write them), else the
+  string itself (`jax`, `FUSION,CUBLAS`)."""
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
   try:
     return ast.literal_eval(text) if text[:1] not in "abcdefghijklmnopqrstuvwxyz" else text
   except (ValueError, SyntaxError):

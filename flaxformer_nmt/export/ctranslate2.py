@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import jax
@@ -40,6 +39,7 @@ from flaxformer_nmt.data.tokenizer import Vocabulary
 from flaxformer_nmt.model import layers
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 from flaxformer_nmt.model.transformer import TransformerConfig
+from flaxformer_nmt.runtime import files
 
 FORMATS = ("ctranslate2",)
 # Weight types CTranslate2 stores (its ACCEPTED_MODEL_TYPES); float32 keeps our weights exactly.
@@ -241,22 +241,13 @@ def export_ctranslate2(
   vocabulary = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
   spec = build_spec(cfg, params, vocabulary)
   spec.optimize(quantization=quantization)
-  parent = os.path.dirname(os.path.abspath(output))
-  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
-  try:
-    os.chmod(staging, 0o755)  # mkdtemp makes it private; a model directory is not
+  with files.staged_folder(output) as staging:
     spec.save(staging)
     if os.path.isdir(tokenizer.model_path):  # an imported model's two SentencePiece models
       for name in ("source.spm", "target.spm"):
         shutil.copyfile(os.path.join(tokenizer.model_path, name), os.path.join(staging, name))
     else:
       shutil.copyfile(tokenizer.model_path, os.path.join(staging, "spm.model"))
-    if os.path.isdir(output):
-      os.rmdir(output)  # empty (check_output_dir)
-    os.rename(staging, output)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
   size = sum(os.path.getsize(os.path.join(output, f)) for f in os.listdir(output))
   return {
     "format": "ctranslate2",

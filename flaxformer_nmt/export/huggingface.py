@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import jax
@@ -47,6 +46,7 @@ from flaxformer_nmt.data.tokenizer import Vocabulary
 from flaxformer_nmt.export import marian
 from flaxformer_nmt.export.ctranslate2 import check_output_dir  # the one rule for --output
 from flaxformer_nmt.model.transformer import TransformerConfig
+from flaxformer_nmt.runtime import files
 
 EXTRA_KEY = "flaxformer_nmt"  # config.json's key for what transformers has no key for
 TRANSFORMERS_EPSILON = 1e-5  # MarianEncoderLayer's nn.LayerNorm(embed_dim)
@@ -249,11 +249,7 @@ def export_huggingface(
   vocab = marian_vocab(tokenizer)
   order = pair_vocabulary.marian_order(vocab)
   state = marian.to_marian(params, order, cfg.num_layers, cfg.decoder_depth)
-  parent = os.path.dirname(os.path.abspath(output))
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
-  try:
-    os.chmod(staging, 0o755)  # mkdtemp makes it private; a model folder is not
+  with files.staged_folder(output) as staging:
     save_file(state, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
     docs = {
       "config.json": marian_config(cfg, config, vocab),
@@ -273,12 +269,6 @@ def export_huggingface(
       shutil.copyfile(path, os.path.join(staging, name))
     with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
       f.write(model_card(config, description, results))
-    if os.path.isdir(output):
-      os.rmdir(output)  # empty: check_request allows nothing else
-    os.replace(staging, output)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
   return {
     "format": "huggingface",
     "output": os.path.abspath(output),

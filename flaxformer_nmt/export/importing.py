@@ -75,7 +75,8 @@ def locate(source: str) -> str:
     from huggingface_hub import snapshot_download  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise errors.ConfigError(
-      f'--input={source}: a Hub id needs huggingface_hub (pip install -e ".[hf]").'
+      f"--input={source}: no such folder; read as a Hub id, it needs huggingface_hub "
+      '(pip install -e ".[hf]").'
     ) from None
   try:
     folder = snapshot_download(source, allow_patterns=_HUB_FILES)
@@ -97,11 +98,21 @@ def _read_json(path: str) -> dict[str, Any]:
     return {}
   except (OSError, ValueError) as e:
     raise errors.DataError(f"{path}: not JSON ({e}).") from None
-  return doc if isinstance(doc, dict) else {}
+  if not isinstance(doc, dict):
+    raise errors.DataError(
+      f"{path}: holds a JSON {type(doc).__name__}, not a transformers model's config (an object)."
+    )
+  return doc
 
 
 def check_marian(hf: dict[str, Any], where: str) -> None:
   """ConfigError naming the first option of a Marian config.json this model cannot compute."""
+  if "model_type" not in hf and {"model", "data", "decode"} <= set(hf):
+    folder = os.path.dirname(where)
+    raise errors.ConfigError(
+      f"--input={folder} is a flaxformer_nmt run, not a transformers model: fine-tune it with "
+      f"--config.init_from={folder}, or translate with --workdir={folder}."
+    )
   if hf.get("model_type") != "marian":
     raise errors.ConfigError(
       f"{where}: model_type is {hf.get('model_type')!r}; --mode=import reads Marian models."

@@ -190,6 +190,16 @@ def latest_average(run: Workdir) -> Average | None:
   return None
 
 
+def imported_has_no_training(run: Workdir, asked: str) -> str:
+  """The one line for asking an imported run (never trained in place) for training
+  checkpoints."""
+  return (
+    f"{asked}: {run.path} is an imported model; it has no training checkpoints, only its "
+    f"imported parameters (--checkpoint=auto). To train it, fine-tune it into a new workdir "
+    f"with --config.init_from={run.path}."
+  )
+
+
 def resolve(run: Workdir, which: str = "auto") -> Location:
   """Where the parameters `--checkpoint=which` names live; one line (UserError) if there are
   none. Lists folders only, so a mode fails before it builds or loads anything.
@@ -200,6 +210,8 @@ def resolve(run: Workdir, which: str = "auto") -> Location:
   if which not in CHECKPOINTS:
     raise errors.ConfigError(f"--checkpoint={which}: choose one of {', '.join(CHECKPOINTS)}.")
   train_steps = run.training_steps()
+  if which in ("latest", "ema") and not train_steps and run.imported():
+    raise errors.CheckpointError(imported_has_no_training(run, f"--checkpoint={which}"))
   if which in ("latest", "ema") and not train_steps:
     raise errors.CheckpointError(
       f"No training checkpoint in {run.checkpoints}; train with --workdir={run.path} first."
@@ -276,6 +288,8 @@ def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
       f"--mode=average --checkpoint={which}: average reads training checkpoints; use auto, "
       "latest, best (the K up to the best step) or ema (their parameter averages)."
     )
+  if not run.training_steps() and run.imported():
+    raise errors.CheckpointError(imported_has_no_training(run, "--mode=average"))
   if which == "ema":
     resolve(run, "ema")  # one line if the run kept no average
   steps, scope = run.training_steps(), ""

@@ -19,8 +19,10 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
@@ -47,6 +49,45 @@ def atomic_path(path: str) -> Iterator[str]:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+@contextlib.contextmanager
+def staged_folder(output: str) -> Iterator[str]:
+  """A scratch folder for a folder written whole at `output` (a model export): made beside it,
+  put in place only when the block completes (an interrupted export leaves no half-written
+  model), its files readable as the umask allows (some writers make theirs 0600). `output` is
+  missing or an empty folder; an existing one (itself, a symbolic link to one, or `.`) receives
+  the files in place: a link is never replaced by a folder, nor a folder a shell stands in."""
+  target = os.path.realpath(output)
+  parent = os.path.dirname(target)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  moved: list[str] = []
+  try:
+    mask = _umask()
+    os.chmod(staging, 0o777 & ~mask)  # mkdtemp makes it private; a model folder is not
+    yield staging
+    for name in os.listdir(staging):
+      if os.path.isfile(os.path.join(staging, name)):
+        os.chmod(os.path.join(staging, name), 0o666 & ~mask)
+    if not os.path.isdir(target):
+      os.replace(staging, target)
+      return
+    for name in sorted(os.listdir(staging)):
+      os.replace(os.path.join(staging, name), os.path.join(target, name))
+      moved.append(os.path.join(target, name))
+    os.rmdir(staging)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    for path in moved:
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    raise
 
 
 def sha256(path: str) -> str:

@@ -80,7 +80,7 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
   assert "gpu.sh: " in proc.stdout and "0 failed or skipped" in proc.stdout
-  profile = json.loads((tmp_path / "profile_step_cpu_base.json").read_text())["result"]
+  profile = json.loads((tmp_path / "profile_step_cpu_base_smoke.json").read_text())["result"]
   assert profile["size"] == "tiny" and profile["profiled_steps"] == 3 and profile["devices"] == 1
   fractions = profile["by_kind_fraction"]
   assert sum(fractions.values()) == pytest.approx(1.0, abs=0.01)
@@ -88,7 +88,7 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   assert max(fractions, key=fractions.get) == "matmul"
   assert any("_logits" in k["op_name"] for k in profile["top"][:3]), profile["top"][:3]
   assert profile["kernels_per_step"] > 100
-  ab = json.loads((tmp_path / "ab_step_cpu_base.json").read_text())["result"]
+  ab = json.loads((tmp_path / "ab_step_cpu_base_smoke.json").read_text())["result"]
   variants = {v["name"]: v for v in ab["variants"]}
   assert list(variants) == ["baseline", "fastmath"]
   assert variants["baseline"]["max_loss_diff"] == 0.0 and variants["baseline"]["speedup"] == 1.0
@@ -99,3 +99,37 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   assert all(abs(x - 10.5) < 1.5 for x in ab["baseline_losses"])  # ~ln(37,000) at the start
   for v in variants.values():
     assert v["step_s"] > 0 and len(v["round_step_s"]) == 2
+
+
+@pytest.mark.parametrize(
+  "variant, culprit",
+  [
+    (
+      "j;model.atention=jax",
+      "config.model has no field 'atention'; did you mean 'model.attention'",
+    ),
+    ("r;model.remat=maybe", "Could not override field 'remat'"),
+  ],
+)
+def test_ab_step_refuses_a_bad_override_before_compiling_anything(tmp_path, variant, culprit):
+  """Issue 60, defect 5: a mistyped or ill-typed config override in --variant failed with a
+  traceback after the variants before it had compiled, and wrote no record. It is refused when
+  the flag is parsed, naming the variant and the field, and nothing is compiled."""
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "benchmarks/ab_step.py",
+      "--size=tiny",
+      f"--variant={variant}",
+      f"--results_dir={tmp_path}",
+      "--record=refused",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 1
+  last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+  assert last.startswith(f"--variant={variant!r}: ") and culprit in last, last
+  assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())

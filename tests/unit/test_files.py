@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
+import pathlib
 import sys
 
 import pytest
@@ -123,3 +125,41 @@ def test_an_output_file_is_checked_before_any_work(tmp_path):
   (tmp_path / "notes").write_text("x")
   with pytest.raises(errors.ConfigError, match="notes is a file, not a folder"):
     files.check_output_file(str(tmp_path / "notes" / "out.txt"), "--output")
+
+
+@pytest.mark.parametrize("where", ["missing", "empty", "link_to_empty", "dot"])
+def test_a_staged_folder_lands_at_a_link_or_the_current_folder(tmp_path, monkeypatch, where):
+  """Issue 60, defects 5 and 6: --mode=export --output=<a link to an empty folder> and
+  --output=. in an empty folder ended in tracebacks after converting (the link or the current
+  folder could not be removed to rename the model into place), and model.safetensors was written
+  0600 where the other files are 0644. The files land in the folder the link or `.` names."""
+  real = tmp_path / "real"
+  output = str(real)
+  if where != "missing":
+    real.mkdir()
+  if where == "link_to_empty":
+    (tmp_path / "link").symlink_to(real)
+    output = str(tmp_path / "link")
+  elif where == "dot":
+    monkeypatch.chdir(real)
+    output = "."
+  os.umask(0o022)
+  with files.staged_folder(output) as staging:
+    with open(os.path.join(staging, "model.safetensors"), "w") as f:
+      f.write("weights")
+    os.chmod(os.path.join(staging, "model.safetensors"), 0o600)  # as safetensors leaves it
+    (pathlib.Path(staging) / "config.json").write_text("{}")
+  assert sorted(os.listdir(real)) == ["config.json", "model.safetensors"]
+  assert (real / "model.safetensors").stat().st_mode & 0o777 == 0o644
+  assert real.stat().st_mode & 0o777 == 0o755
+  if where == "link_to_empty":
+    assert (tmp_path / "link").is_symlink()
+  assert [n for n in os.listdir(tmp_path) if n.startswith(".export-")] == []
+
+
+def test_a_staged_folder_that_fails_leaves_nothing(tmp_path):
+  (tmp_path / "out").mkdir()
+  with pytest.raises(RuntimeError), files.staged_folder(str(tmp_path / "out")) as staging:
+    (pathlib.Path(staging) / "half").write_text("x")
+    raise RuntimeError("interrupted")
+  assert os.listdir(tmp_path / "out") == [] and os.listdir(tmp_path) == ["out"]

@@ -171,3 +171,56 @@ def test_attention_pictures_and_alignments_follow_the_decoders_own_depth():
   config.decode.alignment_layer = 3
   with pytest.raises(errors.ConfigError, match="names no decoder layer of the model's 3"):
     builders.validate(config)
+
+
+def test_imports_mistakes_each_say_what_to_do(tmp_path, monkeypatch):
+  """Issue 60, defect 6: one of our runs given to --mode=import said "model_type is None", a
+  config.json holding a JSON array "no such file", and a mistyped local folder that looks like
+  org/name that it "needs huggingface_hub"."""
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.export import importing  # pylint: disable=g-import-not-at-top
+
+  ours = tmp_path / "ours"
+  ours.mkdir()
+  (ours / "config.json").write_text('{"model": {}, "data": {}, "decode": {}}')
+  with pytest.raises(errors.ConfigError) as info:
+    importing.import_marian(str(ours), str(tmp_path / "new"))
+  assert str(info.value) == (
+    f"--input={ours} is a flaxformer_nmt run, not a transformers model: fine-tune it with "
+    f"--config.init_from={ours}, or translate with --workdir={ours}."
+  )
+  listed = tmp_path / "listed"
+  listed.mkdir()
+  (listed / "config.json").write_text("[1, 2]")
+  with pytest.raises(errors.DataError, match=r"holds a JSON list, not a transformers model's"):
+    importing.import_marian(str(listed), str(tmp_path / "new"))
+  monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(errors.ConfigError) as info:
+    importing.locate("models/opus")
+  assert str(info.value).startswith("--input=models/opus: no such folder; read as a Hub id,")
+  assert not (tmp_path / "new").exists()
+
+
+def test_an_imported_run_asked_for_training_checkpoints_says_to_fine_tune(tmp_path):
+  """Issue 60, defect 6: --checkpoint=latest on an imported run said to train it (refused), and
+  --mode=average said the count must be "between 1 and that (0)"."""
+  from flaxformer_nmt.run import selection  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.run.folder import Workdir  # pylint: disable=g-import-not-at-top
+
+  run = Workdir(str(tmp_path / "imported"))
+  run.create()
+  run.write_run_record("", {"kind": "imported", "source": "Helsinki-NLP/opus-mt-en-de"})
+  for asked, call in (
+    ("--checkpoint=latest", lambda: selection.resolve(run, "latest")),
+    ("--checkpoint=ema", lambda: selection.resolve(run, "ema")),
+    ("--mode=average", lambda: selection.average_plan(run, 2, "auto")),
+  ):
+    with pytest.raises(errors.CheckpointError) as info:
+      call()
+    assert str(info.value) == (
+      f"{asked}: {run.path} is an imported model; it has no training checkpoints, only its "
+      f"imported parameters (--checkpoint=auto). To train it, fine-tune it into a new workdir "
+      f"with --config.init_from={run.path}."
+    )
