@@ -2,7 +2,7 @@ r"""Side by side with the Flax WMT example: its train step and beam search again
 
   git clone --depth 1 https://github.com/google/flax /tmp/flax    # the example is not on PyPI
   python benchmarks/flax_wmt.py --flax_wmt_dir=/tmp/flax/examples/wmt --size=base \
-    --dtype=bfloat16 --tokens_per_step=25000 --max_len=256        # one GPU: #54's shapes
+    --dtype=bfloat16 --tokens_per_step=25000 --max_len=256        # one GPU: the paper's batch
   python benchmarks/flax_wmt.py --flax_wmt_dir=/tmp/flax/examples/wmt --size=tiny \
     --tokens_per_step=1024 --max_len=32 --decode_batch_sizes=4     # any CPU, in a minute
 

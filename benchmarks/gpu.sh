@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU figures #54 asks for, in one short run on one NVIDIA GPU, most important first:
+# The step's GPU figures (profile, A/B of XLA options, the Flax example beside ours), in one
+# short run on one NVIDIA GPU, most important first:
 #
 #   OUT=/tmp/gpu_records FLAX_WMT_DIR=build/flax/examples/wmt bash benchmarks/gpu.sh
 #   OUT=/tmp/gpu_records bash benchmarks/gpu.sh profile ab_base     # chosen stages, in this order
 #
-# All at #54's shapes: bfloat16, 97 rows of 256 target tokens (~25,000), 37,000-token vocabulary.
+# All at the paper's batch: bfloat16, 97 rows of 256 target tokens (~25,000), 37,000-token vocabulary.
 # Stages (default: all, in this order):
 #   profile  the base step under jax.profiler: kernel time by kind, the costliest kernels named
 #            (profile_step.py)
@@ -68,7 +69,7 @@ run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $
     | grep -vE '^I[0-9]{4}|^W[0-9]{4}' | tail -"${TAIL:-4}"
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "FAILED: $name"; failed=$((failed + 1)); }
 }
-# Each variant is an XLA option or a config choice #54 names; an option this XLA lacks is
+# Each variant is an XLA option or a config choice that may speed the step up; an option this XLA lacks is
 # reported in the record as that variant's error and the others still run.
 AB_BASE=(
   --variant="cmdbuf_off;xla_gpu_enable_command_buffer="

@@ -1,7 +1,7 @@
 r"""The real train step under jax.profiler: kernel time by kind, and the kernels that cost most.
 
   python benchmarks/profile_step.py --size=base --dtype=bfloat16 --tokens_per_step=25000 \
-    --max_len=256                                                      # one GPU, the #54 shapes
+    --max_len=256                                                      # one GPU, the paper's batch
   python benchmarks/profile_step.py --size=tiny --tokens_per_step=1024 --max_len=32   # any CPU
 
 The step is train_step.py's (the same builder, flags and batches). It is compiled once; that

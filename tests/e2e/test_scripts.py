@@ -54,7 +54,7 @@ def test_recipe_cost_estimate_follows_the_flop_count(tmp_path):
 
 
 def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
-  """benchmarks/gpu.sh is what a session lent a GPU runs first (#54), with minutes to spare: its
+  """benchmarks/gpu.sh is what the first run on an NVIDIA GPU runs, with minutes to spare: its
   profile and A/B stages run here at the tiny size (SMOKE=1), and their records say what the GPU
   run's will: the step's kernels by kind with the costliest named, and each variant's time and
   loss beside the baseline's."""
