@@ -21,8 +21,8 @@ initial state; `max_loss_diff` is the largest |loss - baseline's loss| over thos
 warm-up's learning rate is tiny in those steps, so the losses alone hardly see the gradients).
 A variant that changes only how XLA compiles should stay within float tolerance of the
 baseline (within 1e-3 to be worth keeping); one that changes the random bits
-(model.dropout_rng) is not expected to, and model.attention=jax matches only while model.attention_dropout_rate is 0 (it has no
-attention dropout).
+(model.dropout_rng) is not expected to, and model.attention=jax matches only while
+model.attention_dropout_rate is 0 (it has no attention dropout).
 
 A variant whose compile fails (an option this XLA does not know, a shape cuDNN does not take) is
 reported with its one-line error and the others still run. Last line: JSON (benchmarks/results/
