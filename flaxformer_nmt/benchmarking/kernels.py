@@ -10,8 +10,8 @@ A kernel's name alone says little (`fusion_3500`), so each is looked up in the c
 HLO text (`compiled.as_text()`): its opcode, its fusion kind (kLoop: element-wise, kInput: a
 reduction at the root), a custom call's target (cuBLAS, cuDNN) and the JAX operation it came from
 (`metadata={op_name=...}`: which layer, forward or backward). The kinds are those a GPU
-profile of the step needs: matrix products, fused attention, element-wise fusions, reductions, random bits, copies
-and collectives.
+profile of the step needs: matrix products, fused attention, element-wise fusions, reductions,
+random bits, copies and collectives.
 """
 
 from __future__ import annotations
