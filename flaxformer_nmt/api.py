@@ -26,7 +26,7 @@ from typing import Any
 import ml_collections
 
 from flaxformer_nmt import errors, modes
-from flaxformer_nmt.config import builders, loading
+from flaxformer_nmt.config import builders
 from flaxformer_nmt.config.choices import CHECKPOINTS  # noqa: F401  (the checkpoint= choices)
 from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.runtime import console
@@ -41,6 +41,8 @@ def load_config(
   overrides: {"num_train_steps": 300, "model.dtype": "float32", ...}, the dotted names of
   `--config.<name>=value`. An unknown name is a ConfigError naming it; the result is validated.
   """
+  from flaxformer_nmt.config import loading  # pylint: disable=g-import-not-at-top (configs/)
+
   config = loading.load(name_or_path)
   for name, value in (overrides or {}).items():
     builders.set_field(config, name, value)

@@ -16,12 +16,9 @@ import jax
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging
 from flaxformer_nmt.config import directions, run_config
 from flaxformer_nmt.decoding import constraints as constraints_lib
-from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.decoding import session as session_lib
 from flaxformer_nmt.decoding.session import Outputs, output_lines
 from flaxformer_nmt.run import command, selection
@@ -39,6 +36,8 @@ def _begin(
   TPU is visible but JAX runs on the CPU. Nothing is written but a new training run's folder."""
   run = command.open_run(config, workdir, mode)
   if mode == "eval" and run.saved is not None:
+    from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
+
     evaluation.say_if_another_test_set(run.config, run.saved)
   console.warn_if_unused()
   return run.config, run.folder
@@ -101,6 +100,10 @@ def evaluate(
       "--constraints with --mode=eval scores one test set; a multilingual run has one per "
       "direction: use --mode=translate --target_lang=X --constraints=FILE."
     )
+  # The test set and its scorers (sacrebleu): eval's alone, not loaded by a translate or the API.
+  from flaxformer_nmt.data import pipeline as data_lib  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
+
   loaded = loaded_model.load(config, run, which, members)
   data = data_lib.make_data(
     config, run, need_train=False, eval_splits=("test",), tokenizer=loaded.components.tokenizer
@@ -377,6 +380,8 @@ def average(
   """Averages the parameters of the last K checkpoints into <workdir>/averaged (`which`="best":
   the last K up to the best step; "ema": the parameter averages of the last K); the average
   written last is what --checkpoint=averaged reads."""
+  from flaxformer_nmt.checkpoints import averaging  # pylint: disable=g-import-not-at-top
+
   config, run = _begin(config, workdir, "average")
   plan = selection.average_plan(run, num_checkpoints, which)  # before any work
   components = Components.load(config, run)

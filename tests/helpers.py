@@ -263,7 +263,7 @@ def load_params(config: ml_collections.ConfigDict, workdir: Any, which: str = "a
 
 def fresh_trainer(config: ml_collections.ConfigDict, workdir: Any) -> Any:
   """A Trainer of `config` in `workdir`, set up as training/loop.py does (no lock)."""
-  from flaxformer_nmt import data as data_lib  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.data import pipeline as data_lib  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.training.state import TrainSetup  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
 

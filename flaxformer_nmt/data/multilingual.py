@@ -19,6 +19,7 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import sampling, sources, streams, tokenized
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
+from flaxformer_nmt.data.tokenizer import source_prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,23 +126,6 @@ def vocabulary_sample(dc: ml_collections.ConfigDict, seed: int) -> list[str]:
     out.extend(s for i, s in enumerate(_sentences(w)) if chosen is None or i in chosen)
     logging.info("Vocabulary sample: %d of %d %s sentences.", k, n, lang)
   return out
-
-
-def source_prefix(
-  tokenizer: tokenizer_lib.Tokenizer,
-  target_lang: str,
-  corpus_tag: str = "",
-  data_config: ml_collections.ConfigDict | None = None,
-) -> list[int]:
-  """The ids every source into `target_lang` starts with: its language tag (spelled as
-  `data_config` says: directions.lang_tag), then the corpus's tag, if any (both checked to be in
-  the vocabulary when the data was made)."""
-  pieces = [directions.lang_tag(target_lang, data_config)] + ([corpus_tag] if corpus_tag else [])
-  ids = [tokenizer.piece_id(p) for p in pieces]
-  missing = [p for p, i in zip(pieces, ids, strict=True) if i is None]
-  if missing:
-    raise errors.DataError(f"{tokenizer.model_path}: has no piece {missing[0]!r}.")
-  return [int(i) for i in ids if i is not None]
 
 
 def train_split(

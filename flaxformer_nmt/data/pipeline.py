@@ -287,7 +287,7 @@ def _make_multilingual(
       p,
       tokenizer,
       name=key,
-      src_prefix=multilingual.source_prefix(tokenizer, targets[key], data_config=dc),
+      src_prefix=tokenizer_lib.source_prefix(tokenizer, targets[key], data_config=dc),
     )
     for key, p in pairs.items()
   }

@@ -21,6 +21,7 @@ import sentencepiece as spm
 from absl import logging
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -123,6 +124,23 @@ def vocabulary_exists(path: str) -> bool:
 def same_vocabulary(a: str, b: str) -> bool:
   """Whether two vocabularies are the same by content (a copy, or the same file or folder)."""
   return pair_vocabulary.digest(a) == pair_vocabulary.digest(b)
+
+
+def source_prefix(
+  tokenizer: Vocabulary,
+  target_lang: str,
+  corpus_tag: str = "",
+  data_config: ml_collections.ConfigDict | None = None,
+) -> list[int]:
+  """The ids every source into `target_lang` starts with: its language tag (spelled as
+  `data_config` says: directions.lang_tag), then the corpus's tag, if any (both checked to be in
+  the vocabulary when the data was made)."""
+  pieces = [directions.lang_tag(target_lang, data_config)] + ([corpus_tag] if corpus_tag else [])
+  ids = [tokenizer.piece_id(p) for p in pieces]
+  missing = [p for p, i in zip(pieces, ids, strict=True) if i is None]
+  if missing:
+    raise errors.DataError(f"{tokenizer.model_path}: has no piece {missing[0]!r}.")
+  return [int(i) for i in ids if i is not None]
 
 
 def without_pieces(pieces: Sequence[str]) -> Callable[[str], str]:

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from flaxformer_nmt.config.choices import BEAM_STYLES, DECODE_METHODS
-from flaxformer_nmt.decoding import beam_search, constrained, sampling, token_loop
+from flaxformer_nmt.decoding import beam_search, token_loop
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.decoding.constraints import Constraints
@@ -105,7 +105,10 @@ class SearchConfig:
     )
 
   @property
-  def sampling_rule(self) -> sampling.SamplingRule:
+  def sampling_rule(self) -> Any:
+    """sampling.SamplingRule of this search's temperature, top_k and top_p."""
+    from flaxformer_nmt.decoding import sampling  # pylint: disable=g-import-not-at-top
+
     return sampling.SamplingRule(self.temperature, self.top_k, self.top_p)
 
 
@@ -263,7 +266,11 @@ def run_search(
     return token_loop.greedy_search(
       step_fn, cache, max_lengths, max_decode_len=max_decode_len, alpha=search.alpha
     )
+  # Sampling and the constrained beam are loaded only by the searches that use them.
+  # pylint: disable=g-import-not-at-top
   if search.method == "sample":
+    from flaxformer_nmt.decoding import sampling
+
     line_ids = jnp.arange(batch, dtype=jnp.int32) if line_ids is None else line_ids
     result = sampling.sample_search(
       step_fn,
@@ -276,6 +283,8 @@ def run_search(
     )
     return _rank_samples(result, batch, k)
   if constraints is not None:
+    from flaxformer_nmt.decoding import constrained
+
     return constrained.constrained_search(
       step_fn,
       cache,

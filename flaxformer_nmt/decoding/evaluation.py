@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -20,7 +20,6 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions as directions_lib
-from flaxformer_nmt.data.pipeline import Data
 from flaxformer_nmt.decoding import language_id, translator
 from flaxformer_nmt.decoding.bleu import (
   sacrebleu_score,
@@ -30,6 +29,9 @@ from flaxformer_nmt.decoding.bleu import (
 )
 from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import parallel
+
+if TYPE_CHECKING:  # the test set's type only: decoding does not load the input pipeline
+  from flaxformer_nmt.data.pipeline import Data
 
 # (source sentences, beam size) -> their translations: how a model is asked to translate.
 Translate = Callable[[Sequence[str], int], list[str]]

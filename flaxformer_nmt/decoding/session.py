@@ -27,7 +27,6 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.decoding import scoring
 from flaxformer_nmt.decoding import translator as translator_lib
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import LoadedModel
@@ -179,6 +178,8 @@ class Translators:
   def scorer(self, target_lang: str | None = None) -> Any:
     """The teacher-forced scorer (decoding/scoring.py) into `target_lang`, kept like a
     translator."""
+    from flaxformer_nmt.decoding import scoring  # pylint: disable=g-import-not-at-top
+
     components = self.loaded.components
     lang = directions.resolve_target(components.config.data, target_lang) or ""
     with self._lock:

@@ -26,7 +26,6 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.data import multilingual
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
@@ -77,7 +76,7 @@ class Translator:
     `log_progress=False` (the server) logs neither progress nor truncations. `rows_per_shard`:
     the sentences per device a batch may have (default: the powers of two up to `batch_size`).
     `source_prefix`: ids every source starts with (a multilingual model's target-language tag,
-    data/multilingual.source_prefix); `translate_nbest` can set them line by line.
+    data/tokenizer.source_prefix); `translate_nbest` can set them line by line.
     `reserved_ids` (the tags) are dropped from the encoded text: a line holding "<2fr>" cannot
     pick another language than the one asked for. `constrained_decode` (the beam search that
     must output given terms, by beam size) serves the lines given terms; `beam_size` is the beam
@@ -363,7 +362,7 @@ def target_prefix(parts: ModelParts, target_lang: str | None) -> list[int]:
   lang = directions.resolve_target(parts.data_config, target_lang)
   if lang is None:
     return []
-  return multilingual.source_prefix(
+  return tokenizer_lib.source_prefix(
     parts.tokenizer,  # type: ignore[arg-type]
     lang,
     data_config=parts.data_config,

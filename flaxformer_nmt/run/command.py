@@ -26,7 +26,7 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import checks, run_config
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
-from flaxformer_nmt.run import identity, selection
+from flaxformer_nmt.run import selection
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import compile_cache
 
@@ -159,6 +159,8 @@ def _check_training_data(
       run.path,
     )
     return
+  from flaxformer_nmt.run import identity  # pylint: disable=g-import-not-at-top (a resume's)
+
   differs = identity.difference(recorded, identity.training_data(config, recorded))
   if differs:
     raise errors.ConfigError(

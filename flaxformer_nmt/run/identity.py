@@ -23,7 +23,6 @@ from typing import Any
 import ml_collections
 
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.data import multilingual, sources
 from flaxformer_nmt.runtime import files
 
 VERSION = 1
@@ -44,6 +43,10 @@ def _file(path: str, known: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _train_files(dc: ml_collections.ConfigDict) -> list[str]:
+  # The sources are the training side's: imported when a run's data is fingerprinted (train, a
+  # resume's check), so a decoding command does not load them.
+  from flaxformer_nmt.data import multilingual, sources  # pylint: disable=g-import-not-at-top
+
   if directions.is_multilingual(dc):
     return [p for c in multilingual.train_corpora(dc) for p in c.source.files("train")]
   return list(sources.FilesSource(dc).files("train"))
@@ -51,6 +54,8 @@ def _train_files(dc: ml_collections.ConfigDict) -> list[str]:
 
 def _tfds_version(dc: ml_collections.ConfigDict) -> str:
   """The prepared dataset's version, or "" when TFDS cannot say (not prepared yet)."""
+  from flaxformer_nmt.data import sources  # pylint: disable=g-import-not-at-top (as above)
+
   try:
     tfds = sources.import_tfds()
     return str(tfds.builder(dc.tfds_name, data_dir=dc.tfds_data_dir or None).version)

@@ -28,7 +28,7 @@ import ml_collections
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import averaging, checkpointer, reader
+from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.config.run_config import ARCHITECTURE
@@ -296,6 +296,8 @@ def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
   if which == "best":
     best = best_step(run)
     steps, scope = [s for s in steps if s <= best], f" up to the best step {best}"
+  from flaxformer_nmt.checkpoints import averaging  # pylint: disable=g-import-not-at-top
+
   chosen = averaging.last_steps(steps, num_checkpoints, run.checkpoints, scope)
   if which == "ema":
     return AveragePlan(chosen, "ema", EMA_PATH)
@@ -310,6 +312,8 @@ def save_imported(run: Workdir, params: Any, source: str) -> str:
   `--checkpoint=auto` and `averaged` read them, and so does `config.init_from`."""
   directory = os.path.join(run.averaged, IMPORTED)
   info = {"imported_from": source, "averaged_steps": [0], "num_checkpoints": 1, "of": "params"}
+  from flaxformer_nmt.checkpoints import checkpointer  # pylint: disable=g-import-not-at-top (writers)
+
   path = checkpointer.write(directory, 0, {"params": params}, info, replace=True)
   pointer = {"name": IMPORTED, "steps": [0], "of": "params", "newest_training_step": 0}
   if parallel.is_main_process():
@@ -324,6 +328,8 @@ def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> st
   steps = [int(s) for s in steps]
   directory = os.path.join(run.averaged, average_name(of, steps))
   info = {"averaged_steps": steps, "num_checkpoints": len(steps), "of": of}
+  from flaxformer_nmt.checkpoints import checkpointer  # pylint: disable=g-import-not-at-top (writers)
+
   path = checkpointer.write(directory, steps[-1], {"params": params}, info, replace=True)
   training = run.training_steps()
   pointer = {

@@ -16,8 +16,8 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from flaxformer_nmt import data as data_lib
 from flaxformer_nmt.config import run_config
+from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import open_vocabulary
 from flaxformer_nmt.decoding import evaluation
 from flaxformer_nmt.run import command, identity

@@ -22,10 +22,10 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import checkpointer
-from flaxformer_nmt.data import prefetch
+from flaxformer_nmt.data import pipeline as data_lib
+from flaxformer_nmt.data import prefetch, streams
 from flaxformer_nmt.decoding import evaluation, translator
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import Components
@@ -40,7 +40,7 @@ def _host_metrics(device_metrics: list[dict[str, Any]]) -> list[dict[str, float]
   return [jax.tree.map(float, parallel.local_replica(m)) for m in device_metrics]
 
 
-def _global_data_state(train_iter: data_lib.DeviceStreams) -> dict[str, Any]:
+def _global_data_state(train_iter: streams.DeviceStreams) -> dict[str, Any]:
   """Every stream's input position, for the checkpoint (a collective in multi-process runs).
 
   Each process holds its own devices' streams; orbax writes the checkpoint's JSON from process 0,
@@ -66,8 +66,8 @@ def _epochs_read(train_iter: Any) -> float | None:
   return float(np.mean(passes)) if passes else None
 
 
-def _restore_data_state(train_iter: data_lib.DeviceStreams, saved: dict[str, Any]) -> None:
-  positions, exact = data_lib.resume_positions(
+def _restore_data_state(train_iter: streams.DeviceStreams, saved: dict[str, Any]) -> None:
+  positions, exact = streams.resume_positions(
     saved, train_iter.first_stream, train_iter.stream_sizes, jax.device_count()
   )
   if not exact:

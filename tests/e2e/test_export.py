@@ -7,8 +7,8 @@ import ctranslate2  # the [export] extra; [test] includes it, so CI runs these t
 import numpy as np
 import pytest
 
-from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
+from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.decoding import translator
 from flaxformer_nmt.export import ctranslate2 as export
 from flaxformer_nmt.run.folder import Workdir

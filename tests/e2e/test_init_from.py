@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from flaxformer_nmt import data as data_lib
 from flaxformer_nmt import errors
+from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.run.folder import Workdir
