@@ -19,7 +19,6 @@ Once a run has saved its config.json, `config` may be None: the run's own config
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,9 +65,9 @@ def load_run_config(
   """The config a trained run saved (`<workdir>/config.json`, with its types), with `overrides`
   ({"decode.beam_size": 8}); every mode then holds it to the run's rules (docs/runs.md), so only
   what a command may change should differ. ConfigError if the run saved none."""
-  from flaxformer_nmt.config import saved_run  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.run import saved_config  # pylint: disable=g-import-not-at-top
 
-  config = saved_run.get_config(workdir)
+  config = saved_config.get_config(workdir)
   for path, value in (overrides or {}).items():
     builders.set_field(config, path, value)
   return config
@@ -256,6 +255,4 @@ def attention(
 ) -> dict[str, Any]:
   """Attention heatmaps and the positional-encoding picture (PNG) in `output`
   (default <workdir>/attention); the result lists the files."""
-  return modes.attention(
-    config, workdir, checkpoint, text, output or os.path.join(workdir, "attention"), target_lang
-  )
+  return modes.attention(config, workdir, checkpoint, text, output, target_lang)

@@ -29,7 +29,9 @@ from ml_collections import config_flags
 from flaxformer_nmt import cli_flags, errors, help_text
 from flaxformer_nmt.config import builders as config_builders
 from flaxformer_nmt.config import loading as config_files
-from flaxformer_nmt.config import run_config, saved_run
+from flaxformer_nmt.config import run_config
+from flaxformer_nmt.run import saved_config as saved_run
+from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import console
 from flaxformer_nmt.serving import flags as _serve_flags  # noqa: F401  (--host, --port, ...)
 
@@ -68,11 +70,11 @@ def _flag_value(argv: list[str], name: str) -> str | None:
 
 def _with_saved_config(argv: list[str]) -> list[str]:
   """`argv` with `--config` standing for the run's saved config.json when it is left out
-  (config/saved_run.py); one line (exit 2) if the workdir saved none."""
+  (run/saved_config.py); one line (exit 2) if the workdir saved none."""
   workdir = _flag_value(argv, "workdir")
   if workdir is None:
     return argv  # absl says --workdir is required
-  if not os.path.isfile(os.path.join(workdir, run_config.CONFIG_FILE)):
+  if not os.path.isfile(Workdir(workdir).config_path):
     _user_error(
       f"--config is required: --workdir={workdir} has no {run_config.CONFIG_FILE} (no run has "
       "trained there yet, or it was trained before runs saved their config); pass the config "

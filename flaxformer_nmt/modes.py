@@ -348,7 +348,7 @@ def attention(
   workdir: str,
   which: str,
   text: str,
-  output: str,
+  output: str | None,
   target_lang: str | None = None,
 ) -> dict[str, Any]:
   """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the

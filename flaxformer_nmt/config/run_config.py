@@ -229,9 +229,28 @@ def from_json(text: str, source: str = CONFIG_FILE) -> ml_collections.ConfigDict
   return config
 
 
-def saved(workdir: str) -> ml_collections.ConfigDict | None:
-  """The typed config of the run in `workdir` (from_json), or None if it saved none."""
-  path = os.path.join(workdir, CONFIG_FILE)
+# config.json texts this process has read: {path: ((inode, size, mtime_ns), text)}. A command
+# reads its run's config.json in several places before the run is opened (the command line's
+# --config standing for it is loaded twice by absl and ml_collections, the API's load_run_config),
+# and each would open the file again; the text is reused while the file is unchanged.
+_READ: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+def read_saved_text(path: str) -> str | None:
+  """The text of the config.json at `path`, or None if there is none; read once per process
+  while the file stays as it was (its inode, size and modification time), so every reader of
+  one command sees the same text."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    _READ.pop(path, None)
+    return None
+  except OSError as e:
+    raise errors.ConfigError(f"{path}: cannot be read ({e.strerror}).") from None
+  key = (st.st_ino, st.st_size, st.st_mtime_ns)
+  kept = _READ.get(path)
+  if kept is not None and kept[0] == key:
+    return kept[1]
   try:
     with open(path, encoding="utf-8") as f:
       text = f.read()
@@ -239,7 +258,13 @@ def saved(workdir: str) -> ml_collections.ConfigDict | None:
     return None
   except OSError as e:
     raise errors.ConfigError(f"{path}: cannot be read ({e.strerror}).") from None
-  return from_json(text, path)
+  _READ[path] = (key, text)
+  return text
+
+
+def forget_saved_text(path: str) -> None:
+  """After this process wrote `path`: the next read reads the file."""
+  _READ.pop(path, None)
 
 
 def reconcile(

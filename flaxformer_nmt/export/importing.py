@@ -36,12 +36,11 @@ from flaxformer_nmt.config import directions as directions_lib
 from flaxformer_nmt.config.choices import ACTIVATIONS
 from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.export import huggingface, marian
-from flaxformer_nmt.run import selection
+from flaxformer_nmt.run import making, selection
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import files
 
-IMPORT_RECORD = "import.json"
 _HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.json"]
 # What a Marian config.json must say, and what MarianConfig assumes where it is silent
 # (configuration_marian.py).
@@ -273,7 +272,7 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
   run.check()
   if run.holds_run():
     raise errors.ConfigError(f"--workdir={workdir}: already holds a run; import into a new folder.")
-  run.check_new_run("import")
+  making.check_new_run(run, "import")
   folder = locate(source)
   where = os.path.join(folder, "config.json")
   hf = _read_json(where)
@@ -319,7 +318,7 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
       "files_sha256": _digests(folder),
       "transformers_config": hf,
     }
-    files.write_text(run.join(IMPORT_RECORD), json.dumps(record, indent=2) + "\n")
+    files.write_text(run.import_record, json.dumps(record, indent=2) + "\n")
     selection.save_imported(run, params, source)
     run.write_run_record("", {"kind": "imported", "source": source})
     run.write_config(config)  # last: a folder with config.json is a complete run
@@ -329,9 +328,7 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
       shutil.rmtree(workdir, ignore_errors=True)
       run.remove_if_empty()  # and the parents it made (--workdir=newA/newB)
     else:
-      for name in set(os.listdir(workdir)) - before:
-        path = os.path.join(workdir, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+      run.remove_entries(set(os.listdir(workdir)) - before)
     raise
   return {
     "mode": "import",

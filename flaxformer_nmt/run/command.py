@@ -26,7 +26,7 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import checks, run_config
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
-from flaxformer_nmt.run import selection
+from flaxformer_nmt.run import making, selection
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import compile_cache
 
@@ -92,7 +92,7 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   if mode == "train" and saved is not None:
     _check_kept_vocabulary(config, run)
   if mode == "train":
-    run.check_new_run("train")
+    making.check_new_run(run, "train")
   checks.validate(config)
   compile_cache.check(config.get("compile_cache", "auto"))
   if mode == "train":

@@ -28,7 +28,6 @@ command may change of config.json is config/run_config.py's.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shutil
@@ -37,33 +36,20 @@ from typing import Any
 import ml_collections
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.config import run_config
 from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.runtime import files
 
 VOCABULARY = "spm.model"
+IMPORT_RECORD = "import.json"  # where an imported run came from (export/importing.py)
+LATEST_AVERAGE = "latest.json"  # averaged/latest.json: the average written last
+IMPORTED = "imported"  # averaged/imported/0: an imported model's parameters
+BEST_INCOMING = ".incoming"  # a new evaluation of best/'s step, written before it is swapped in
+BEST_OUTGOING = ".outgoing"  # the step it replaces, renamed aside until the swap is done
 # An imported Marian model's vocabulary (data/pair_vocabulary.py): source.spm, target.spm,
 # vocab.json in this folder.
 PAIR_VOCABULARY = "vocabulary"
 _UNREAD = object()  # config.json not read yet
-# What a start of each run-making command may leave in a folder before its config.json (written
-# last: a folder with config.json is a run), so that it may start again there: train's lock,
-# vocabulary (trained, copied or adopted), tokenized data, TensorBoard events and scratch copies;
-# import's vocabulary, records and parameters.
-LEFTOVERS = {
-  "train": (
-    "train.lock",
-    VOCABULARY,
-    "spm.vocab",
-    PAIR_VOCABULARY,
-    "data_cache",
-    "init_from.json",
-    "events.out.tfevents.*",
-    "*.tmp-*",
-  ),
-  "import": (PAIR_VOCABULARY, "import.json", "run.json", "averaged", "*.tmp-*"),
-}
 
 
 class Workdir:
@@ -96,38 +82,6 @@ class Workdir:
     """Whether the folder holds a run a command may resume or read: its config.json, or the
     checkpoints/ of a run trained before runs saved config.json."""
     return os.path.isfile(self.config_path) or os.path.isdir(self.checkpoints)
-
-  def check_new_run(self, kind: str) -> None:
-    """ConfigError, one line, before anything is written, when a command that makes a run
-    (`kind`: "train" or "import") would make it in a folder holding anything but what a killed
-    start of the same kind leaves (LEFTOVERS): a user's folder is never written into, nor its
-    files replaced. A missing or empty folder is fine; so is one that holds a run
-    (`holds_run`: the command's own rules decide, e.g. import refuses it)."""
-    if not os.path.isdir(self.path) or self.holds_run():
-      return
-    allowed = LEFTOVERS[kind]
-    foreign = sorted(
-      name
-      for name in os.listdir(self.path)
-      if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
-    )
-    pair = self.join(PAIR_VOCABULARY)
-    if os.path.isdir(pair):
-      foreign += sorted(
-        f"{PAIR_VOCABULARY}/{name}"
-        for name in os.listdir(pair)
-        if name not in pair_vocabulary.FILES
-      )
-    if os.path.isfile(self.run_record_path):
-      made_by = (self.training_data() or {}).get("kind")
-      if (made_by == "imported") != (kind == "import"):
-        foreign.append(os.path.basename(self.run_record_path))
-    if foreign:
-      shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-      raise errors.ConfigError(
-        f"--workdir={self.path} is not empty and holds no run ({shown}); "
-        f"--mode={kind} makes a run only in a new or empty folder: choose another --workdir."
-      )
 
   def create(self) -> None:
     """Makes the folder (and any missing parent: `remove_if_empty` removes those it made too);
@@ -172,6 +126,12 @@ class Workdir:
         break
       current = os.path.dirname(current)
 
+  def remove_entries(self, names: set[str]) -> None:
+    """Removes these files and folders of the run's folder (what a failed command made)."""
+    for name in names:
+      path = self.join(name)
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
   # ------------------------------------------------------------------------------- paths
 
   @property
@@ -185,6 +145,38 @@ class Workdir:
   @property
   def best(self) -> str:
     return self.join("best")
+
+  @property
+  def best_incoming(self) -> str:
+    """best/.incoming: a new evaluation of best/'s step, written there before the swap."""
+    return self.join("best", BEST_INCOMING)
+
+  @property
+  def best_outgoing(self) -> str:
+    """best/.outgoing: the step being replaced, renamed aside during the swap."""
+    return self.join("best", BEST_OUTGOING)
+
+  def best_step(self, step: int) -> str:
+    """best/<step>: the best parameters, named by their training step."""
+    return self.join("best", str(step))
+
+  def average_dir(self, name: str) -> str:
+    """averaged/<name>: one average's checkpoints (`selection.average_name`, or IMPORTED)."""
+    return self.join("averaged", name)
+
+  @property
+  def latest_average_path(self) -> str:
+    """averaged/latest.json: which average was written last."""
+    return self.join("averaged", LATEST_AVERAGE)
+
+  @property
+  def pair_vocabulary_dir(self) -> str:
+    """vocabulary/: an imported Marian model's vocabulary (data/pair_vocabulary.py)."""
+    return self.join(PAIR_VOCABULARY)
+
+  @property
+  def import_record(self) -> str:
+    return self.join(IMPORT_RECORD)
 
   @property
   def eval_dir(self) -> str:
@@ -303,13 +295,7 @@ class Workdir:
     """config.json's text, or None if the run saved none: read once per Workdir (a command's
     checks, selection and resume all ask), and kept in step with `write_config`."""
     if self._config_text is _UNREAD:
-      try:
-        with open(self.config_path, encoding="utf-8") as f:
-          self._config_text = f.read()
-      except FileNotFoundError:
-        self._config_text = None
-      except OSError as e:
-        raise errors.ConfigError(f"{self.config_path}: cannot be read ({e.strerror}).") from None
+      self._config_text = run_config.read_saved_text(os.path.abspath(self.config_path))
     return self._config_text  # type: ignore[return-value]
 
   def saved_config(self) -> dict[str, Any]:
@@ -333,7 +319,7 @@ class Workdir:
     """Whether the run was made by --mode=import (run.json's training data says so, or its
     import.json is there)."""
     kind = (self.run_record().get("training_data") or {}).get("kind")
-    return kind == "imported" or os.path.isfile(self.join("import.json"))
+    return kind == "imported" or os.path.isfile(self.import_record)
 
   def training_data(self) -> dict[str, Any] | None:
     """The fingerprint of the data the run trained on (run/identity.py), if it recorded one."""
@@ -351,6 +337,7 @@ class Workdir:
   def write_config(self, config: ml_collections.ConfigDict) -> None:
     text = config.to_json_best_effort(indent=2)
     files.write_text(self.config_path, text)
+    run_config.forget_saved_text(os.path.abspath(self.config_path))
     self._config_text = text
 
   def write_result(self, result: dict[str, Any], *, echo: bool = True) -> None:
@@ -368,6 +355,6 @@ class Workdir:
   # ------------------------------------------------------------------------------- checkpoints
 
   def training_steps(self) -> list[int]:
-    return reader.CheckpointDir(self.checkpoints).steps()
+    from flaxformer_nmt.checkpoints import reader  # pylint: disable=g-import-not-at-top (no JAX for cli)
 
-  # ------------------------------------------------------------------------------- averages
+    return reader.CheckpointDir(self.checkpoints).steps()

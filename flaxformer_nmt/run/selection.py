@@ -33,11 +33,8 @@ from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.config.run_config import ARCHITECTURE
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
-from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.run.folder import IMPORTED, Workdir
 from flaxformer_nmt.runtime import files, parallel
-
-LATEST_AVERAGE = "latest.json"
-BEST_INCOMING = ".incoming"  # a new evaluation of best/'s step, written before it is swapped in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +141,7 @@ def best_folder(run: Workdir) -> str:
   """best/, or, in the moment between the two renames that replace a best step with a new
   evaluation of it (training/best.py), best/.incoming, which then holds the new one."""
   if not reader.CheckpointDir(run.best).steps():
-    incoming = os.path.join(run.best, BEST_INCOMING)
+    incoming = run.best_incoming
     if reader.CheckpointDir(incoming).steps():
       return incoming
   return run.best
@@ -165,14 +162,14 @@ def latest_average(run: Workdir) -> Average | None:
   """The average written last: the one averaged/latest.json names; without it, the most
   recently written named one; in a workdir from before averages had names, the highest step
   of averaged/<step>/ (named after the newest step it averaged)."""
-  pointer = files.read_result(os.path.join(run.averaged, LATEST_AVERAGE)) or {}
+  pointer = files.read_result(run.latest_average_path) or {}
   named = []
   if os.path.isdir(run.averaged):
     for name in os.listdir(run.averaged):
-      path = os.path.join(run.averaged, name)
+      path = run.average_dir(name)
       if not name.isdigit() and os.path.isdir(path) and reader.CheckpointDir(path).steps():
         named.append(path)
-  chosen = os.path.join(run.averaged, pointer.get("name", ""))
+  chosen = run.average_dir(pointer.get("name", ""))
   if pointer.get("name") and chosen in named:
     return Average(
       chosen,
@@ -304,20 +301,17 @@ def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
   return AveragePlan(chosen, "params", PARAMS_PATH)
 
 
-IMPORTED = "imported"  # averaged/imported/0: an imported model's parameters (export/importing.py)
-
-
 def save_imported(run: Workdir, params: Any, source: str) -> str:
   """Writes an imported model's parameters as `averaged/imported/0`, named in averaged/latest.json:
   `--checkpoint=auto` and `averaged` read them, and so does `config.init_from`."""
-  directory = os.path.join(run.averaged, IMPORTED)
+  directory = run.average_dir(IMPORTED)
   info = {"imported_from": source, "averaged_steps": [0], "num_checkpoints": 1, "of": "params"}
   from flaxformer_nmt.checkpoints import checkpointer  # pylint: disable=g-import-not-at-top (writers)
 
   path = checkpointer.write(directory, 0, {"params": params}, info, replace=True)
   pointer = {"name": IMPORTED, "steps": [0], "of": "params", "newest_training_step": 0}
   if parallel.is_main_process():
-    files.write_text(os.path.join(run.averaged, LATEST_AVERAGE), json.dumps(pointer) + "\n")
+    files.write_text(run.latest_average_path, json.dumps(pointer) + "\n")
   return path
 
 
@@ -326,7 +320,7 @@ def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> st
   averaged/latest.json (after it is complete), so `--checkpoint=averaged` reads it. Making the
   same average again replaces it. Returns its path. Every process calls it."""
   steps = [int(s) for s in steps]
-  directory = os.path.join(run.averaged, average_name(of, steps))
+  directory = run.average_dir(average_name(of, steps))
   info = {"averaged_steps": steps, "num_checkpoints": len(steps), "of": of}
   from flaxformer_nmt.checkpoints import checkpointer  # pylint: disable=g-import-not-at-top (writers)
 
@@ -339,6 +333,6 @@ def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> st
     "newest_training_step": training[-1] if training else steps[-1],
   }
   if parallel.is_main_process():
-    files.write_text(os.path.join(run.averaged, LATEST_AVERAGE), json.dumps(pointer) + "\n")
+    files.write_text(run.latest_average_path, json.dumps(pointer) + "\n")
   logging.info("Wrote the average of steps %s to %s.", steps, path)
   return path

@@ -28,7 +28,6 @@ from absl import logging
 
 from flaxformer_nmt.checkpoints import checkpointer, reader
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.selection import BEST_INCOMING
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import optim
 
@@ -106,7 +105,7 @@ class Keeper:
     self.workdir = workdir
     self.tracker = Tracker(metric, patience)
     if parallel.is_main_process():
-      finish_replacement(workdir.best)  # a replacement that a kill interrupted
+      finish_replacement(workdir)  # a replacement that a kill interrupted
       self.tracker.replay(workdir.dev_records(), start_step)
     count = parallel.broadcast_from_main(
       np.asarray(self.tracker.evals_without_improvement, np.int32)
@@ -168,7 +167,7 @@ class Keeper:
       if lock is not None:
         lock.check_held()
       params = state.params if decided == 1 else optim.ema_of(state.opt_state)
-      write_best(directory, step, params, info)
+      write_best(self.workdir, step, params, info)
       logging.info(
         "New best %s %.4g (%s) at step %d: saved to %s.",
         tracker.metric,
@@ -177,7 +176,7 @@ class Keeper:
         step,
         directory,
       )
-    path = os.path.join(directory, str(step))
+    path = self.workdir.best_step(step)
     self.workdir.write_result({"mode": "best", "path": path, **tracker.summary()}, echo=False)
 
   def exhausted(self, step: int) -> bool:
@@ -212,38 +211,36 @@ def _already_saved(directory: str, info: dict[str, Any]) -> bool:
 
 
 # A new best of a step that best/ already holds (a resumed run whose evaluation came out another
-# way) is written beside it first, then swapped in by two renames; a kill between them leaves the
-# new one in INCOMING, which `finish_replacement` moves into place at the next start.
-INCOMING = BEST_INCOMING
-OUTGOING = ".outgoing"
+# way) is written beside it first (best/.incoming), then swapped in by two renames; a kill between
+# them leaves the new one in best/.incoming, which `finish_replacement` moves into place at the
+# next start. The folders are the Workdir's (run/folder.py).
 
 
-def write_best(directory: str, step: int, params: Any, info: dict[str, Any]) -> None:
+def write_best(run: Workdir, step: int, params: Any, info: dict[str, Any]) -> None:
   """Writes `params` as best/<step> and removes every other step once it is complete, so best/
   always holds a complete best: the previous one until the new one is in place. Every process
   calls it (orbax writes from process 0)."""
-  if step not in reader.CheckpointDir(directory).steps():
-    checkpointer.write(directory, step, {"params": params}, info, only=True)
+  if step not in reader.CheckpointDir(run.best).steps():
+    checkpointer.write(run.best, step, {"params": params}, info, only=True)
     return
-  incoming = os.path.join(directory, INCOMING)
-  checkpointer.write(incoming, step, {"params": params}, info, replace=True, only=True)
+  checkpointer.write(run.best_incoming, step, {"params": params}, info, replace=True, only=True)
   if parallel.is_main_process():
-    finish_replacement(directory)
+    finish_replacement(run)
   parallel.broadcast_from_main(True)  # the others wait for the swap
 
 
-def finish_replacement(directory: str) -> None:
+def finish_replacement(run: Workdir) -> None:
   """Moves a complete step from best/.incoming into best/ (the step it replaces is renamed
   aside first and deleted after), then keeps only the newest step. Process 0 only."""
-  incoming = reader.CheckpointDir(os.path.join(directory, INCOMING))
+  incoming = reader.CheckpointDir(run.best_incoming)
   for step in incoming.steps()[-1:]:
-    target, outgoing = os.path.join(directory, str(step)), os.path.join(directory, OUTGOING)
+    target = run.best_step(step)
     if os.path.isdir(target):
-      shutil.rmtree(outgoing, ignore_errors=True)
-      os.rename(target, outgoing)
+      shutil.rmtree(run.best_outgoing, ignore_errors=True)
+      os.rename(target, run.best_outgoing)
     os.rename(str(incoming.path(step)), target)
     logging.info("Replaced %s with the new evaluation of that step.", target)
-  for leftover in (INCOMING, OUTGOING):
-    shutil.rmtree(os.path.join(directory, leftover), ignore_errors=True)
-  for step in reader.CheckpointDir(directory).steps()[:-1]:
-    shutil.rmtree(os.path.join(directory, str(step)), ignore_errors=True)
+  for leftover in (run.best_incoming, run.best_outgoing):
+    shutil.rmtree(leftover, ignore_errors=True)
+  for step in reader.CheckpointDir(run.best).steps()[:-1]:
+    shutil.rmtree(run.best_step(step), ignore_errors=True)

@@ -94,8 +94,8 @@ def test_a_best_of_the_same_step_is_replaced_without_emptying_best(tmp_path, mon
   kill between its two renames leaves the new one in best/.incoming, moved into place at the next
   start. best/ never lacks a complete step to read (at 97ad9e1 the old step was deleted before the
   new one was written)."""
-  directory = str(tmp_path / "best")
-  best.write_best(directory, 5, _best_params(1.0), _best_info(5, 1.0))
+  directory, run = str(tmp_path / "best"), Workdir(str(tmp_path))
+  best.write_best(run, 5, _best_params(1.0), _best_info(5, 1.0))
   assert reader.CheckpointDir(directory).steps() == [5]
 
   def steps_and_value():
@@ -106,7 +106,7 @@ def test_a_best_of_the_same_step_is_replaced_without_emptying_best(tmp_path, mon
     pass
 
   real_rename = best.os.rename  # os.rename itself: orbax renames through it too
-  incoming = os.path.join(directory, best.INCOMING, "5")
+  incoming = os.path.join(run.best_incoming, "5")
 
   def rename_then_die(src, dst):
     if str(src) == incoming:  # the old step is aside, the new one not yet in place
@@ -115,20 +115,20 @@ def test_a_best_of_the_same_step_is_replaced_without_emptying_best(tmp_path, mon
 
   monkeypatch.setattr(best.os, "rename", rename_then_die)
   with pytest.raises(Killed):
-    best.write_best(directory, 5, _best_params(2.0), _best_info(5, 2.0))
+    best.write_best(run, 5, _best_params(2.0), _best_info(5, 2.0))
   monkeypatch.setattr(best.os, "rename", real_rename)
-  assert reader.CheckpointDir(str(tmp_path / "best" / best.INCOMING)).steps() == [5]
+  assert reader.CheckpointDir(run.best_incoming).steps() == [5]
   # Readers meanwhile find the new one where it is (--checkpoint=best).
   assert selection.resolve(Workdir(str(tmp_path)), "best").directory == os.path.join(
     directory, ".incoming"
   )
-  best.finish_replacement(directory)  # what the next Keeper does first
+  best.finish_replacement(run)  # what the next Keeper does first
   assert selection.resolve(Workdir(str(tmp_path)), "best").directory == directory
   assert steps_and_value() == ([5], [2.0])
   assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["5"]
 
   # A new best of a later step: the earlier one goes only once the new one is complete.
-  best.write_best(directory, 7, _best_params(3.0), _best_info(7, 3.0))
+  best.write_best(run, 7, _best_params(3.0), _best_info(7, 3.0))
   assert steps_and_value() == ([7], [3.0])
 
 
@@ -137,7 +137,7 @@ def test_a_saved_best_is_recognised_by_its_own_record_not_best_result_json(tmp_p
   identical evaluation finds it by the step's own JSON item and does not write it again."""
   directory = str(tmp_path / "best")
   info = _best_info(5, 1.5)
-  best.write_best(directory, 5, _best_params(1.5), info)
+  best.write_best(Workdir(str(tmp_path)), 5, _best_params(1.5), info)
   assert best._already_saved(directory, info)  # pylint: disable=protected-access
   assert not best._already_saved(directory, _best_info(5, 1.4))  # pylint: disable=protected-access
   assert not best._already_saved(directory, _best_info(6, 1.5))  # pylint: disable=protected-access

@@ -102,3 +102,81 @@ def test_every_package_folder_is_installed():
     ".".join(p.parent.relative_to(helpers.REPO).parts) for p in PACKAGE.rglob("__init__.py")
   }
   assert folders <= listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"
+
+
+# The names a workdir goes by in the library (a `Workdir`, or the --workdir string), and the
+# Workdir's folders: a path joined onto one of them outside run/folder.py knows the run's layout.
+_WORKDIR_NAMES = {"workdir", "run", "run_dir", "folder_of_run"}
+_WORKDIR_HOLDERS = {"workdir", "run", "folder"}  # attributes holding one: self.workdir, run.folder
+_WORKDIR_FOLDERS = {
+  "path",
+  "checkpoints",
+  "averaged",
+  "best",
+  "eval_dir",
+  "attention_dir",
+  "data_cache",
+  "tensorboard_dir",
+  "best_incoming",
+  "best_outgoing",
+}
+
+
+def _names_a_workdir(node: ast.AST) -> bool:
+  """Whether `node` is a workdir (by its name) or one of a Workdir's folders."""
+  if isinstance(node, ast.Name):
+    return node.id in _WORKDIR_NAMES
+  if isinstance(node, ast.Attribute):
+    if node.attr in _WORKDIR_HOLDERS:
+      return True
+    return node.attr in _WORKDIR_FOLDERS and _names_a_workdir(node.value)
+  return False
+
+
+def workdir_joins(path: pathlib.Path) -> list[str]:
+  """`file:line` of each path joined inside a workdir: `os.path.join(<a workdir or one of its
+  folders>, ...)`, or a Workdir's own `.join` called from outside run/folder.py."""
+  name = path.relative_to(helpers.REPO) if path.is_relative_to(helpers.REPO) else path.name
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+      continue
+    func = node.func
+    is_os_join = (
+      func.attr == "join"
+      and isinstance(func.value, ast.Attribute)
+      and func.value.attr == "path"
+      and isinstance(func.value.value, ast.Name)
+      and func.value.value.id == "os"
+    )
+    if is_os_join and node.args and _names_a_workdir(node.args[0]):
+      found.append(f"{name}:{node.lineno}")
+    elif func.attr == "join" and not is_os_join and _names_a_workdir(func.value):
+      found.append(f"{name}:{node.lineno}")
+  return found
+
+
+def test_only_the_folder_owner_joins_paths_inside_a_workdir():
+  """Issue 60: no module but run/folder.py joins a path inside a workdir (docs/developing.md):
+  the layout has one owner, so a new file of the run is taught to one place. About 13 joins
+  stood outside it at 57b01f1 (cli, run_config, api, importing, best, eight in selection)."""
+  owner = PACKAGE / "run" / "folder.py"
+  joins = [j for p in _modules().values() if p != owner for j in workdir_joins(p)]
+  assert not joins, f"paths joined inside a workdir outside run/folder.py: {joins}"
+
+
+def test_the_join_check_finds_what_it_is_for(tmp_path):
+  """The check above, on the shapes it must catch and those it must leave."""
+  sample = tmp_path / "sample.py"
+  sample.write_text(
+    "import os\n"
+    "a = os.path.join(workdir, 'config.json')\n"
+    "b = os.path.join(run.averaged, 'latest.json')\n"
+    "c = run.join('import.json')\n"
+    "d = os.path.join(self.workdir.best, '.incoming')\n"
+    "e = os.path.join(folder, 'vocab.json')\n"
+    "f = ', '.join(names)\n"
+    "g = os.path.join(tmp, run_name)\n",
+    encoding="utf-8",
+  )
+  assert workdir_joins(sample) == [f"sample.py:{n}" for n in (2, 3, 4, 5)]

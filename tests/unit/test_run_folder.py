@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from flaxformer_nmt import errors, modes
-from flaxformer_nmt.config import builders, run_config
+from flaxformer_nmt.config import builders
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.run import identity
 from flaxformer_nmt.run.folder import Workdir
@@ -60,7 +60,7 @@ def test_a_relative_data_dir_is_saved_absolute_and_a_resume_elsewhere_reads_it(
   monkeypatch.chdir(first)
   work = tmp_path / "run"
   _trained(monkeypatch, work, _files_config(dir="data"))
-  assert run_config.saved(str(work)).data.dir == str(first / "data")
+  assert Workdir(str(work)).saved_config()["data"]["dir"] == str(first / "data")
   monkeypatch.chdir(other)
   config, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
   assert config.data.dir == str(first / "data")  # the run's data, from any folder

@@ -1,8 +1,10 @@
-"""The config file `--config` stands for when it is left out: the run's own saved config.
+"""The config file `--config` stands for when it is left out: the run's own saved config.json.
 
 `cli.py` passes `--config=<this file>:<workdir>` when a command names a trained `--workdir` and no
 `--config`, so `--config.X=...` overrides apply to the run's saved config.json, read with its types
-(run_config.from_json), exactly as they would to a config file.
+(run_config.from_json), exactly as they would to a config file. The file is read through the
+run's `Workdir`, whose read the command's `open_run` then reuses (run_config.read_saved_text): one
+read of config.json per command.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ import ml_collections
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import run_config
+from flaxformer_nmt.run.folder import Workdir
 
 
 def get_config(workdir: str) -> ml_collections.ConfigDict:
-  config = run_config.saved(workdir)
-  if config is None:
+  run = Workdir(workdir)
+  text = run.saved_config_text()
+  if text is None:
     raise errors.ConfigError(
       f"--workdir={workdir} has no {run_config.CONFIG_FILE}; pass --config=... (the config it "
       "was trained with)."
     )
-  return config
+  return run_config.from_json(text, run.config_path)
 
 
 PATH = os.path.abspath(__file__)

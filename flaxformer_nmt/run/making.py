@@ -1,0 +1,74 @@
+"""The folder a new run is made in: what may already be there.
+
+Train and import make runs (config.json, written last, marks a folder as one). Each accepts a
+missing or empty folder, takes up again a folder holding only what a killed start of the same
+command left there (LEFTOVERS), and refuses anything else in one line before writing a byte: a
+user's folder is never written into, nor its files replaced (--mode=import once replaced a
+vocabulary/ holding a user's glossary, and a run.json).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.run import folder as folder_lib
+from flaxformer_nmt.run.folder import Workdir
+
+# What a start of each run-making command may leave in a folder before its config.json (written
+# last: a folder with config.json is a run), so that it may start again there: train's lock,
+# vocabulary (trained, copied or adopted), tokenized data, TensorBoard events and scratch copies;
+# import's vocabulary, records and parameters.
+LEFTOVERS = {
+  "train": (
+    "train.lock",
+    folder_lib.VOCABULARY,
+    "spm.vocab",
+    folder_lib.PAIR_VOCABULARY,
+    "data_cache",
+    "init_from.json",
+    "events.out.tfevents.*",
+    "*.tmp-*",
+  ),
+  "import": (
+    folder_lib.PAIR_VOCABULARY,
+    folder_lib.IMPORT_RECORD,
+    "run.json",
+    "averaged",
+    "*.tmp-*",
+  ),
+}
+
+
+def check_new_run(folder: Workdir, kind: str) -> None:
+  """ConfigError, one line, before anything is written, when a command that makes a run
+  (`kind`: "train" or "import") would make it in a folder holding anything but what a killed
+  start of the same kind leaves (LEFTOVERS). A missing or empty folder is fine; so is one that
+  holds a run (`Workdir.holds_run`: the command's own rules decide; import refuses it)."""
+  if not os.path.isdir(folder.path) or folder.holds_run():
+    return
+  allowed = LEFTOVERS[kind]
+  foreign = sorted(
+    name
+    for name in os.listdir(folder.path)
+    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+  )
+  pair = folder.pair_vocabulary_dir
+  if os.path.isdir(pair):
+    foreign += sorted(
+      f"{folder_lib.PAIR_VOCABULARY}/{name}"
+      for name in os.listdir(pair)
+      if name not in pair_vocabulary.FILES
+    )
+  if os.path.isfile(folder.run_record_path):
+    made_by = (folder.training_data() or {}).get("kind")
+    if (made_by == "imported") != (kind == "import"):
+      foreign.append(os.path.basename(folder.run_record_path))
+  if foreign:
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    raise errors.ConfigError(
+      f"--workdir={folder.path} is not empty and holds no run ({', '.join(foreign[:3])}{more}); "
+      f"--mode={kind} makes a run only in a new or empty folder: choose another --workdir."
+    )
