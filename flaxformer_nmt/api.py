@@ -181,12 +181,9 @@ def translate_nbest(
   outputs = modes.Outputs(
     nbest, alignments, _members(ensemble), target_lang, "constraints" if terms is not None else ""
   )
-  if config is not None:
-    outputs.check(config)  # before the run is read
-  session = modes.load_session(config, workdir, checkpoint, outputs.members, check=outputs.check)
-  return session.translate_nbest(
-    list(lines), nbest, alignments=alignments, target_lang=target_lang, constraints=terms
-  )
+  run, request = modes.decoding_request(config, workdir, outputs)  # checked once
+  session = Session.of_run(run, checkpoint, outputs.members)
+  return session.translator(request).translate_nbest(list(lines), constraints=terms)
 
 
 def _term(term: Any) -> str:

@@ -9,7 +9,7 @@ writing its figures into the workdir, and returns them (for `api.py`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -34,13 +34,20 @@ def _begin(
   """What every mode does first (run/command.py: the run's saved config read once, what this
   command may change of it, its paths and data checked), then the one warning line when a GPU or
   TPU is visible but JAX runs on the CPU. Nothing is written but a new training run's folder."""
+  run = open_command(config, workdir, mode)
+  return run.config, run.folder
+
+
+def open_command(config: ml_collections.ConfigDict | None, workdir: str, mode: str) -> command.Run:
+  """`_begin`'s work, returning the whole Run (its folder, config and saved config) for the
+  modes that hand it downward."""
   run = command.open_run(config, workdir, mode)
   if mode == "eval" and run.saved is not None:
     from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
 
     evaluation.say_if_another_test_set(run.config, run.saved)
   console.warn_if_unused()
-  return run.config, run.folder
+  return run
 
 
 def train(
@@ -123,25 +130,25 @@ def evaluate(
   return result
 
 
-def _target_check(target_lang: str | None) -> Callable[[ml_collections.ConfigDict], Any]:
-  return lambda config: directions.resolve_target(config.data, target_lang)
-
-
 def load_session(
   config: ml_collections.ConfigDict | None,
   workdir: str,
   which: str = "auto",
   members: Sequence[str] = (),
   mode: str = "translate",
-  check: Callable[[ml_collections.ConfigDict], Any] | None = None,
 ) -> session_lib.Session:
-  """The run in `workdir` checked as `mode` checks it (and by `check`, the command's request,
-  with the run's config), and the parameters `which` names (with the `members` of an ensemble)
-  loaded once: what the decoding modes and `api.load` use."""
-  config, run = _begin(config, workdir, mode)
-  if check is not None:
-    check(config)  # before the parameters are read
-  return session_lib.Session(loaded_model.load(config, run, which, members), run)
+  """The run in `workdir` checked as `mode` checks it, and the parameters `which` names (with
+  the `members` of an ensemble) loaded once: `api.load`'s."""
+  return session_lib.Session.of_run(open_command(config, workdir, mode), which, members)
+
+
+def decoding_request(
+  config: ml_collections.ConfigDict | None, workdir: str, outputs: Outputs
+) -> tuple[command.Run, session_lib.Request]:
+  """The run a decoding command works on, opened, and what it asks of it (`outputs`) checked
+  once against the run's config: both before any input is read or parameter loaded."""
+  run = open_command(config, workdir, "translate")
+  return run, outputs.request(run.config)
 
 
 def translate_hypotheses(
@@ -155,14 +162,9 @@ def translate_hypotheses(
   """(each line's translator.Hypothesis list, speed figures, which parameters) of `lines`, with
   config.decode's search; with `terms`, each line's that its translations must contain."""
   outputs = outputs or Outputs()
-  session = load_session(config, workdir, which, outputs.members, check=outputs.check)
-  decoder = session.translator(
-    outputs.nbest, outputs.alignments, outputs.target_lang, terms is not None
-  )
-  hyps = decoder.translate_nbest(lines, constraints=terms)
-  logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
-  stats = dict(decoder.stats.as_dict(), method=session.config.decode.method)
-  return hyps, stats, session.description
+  run, request = decoding_request(config, workdir, outputs)
+  session = session_lib.Session.of_run(run, which, outputs.members)
+  return (*session.translate_checked(request, lines, terms), session.description)
 
 
 def translate(
@@ -180,26 +182,26 @@ def translate(
   themselves go there (`--output=-`).
   """
   outputs = outputs or Outputs()
-  if config is not None:
-    outputs.check(config)  # before the input is read (translate_hypotheses checks it again)
+  run, request = decoding_request(config, workdir, outputs)  # the one check of the request
   files.check_output_file(output_path, "--output")  # before hours of decoding
   lines = files.read_lines(input_path)  # a bad file fails before the model loads
   terms = None
   if outputs.constraints:
     terms = constraints_lib.read_terms(outputs.constraints, len(lines), "--input")
-  hyps, stats, description = translate_hypotheses(config, workdir, which, lines, outputs, terms)
+  session = session_lib.Session.of_run(run, which, outputs.members)
+  hyps, stats = session.translate_checked(request, lines, terms)
   if parallel.is_main_process():
     files.write_lines(output_path, output_lines(hyps, outputs))
   result = {
     "mode": "translate",
     "input": input_path,
     "output": output_path,
-    "checkpoint": description,
+    "checkpoint": session.description,
     "method": stats.pop("method"),
     "nbest": outputs.nbest,
     **stats,
   }
-  Workdir(workdir).write_result(result, echo=output_path != files.STDIO)
+  run.folder.write_result(result, echo=output_path != files.STDIO)
   return result
 
 
@@ -217,16 +219,18 @@ def score_pairs(
   from flaxformer_nmt.decoding import scoring
 
   scoring.check_pairs(sources, references, "sources", "references")
-  session = load_session(
-    config,
-    workdir,
-    which,
-    members,
-    "score",
-    _target_check(target_lang),
-  )
-  scores = session.score(sources, references, target_lang)
-  scorer = session.translators.scorer(target_lang)
+  run = open_command(config, workdir, "score")
+  lang = directions.resolve_target(run.config.data, target_lang)  # once, before the model loads
+  return _scored(session_lib.Session.of_run(run, which, members), lang, sources, references)
+
+
+def _scored(
+  session: session_lib.Session, lang: str | None, sources: list[str], references: list[str]
+) -> tuple[list[Any], dict[str, Any], str]:
+  from flaxformer_nmt.decoding import scoring
+
+  scorer = session.translators.scorer(lang)
+  scores = scorer.score(sources, references)
   figures = {
     **scoring.summary(scores),
     "num_truncated": len(scorer.truncated),
@@ -250,14 +254,14 @@ def score(
   `<workdir>/score_result.json` and stdout (unless the rows go there)."""
   from flaxformer_nmt.decoding import scoring
 
-  if config is not None:
-    directions.resolve_target(config.data, target_lang)  # before the files are read
+  run = open_command(config, workdir, "score")
+  lang = directions.resolve_target(run.config.data, target_lang)  # before the files are read
   files.check_output_file(output_path, "--output")
   sources = files.read_lines(input_path)
   references = files.read_lines(reference_path)
   scoring.check_pairs(sources, references, f"--input={input_path}", f"--reference={reference_path}")
-  scores, figures, description = score_pairs(
-    config, workdir, which, sources, references, members, target_lang
+  scores, figures, description = _scored(
+    session_lib.Session.of_run(run, which, members), lang, sources, references
   )
   if parallel.is_main_process():
     files.write_lines(output_path, scoring.output_lines(scores))
@@ -269,7 +273,7 @@ def score(
     "checkpoint": description,
     **figures,
   }
-  Workdir(workdir).write_result(result, echo=output_path != files.STDIO)
+  run.folder.write_result(result, echo=output_path != files.STDIO)
   return result
 
 
@@ -357,14 +361,9 @@ def attention(
     raise errors.ConfigError("--text is empty; give the sentence to translate and picture.")
   if output and output != files.STDIO and os.path.exists(output) and not os.path.isdir(output):
     raise errors.ConfigError(f"--output={output} exists and is not a directory.")
-  session = load_session(
-    config,
-    workdir,
-    which,
-    (),
-    "attention",
-    _target_check(target_lang),
-  )
+  run = open_command(config, workdir, "attention")
+  directions.resolve_target(run.config.data, target_lang)  # one line, before the model loads
+  session = session_lib.Session.of_run(run, which)
   pictures = session.attention(text, output if output != files.STDIO else None, target_lang)
   result = {"mode": "attention", "checkpoint": session.description, "text": text, **pictures}
   session.run.write_result(result)

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import ml_collections
@@ -28,9 +28,13 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
 from flaxformer_nmt.decoding import translator as translator_lib
+from flaxformer_nmt.run import loaded as loaded_lib
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.run.loaded import LoadedModel
 from flaxformer_nmt.runtime import parallel
+
+if TYPE_CHECKING:
+  from flaxformer_nmt.run.command import Run
 
 
 class Session:
@@ -41,6 +45,11 @@ class Session:
     self.run = run
     self.translators = Translators(loaded)
 
+  @classmethod
+  def of_run(cls, run: Run, which: str = "auto", members: Sequence[str] = ()) -> Session:
+    """The parameters `which` names (with an ensemble's `members`) of an opened run, loaded."""
+    return cls(loaded_lib.load(run.config, run.folder, which, members), run.folder)
+
   @property
   def config(self) -> Any:
     return self.loaded.components.config
@@ -50,16 +59,28 @@ class Session:
     """Which parameters were loaded ("step 600 in runs/demo/checkpoints", an ensemble...)."""
     return self.loaded.description
 
-  def translator(
+  def request(
     self,
     nbest: int = 1,
     alignments: bool = False,
     target_lang: str | None = None,
     constrained: bool = False,
-  ) -> translator_lib.Translator:
-    """The kept translator of this kind of request (checked first: `check_request`)."""
-    lang = check_request(self.config, nbest, constrained, target_lang) or ""
-    return self.translators.get(Request(nbest, alignments, lang))
+  ) -> Request:
+    """This kind of request, checked against the run's config (`check_request`)."""
+    return check_request(self.config, nbest, constrained, target_lang, alignments)
+
+  def translator(self, request: Request) -> translator_lib.Translator:
+    """The kept translator of a checked `request` (`request`, `check_request`)."""
+    return self.translators.get(request)
+
+  def translate_checked(
+    self, request: Request, lines: Sequence[str], terms: Sequence[Sequence[str]] | None = None
+  ) -> tuple[list[list[translator_lib.Hypothesis]], dict[str, Any]]:
+    """(each line's hypotheses, speed figures) of a checked `request` (--mode=translate's)."""
+    decoder = self.translator(request)
+    hyps = decoder.translate_nbest(list(lines), constraints=terms)
+    logging.info("Translated %d lines in %.1fs.", len(lines), decoder.stats.seconds)
+    return hyps, dict(decoder.stats.as_dict(), method=self.config.decode.method)
 
   def translate_nbest(
     self,
@@ -73,8 +94,8 @@ class Session:
     """`nbest` hypotheses per line, best first (translator.Hypothesis: text, score, alignment);
     with `constraints`, each line's terms its hypotheses must contain (beam search)."""
     _check_lines(lines)
-    decoder = self.translator(nbest, alignments, target_lang, constraints is not None)
-    return decoder.translate_nbest(list(lines), constraints=constraints)
+    request = self.request(nbest, alignments, target_lang, constraints is not None)
+    return self.translator(request).translate_nbest(list(lines), constraints=constraints)
 
   def translate(self, lines: Sequence[str], target_lang: str | None = None) -> list[str]:
     """The best translation of each line, with config.decode's search."""
@@ -90,7 +111,8 @@ class Session:
     _check_lines(sources)
     _check_lines(targets)
     scoring.check_pairs(list(sources), list(targets), "sources", "targets")
-    return self.translators.scorer(target_lang).score(list(sources), list(targets))
+    lang = directions.resolve_target(self.config.data, target_lang)
+    return self.translators.scorer(lang).score(list(sources), list(targets))
 
   def attention(
     self, text: str, output: str | None = None, target_lang: str | None = None
@@ -175,13 +197,13 @@ class Translators:
         logging.info("Search for %s made in %.1f s.", request, time.perf_counter() - start)
       return self._made[request]
 
-  def scorer(self, target_lang: str | None = None) -> Any:
-    """The teacher-forced scorer (decoding/scoring.py) into `target_lang`, kept like a
-    translator."""
+  def scorer(self, lang: str | None = None) -> Any:
+    """The teacher-forced scorer (decoding/scoring.py) into `lang`, an output language already
+    resolved (directions.resolve_target; None for a bilingual model), kept like a translator."""
     from flaxformer_nmt.decoding import scoring  # pylint: disable=g-import-not-at-top
 
     components = self.loaded.components
-    lang = directions.resolve_target(components.config.data, target_lang) or ""
+    lang = lang or ""
     with self._lock:
       if lang not in self._scorers:
         parts = translator_lib.ModelParts.of(components)
@@ -197,12 +219,17 @@ class Translators:
 
 
 def check_request(
-  config: Any, nbest: int = 1, constrained: bool = False, target_lang: str | None = None
-) -> str | None:
+  config: Any,
+  nbest: int = 1,
+  constrained: bool = False,
+  target_lang: str | None = None,
+  alignments: bool = False,
+) -> Request:
   """The one check of what a decoding request asks (the command line's --nbest, --constraints
   and --target_lang, the API's arguments), before any work: ConfigError (one line) for an n-best
   list or terms config.decode's search cannot give, or a language the model has no tag for.
-  Returns the output language (None for a bilingual model)."""
+  Returns the checked Request, its output language resolved ("" for a bilingual model), which
+  nothing below resolves again."""
   lang = directions.resolve_target(config.data, target_lang)
   d = config.decode
   if nbest < 1:
@@ -222,7 +249,7 @@ def check_request(
       f"--nbest={nbest} is more than config.decode.beam_size={d.beam_size}: beam search "
       f"finds at most beam_size hypotheses; raise the beam or lower --nbest."
     )
-  return lang
+  return Request(nbest, alignments, lang or "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,10 +262,13 @@ class Outputs:
   target_lang: str | None = None  # --target_lang: a multilingual model's output language
   constraints: str = ""  # --constraints: each line's terms, tab-separated (constraints.py)
 
-  def check(self, config: ml_collections.ConfigDict) -> None:
-    """ConfigError for an n-best list the search cannot give, or a language the model has no
-    tag for (before any work): session.check_request, the API's check too."""
-    check_request(config, self.nbest, bool(self.constraints), self.target_lang)
+  def request(self, config: ml_collections.ConfigDict) -> Request:
+    """The checked request these outputs make of the run whose config is `config` (before
+    any work): ConfigError for an n-best list the search cannot give, or a language the model
+    has no tag for (`check_request`)."""
+    return check_request(
+      config, self.nbest, bool(self.constraints), self.target_lang, self.alignments
+    )
 
 
 def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:

@@ -25,7 +25,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
@@ -316,7 +315,7 @@ def make_translator(
   model.ensemble.Ensemble; `replicated`: already on every local device (decode.decode_fn).
   `nbest` hypotheses per line; `alignments` adds word alignments from
   config.decode.alignment_layer's cross-attention. `target_lang`: a multilingual model's output
-  language (checked: directions.resolve_target)."""
+  language, resolved by the caller (a Request's; evaluation's own directions)."""
   if not isinstance(parts, ModelParts):
     parts = ModelParts.of(parts)
   prefix = target_prefix(parts, target_lang)
@@ -355,12 +354,12 @@ def make_translator(
   )
 
 
-def target_prefix(parts: ModelParts, target_lang: str | None) -> list[int]:
-  """The source prefix into `target_lang`: [] for a bilingual model (which checks that
-  `target_lang` is its own), a multilingual model's language tag (ConfigError for a language
-  it has none for, or for none given when it translates into several)."""
-  lang = directions.resolve_target(parts.data_config, target_lang)
-  if lang is None:
+def target_prefix(parts: ModelParts, lang: str | None) -> list[int]:
+  """The source prefix into `lang`, a language already resolved and checked (a request's:
+  session.check_request, directions.resolve_target): [] for none (a bilingual model), else a
+  multilingual model's language tag. Never resolved again here: a request's language is
+  resolved once."""
+  if not lang:
     return []
   return tokenizer_lib.source_prefix(
     parts.tokenizer,  # type: ignore[arg-type]
