@@ -22,7 +22,8 @@ only fall). Finished ones rank by score / lp(len), returned with both scores. An
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,8 @@ from flaxformer_nmt.decoding.search import (
   next_token_log_probs,
 )
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+
+S = TypeVar("S")  # a search's loop state: a BeamState, or one holding it
 
 
 class BeamState(NamedTuple):
@@ -154,24 +157,46 @@ def _merge_finished(
   return fin_tokens, fin_scores, fin_normalized, fin_lengths
 
 
-def _shrinking_step(s: BeamState, flat: Array, cache: Cache, rules: _Rules) -> BeamState:
-  """The shrinking beam: the K best extensions, as many kept as there are open slots."""
+def shrinking_keep(
+  s: BeamState, ext: _Extensions, rules: _Rules
+) -> tuple[_Extensions, Array, tuple[Array, Array, Array, Array]]:
+  """The shrinking beam's rule on K ranked extensions (plain or constrained): as many kept as
+  there are open slots (K minus the finished), the finishing ones merged into the pool (at most K
+  ever finish: nothing falls out). (extensions, live scores [batch, beam], finished pool)."""
   k = s.live_scores.shape[1]
-  ext = _extend(s, flat, k, rules)
-  open_slots = k - jnp.sum(jnp.isfinite(s.fin_normalized), axis=1)  # [batch]: K minus finished
+  open_slots = k - jnp.sum(jnp.isfinite(s.fin_normalized), axis=1)  # [batch]
   valid = ext.valid & (jnp.arange(k)[None, :] < open_slots[:, None])  # [batch, beam]
   ext = ext._replace(valid=valid, finishing=ext.finishing & valid)
   live_scores = jnp.where(valid & ~ext.finishing, ext.scores, NEG_INF)  # [batch, beam]
-  fin = _merge_finished(s, ext, rules.alpha)  # at most K ever finish: nothing falls out
+  return ext, live_scores, _merge_finished(s, ext, rules.alpha)
 
-  # Early stopping: no live hypothesis, or (with at least `nbest` finished) none that can still
-  # beat the worst finished one, so the finished ranks are final.
-  fin_normalized = fin[2]
-  best_live = jnp.max(live_scores, axis=1) / rules.best_penalty  # [batch]; -inf when none live
-  num_finished = jnp.sum(jnp.isfinite(fin_normalized), axis=1)  # [batch]
-  worst_finished = jnp.min(jnp.where(jnp.isfinite(fin_normalized), fin_normalized, jnp.inf), 1)
+
+def _best_live(live_scores: Array, rules: _Rules) -> Array:
+  """[batch]: the best live score at its most favourable penalty; -inf when none is live."""
+  return jnp.max(live_scores, axis=1) / rules.best_penalty
+
+
+def shrinking_done(s: BeamState, live_scores: Array, fin_normalized: Array, rules: _Rules) -> Array:
+  """The shrinking beam's early stop: no live hypothesis, or (with at least `nbest` finished)
+  none that can still beat the worst finished one, so the finished ranks are final."""
+  finished = jnp.isfinite(fin_normalized)  # [batch, beam]
+  worst_finished = jnp.min(jnp.where(finished, fin_normalized, jnp.inf), axis=1)  # [batch]
   done = s.done | ~jnp.any(jnp.isfinite(live_scores), axis=1)
-  done = done | ((num_finished >= rules.nbest) & (best_live <= worst_finished))
+  enough = jnp.sum(finished, axis=1) >= rules.nbest
+  return done | (enough & (_best_live(live_scores, rules) <= worst_finished))
+
+
+def t2t_done(s: BeamState, live_scores: Array, fin_normalized: Array, rules: _Rules) -> Array:
+  """t2t's stop_early: none live, or the best finished beats the best live one at its most
+  favourable length (for an n-best list, the n-th best finished does)."""
+  best_live = _best_live(live_scores, rules)  # [batch]
+  return s.done | ~jnp.isfinite(best_live) | (fin_normalized[:, rules.nbest - 1] >= best_live)
+
+
+def _shrinking_step(s: BeamState, flat: Array, cache: Cache, rules: _Rules) -> BeamState:
+  """The shrinking beam: the K best extensions, as many kept as there are open slots."""
+  ext, live_scores, fin = shrinking_keep(s, _extend(s, flat, s.live_scores.shape[1], rules), rules)
+  done = shrinking_done(s, live_scores, fin[2], rules)
   cache = _gather_cache(cache, ext.beam_index)
   return BeamState(s.step + 1, ext.tokens, live_scores, *fin, done, cache)
 
@@ -186,13 +211,45 @@ def _t2t_step(s: BeamState, flat: Array, cache: Cache, rules: _Rules) -> BeamSta
   live_tokens = _gather_beams(ext.tokens, pick)  # [batch, beam, max_decode_len]
   # t2t's grow_finished: the K best of the old pool and all 2K that finished now.
   fin = _merge_finished(s, ext, rules.alpha)
-
-  # t2t's stop_early: the best finished beats the best live one at its most favourable length
-  # (for an n-best list, the n-th best finished does).
-  best_live = live_scores[:, 0] / rules.best_penalty  # [batch]; top_k sorts; -inf when none live
-  done = s.done | ~jnp.isfinite(live_scores[:, 0]) | (fin[2][:, rules.nbest - 1] >= best_live)
+  done = t2t_done(s, live_scores, fin[2], rules)
   cache = _gather_cache(cache, _gather_beams(ext.beam_index, pick))
   return BeamState(s.step + 1, live_tokens, live_scores, *fin, done, cache)
+
+
+def search_rules(
+  style: str, nbest: int, beam_size: int, alpha: float, max_lengths: Array
+) -> _Rules:
+  """The rules a beam search (plain or constrained) runs by; ValueError for a style or n-best
+  list it cannot run."""
+  if style not in BEAM_STYLES:
+    raise ValueError(f"Unknown beam style {style!r}; choose one of {list(BEAM_STYLES)}.")
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"An n-best list of {nbest} needs 1 <= n <= the beam size {beam_size}.")
+  return _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha), nbest)
+
+
+def search_loop(
+  step_fn: StepFn,
+  init: S,
+  max_lengths: Array,
+  update: Callable[[S, Array, Cache], S],
+  beam_of: Callable[[S], BeamState] = lambda s: s,
+) -> S:
+  """The one beam loop, plain and constrained: until every sentence is done or the longest may
+  be no longer, the model scores each live hypothesis's next pieces (`_candidates`: [batch, beam
+  * vocab] and the stepped cache), and `update` makes the next state of them. `beam_of` finds
+  the BeamState inside a larger state (the constrained search's)."""
+  loop_len = jnp.max(max_lengths)
+
+  def cond(s: S) -> Array:
+    b = beam_of(s)
+    return (b.step < loop_len) & ~jnp.all(b.done)
+
+  def body(s: S) -> S:
+    flat, stepped = _candidates(step_fn, beam_of(s))
+    return update(s, flat, stepped)
+
+  return lax.while_loop(cond, body, init)
 
 
 def run_beam_search(
@@ -207,23 +264,10 @@ def run_beam_search(
   nbest: int = 1,
 ) -> BeamState:
   """`beam_search`'s loop; returns its final state (live and finished pools; for the tests)."""
-  if style not in BEAM_STYLES:
-    raise ValueError(f"Unknown beam style {style!r}; choose one of {list(BEAM_STYLES)}.")
-  if not 1 <= nbest <= beam_size:
-    raise ValueError(f"An n-best list of {nbest} needs 1 <= n <= the beam size {beam_size}.")
-  rules = _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha), nbest)
+  rules = search_rules(style, nbest, beam_size, alpha, max_lengths)
   update = _t2t_step if style == "t2t" else _shrinking_step
-  loop_len = jnp.max(max_lengths)
-
-  def cond(s: BeamState) -> Array:
-    return (s.step < loop_len) & ~jnp.all(s.done)
-
-  def body(s: BeamState) -> BeamState:
-    flat, stepped = _candidates(step_fn, s)
-    return update(s, flat, stepped, rules)
-
   init = _initial_beam_state(cache, max_lengths, beam_size, max_decode_len)
-  return lax.while_loop(cond, body, init)
+  return search_loop(step_fn, init, max_lengths, lambda s, flat, c: update(s, flat, c, rules))
 
 
 def beam_search(

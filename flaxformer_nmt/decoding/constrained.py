@@ -24,11 +24,9 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax
 
-from flaxformer_nmt.config.choices import BEAM_STYLES
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding.beam_search import (
   BeamState,
-  _candidates,
   _Extensions,
   _gather_beams,
   _gather_cache,
@@ -36,6 +34,11 @@ from flaxformer_nmt.decoding.beam_search import (
   _merge_finished,
   _Rules,
   finished_result,
+  search_loop,
+  search_rules,
+  shrinking_done,
+  shrinking_keep,
+  t2t_done,
 )
 from flaxformer_nmt.decoding.search import (
   NEG_INF,
@@ -43,7 +46,6 @@ from flaxformer_nmt.decoding.search import (
   Cache,
   SearchResult,
   StepFn,
-  length_penalty,
 )
 from flaxformer_nmt.model.tokens import EOS_ID
 
@@ -132,11 +134,6 @@ def _first(r: _Ranked, n: int) -> _Ranked:
   return _Ranked(ext, r.progress[:, :n])
 
 
-def _best_live(live_scores: Array, rules: _Rules) -> Array:
-  """[batch]: the best live score at its most favourable penalty; -inf when none is live."""
-  return jnp.max(live_scores, axis=1) / rules.best_penalty
-
-
 def _shrinking_step(
   s: ConstrainedState,
   candidates: tuple[Array, Array],
@@ -145,23 +142,11 @@ def _shrinking_step(
   rules: _Rules,
   vocab: int,
 ) -> ConstrainedState:
-  """The shrinking beam: the first K in allocation order, as many kept as there are open slots."""
+  """The shrinking beam (beam_search.py's rule) on the first K in allocation order."""
   b = s.beam
-  k = b.live_scores.shape[1]
-  r = _first(_ranked(s, candidates, c, rules, vocab), k)
-  open_slots = k - jnp.sum(jnp.isfinite(b.fin_normalized), axis=1)  # [batch]
-  valid = r.ext.valid & (jnp.arange(k)[None, :] < open_slots[:, None])
-  ext = r.ext._replace(valid=valid, finishing=r.ext.finishing & valid)
-  live_scores = jnp.where(valid & ~ext.finishing, ext.scores, NEG_INF)
-  fin = _merge_finished(b, ext, rules.alpha)
-  # beam_search.py's rule: none live, or n finished and no live one can beat the worst of them.
-  fin_normalized = fin[2]
-  finished = jnp.isfinite(fin_normalized)
-  worst_finished = jnp.min(jnp.where(finished, fin_normalized, jnp.inf), axis=1)
-  done = b.done | ~jnp.any(jnp.isfinite(live_scores), axis=1)
-  done = done | (
-    (jnp.sum(finished, axis=1) >= rules.nbest) & (_best_live(live_scores, rules) <= worst_finished)
-  )
+  r = _first(_ranked(s, candidates, c, rules, vocab), b.live_scores.shape[1])
+  ext, live_scores, fin = shrinking_keep(b, r.ext, rules)
+  done = shrinking_done(b, live_scores, fin[2], rules)
   cache = _gather_cache(cache, ext.beam_index)
   beam = BeamState(b.step + 1, ext.tokens, live_scores, *fin, done, cache)
   return ConstrainedState(beam, r.progress)
@@ -185,9 +170,7 @@ def _t2t_step(
   _, pick = lax.top_k(-position, k)  # [batch, K]: the first K alive, in order
   live_scores = jnp.where(_gather_beams(alive, pick), _gather_beams(r.ext.scores, pick), NEG_INF)
   fin = _merge_finished(b, r.ext, rules.alpha)
-  # beam_search.py's rule: none live, or the n-th finished beats the best live one.
-  done = b.done | ~jnp.isfinite(jnp.max(live_scores, axis=1))
-  done = done | (fin[2][:, rules.nbest - 1] >= _best_live(live_scores, rules))
+  done = t2t_done(b, live_scores, fin[2], rules)  # beam_search.py's rule
   cache = _gather_cache(cache, _gather_beams(r.ext.beam_index, pick))
   beam = BeamState(b.step + 1, _gather_beams(r.ext.tokens, pick), live_scores, *fin, done, cache)
   return ConstrainedState(beam, _gather_beams(r.progress, pick))
@@ -206,27 +189,18 @@ def run_constrained_search(
   nbest: int = 1,
 ) -> ConstrainedState:
   """The loop; returns the final state (for the tests). Arguments as `constrained_search`."""
-  if style not in BEAM_STYLES:
-    raise ValueError(f"Unknown beam style {style!r}; choose one of {list(BEAM_STYLES)}.")
-  if not 1 <= nbest <= beam_size:
-    raise ValueError(f"An n-best list of {nbest} needs 1 <= n <= the beam size {beam_size}.")
-  rules = _Rules(alpha, max_lengths, length_penalty(max_lengths, alpha), nbest)
+  rules = search_rules(style, nbest, beam_size, alpha, max_lengths)
   update = _t2t_step if style == "t2t" else _shrinking_step
-  loop_len = jnp.max(max_lengths)
   k = beam_size
 
-  def cond(s: ConstrainedState) -> Array:
-    return (s.beam.step < loop_len) & ~jnp.all(s.beam.done)
-
-  def body(s: ConstrainedState) -> ConstrainedState:
-    flat, stepped = _candidates(step_fn, s.beam)  # [batch, beam * vocab]
-    width = min(2 * k, flat.shape[1])
+  def step(s: ConstrainedState, flat: Array, stepped: Cache) -> ConstrainedState:
+    width = min(2 * k, flat.shape[1])  # flat: [batch, beam * vocab]
     candidates = _candidate_set(flat, s, c, width)
     return update(s, candidates, stepped, c, rules, flat.shape[1] // k)
 
   beam = _initial_beam_state(cache, max_lengths, beam_size, max_decode_len)
   progress = jnp.zeros((max_lengths.shape[0], beam_size, c.tokens.shape[1]), jnp.int32)
-  return lax.while_loop(cond, body, ConstrainedState(beam, progress))
+  return search_loop(step_fn, ConstrainedState(beam, progress), max_lengths, step, lambda s: s.beam)
 
 
 def constrained_search(
