@@ -17,12 +17,15 @@ from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.run import folder as folder_lib
 from flaxformer_nmt.run.folder import Workdir
 
-# What a start of each run-making command may leave in a folder before its config.json (written
-# last: a folder with config.json is a run), so that it may start again there: train's lock,
-# vocabulary (trained, copied or adopted), tokenized data, TensorBoard events and scratch copies;
-# import's vocabulary, records and parameters.
+# What may be in a folder before a run-making command writes its config.json (written last: a
+# folder with config.json is a run), so that it may start there: for train, what --mode=prepare
+# leaves for it (vocabulary, tokenized data, its result) and what a start killed before
+# config.json leaves (lock, vocabulary trained, copied or adopted, TensorBoard events, scratch
+# copies); for import, a killed import's vocabulary, records and parameters.
 LEFTOVERS = {
   "train": (
+    "prepare_result.json",
+    "results.jsonl",
     "train.lock",
     folder_lib.VOCABULARY,
     "spm.vocab",

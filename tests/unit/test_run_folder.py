@@ -282,6 +282,12 @@ def test_training_never_starts_in_a_folder_that_holds_a_users_files(tmp_path):
   for name in ("train.lock", "spm.model", "events.out.tfevents.1.host"):
     (killed / name).write_text("")
   modes._begin(config, str(killed), "train")  # pylint: disable=protected-access
+  # What --mode=prepare leaves for training (docs/wmt14.md: prepare, then train there).
+  prepared = tmp_path / "prepared"
+  (prepared / "data_cache").mkdir(parents=True)
+  for name in ("prepare_result.json", "results.jsonl", "spm.model"):
+    (prepared / name).write_text("")
+  modes._begin(config, str(prepared), "train")  # pylint: disable=protected-access
 
 
 def test_a_refused_new_workdir_leaves_no_parent_it_made(tmp_path):
