@@ -69,24 +69,31 @@ def parse_variant(text: str) -> tuple[str, list[str], dict[str, Any]]:
       options[key] = train_step.parse_value(value) if value else ""
     elif "." in key:
       overrides.append(setting)
-      _check_override(text, setting)
     else:
       raise app.UsageError(
         f"--variant={text!r}: {key!r} is neither a config path (model.x) nor an xla_ option."
       )
+  _check_overrides(text, overrides)
   return name, overrides, options
 
 
-def _check_override(text: str, setting: str) -> None:
-  """UsageError, one line, when a variant's config override names no field or a value the field
-  cannot take (`model.atention=jax`, `model.remat=maybe`): found when the flag is parsed, not
-  after the variants before it have compiled."""
+def _check_overrides(text: str, overrides: list[str]) -> None:
+  """UsageError, one line, when a variant's config overrides name no field, give a value the
+  field cannot take (`model.atention=jax`, `model.remat=maybe`), or together make a config
+  that cannot work (validated once, all applied: d_model and num_heads may change together):
+  found when the flag is parsed, not after the variants before it have compiled."""
+  if not overrides:
+    return
   c = train_step.config_for_flags()
+  for setting in overrides:
+    try:
+      train_step.apply_overrides(c, [setting])
+    except (errors.UserError, KeyError, TypeError, ValueError, AttributeError) as e:
+      raise app.UsageError(f"--variant={text!r}: {setting!r}: {_one_line(e)}") from None
   try:
-    train_step.apply_overrides(c, [setting])
     checks.validate(c)
-  except (errors.UserError, KeyError, TypeError, ValueError, AttributeError) as e:
-    raise app.UsageError(f"--variant={text!r}: {setting!r}: {_one_line(e)}") from None
+  except errors.UserError as e:
+    raise app.UsageError(f"--variant={text!r}: {_one_line(e)}") from None
 
 
 def _one_line(e: BaseException) -> str:

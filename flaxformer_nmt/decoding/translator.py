@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
@@ -356,9 +357,12 @@ def make_translator(
 
 def target_prefix(parts: ModelParts, lang: str | None) -> list[int]:
   """The source prefix into `lang`, a language already resolved and checked (a request's:
-  session.check_request, directions.resolve_target): [] for none (a bilingual model), else a
-  multilingual model's language tag. Never resolved again here: a request's language is
-  resolved once."""
+  session.check_request, directions.resolve_target), which is not resolved again: [] for a
+  bilingual model, else a multilingual model's language tag. A multilingual model asked for no
+  language (a default request) gets its one target language's, or a ConfigError."""
+  if not lang and directions.is_multilingual(parts.data_config):
+    # Asked for none (a default request): the model's one target language, or one line.
+    lang = directions.resolve_target(parts.data_config, None)
   if not lang:
     return []
   return tokenizer_lib.source_prefix(

@@ -131,10 +131,8 @@ def _check_kept_vocabulary(config: ml_collections.ConfigDict, run: Workdir) -> N
   copy's ids, and replacing it would make every later score silently wrong."""
   given = config.data.vocab_path
   kept = run.kept_vocabulary()
-  if not given or kept is None:
-    return
-  if not tokenizer_lib.vocabulary_exists(given):
-    raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
+  if not given or kept is None or not tokenizer_lib.vocabulary_exists(given):
+    return  # moved or deleted since: the run reads its own copy (Workdir.vocabulary)
   if not tokenizer_lib.same_vocabulary(given, kept):
     raise errors.ConfigError(
       f"config.data.vocab_path={given}: its content differs from {kept}, the vocabulary "

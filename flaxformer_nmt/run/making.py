@@ -53,22 +53,28 @@ def check_new_run(folder: Workdir, kind: str) -> None:
   if not os.path.isdir(folder.path) or folder.holds_run():
     return
   allowed = LEFTOVERS[kind]
-  foreign = sorted(
-    name
-    for name in os.listdir(folder.path)
-    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
-  )
   pair = folder.pair_vocabulary_dir
-  if os.path.isdir(pair):
-    foreign += sorted(
-      f"{folder_lib.PAIR_VOCABULARY}/{name}"
-      for name in os.listdir(pair)
-      if name not in pair_vocabulary.FILES
+  try:
+    foreign = sorted(
+      name
+      for name in os.listdir(folder.path)
+      if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
     )
-  if os.path.isfile(folder.run_record_path):
+    if os.path.isdir(pair):
+      foreign += sorted(
+        f"{folder_lib.PAIR_VOCABULARY}/{name}"
+        for name in os.listdir(pair)
+        if name not in pair_vocabulary.FILES
+      )
+  except OSError as e:
+    raise errors.ConfigError(
+      f"--workdir={folder.path}: cannot be read ({e.strerror or e}: {e.filename})."
+    ) from None
+  record = os.path.basename(folder.run_record_path)
+  if os.path.isfile(folder.run_record_path) and record not in foreign:
     made_by = (folder.training_data() or {}).get("kind")
     if (made_by == "imported") != (kind == "import"):
-      foreign.append(os.path.basename(folder.run_record_path))
+      foreign.append(record)
   if foreign:
     more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
     raise errors.ConfigError(

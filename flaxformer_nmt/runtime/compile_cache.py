@@ -112,9 +112,12 @@ def enable(setting: str) -> str | None:
     return None
   if not os.access(path, os.W_OK):
     logging.warning(
-      "config.compile_cache=%s: %s is not writable; compiling without a cache.", setting, path
+      "%s: %s is not writable; compiling without a cache.", named_by(setting, path, adopted), path
     )
     return None
+  if not adopted:
+    # The folder the checks passed, not a link to it that could be pointed elsewhere after them.
+    path = os.path.realpath(path)
   jax.config.update("jax_enable_compilation_cache", True)  # a refused folder earlier turned it off
   jax.config.update("jax_compilation_cache_dir", path)
   # Every program, however quick to compile: a CPU run's are small, and many.

@@ -65,7 +65,9 @@ def staged_folder(output: str) -> Iterator[str]:
   missing or an empty folder; an existing one (itself, a symbolic link to one, or `.`) receives
   the files in place: a link is never replaced by a folder, nor a folder a shell stands in."""
   target = os.path.realpath(output)
-  parent = os.path.dirname(target)
+  # Beside a new folder; inside an existing empty one (a mount point, or `.` under a folder this
+  # user cannot write), so the files move within one file system.
+  parent = target if os.path.isdir(target) else os.path.dirname(target)
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
   moved: list[str] = []

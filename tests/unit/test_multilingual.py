@@ -370,3 +370,30 @@ def test_bilingual_file_lookup_is_unchanged(tmp_path):
   assert source.fingerprint("train").startswith("files-v1-")
   with pytest.raises(errors.DataError, match=r"data.dev_prefix='val': missing .*val\.en\[\.gz\]"):
     source.files("dev")
+
+
+def test_a_default_request_of_a_multilingual_model_gets_its_one_targets_tag(tmp_path):
+  """A request resolved once (session.check_request) reaches target_prefix with its language;
+  one that names none (a default Request, a scorer's default) gets the model's one target
+  language's tag, as before, and a model of several targets says which to choose."""
+  symbols = ["<2en>", "<2de>"]
+  sentences = _sentences("en", 60, 0) + _sentences("de", 60, 1)
+  tok = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "v"), 80, user_symbols=symbols)
+
+  def parts(directions: str):
+    return translate.ModelParts(
+      tok,
+      None,
+      ml_collections.ConfigDict({"batch_size": 4}),
+      32,
+      ml_collections.ConfigDict(
+        {"directions": directions, "tgt_lang": "", "train_prefix": "train", "corpora": ""}
+      ),
+    )
+
+  one = parts("en-de")
+  assert translate.target_prefix(one, "de") == [tok.piece_id("<2de>")]
+  assert translate.target_prefix(one, "") == [tok.piece_id("<2de>")]
+  assert translate.target_prefix(one, None) == [tok.piece_id("<2de>")]
+  with pytest.raises(errors.ConfigError, match="target"):
+    translate.target_prefix(parts("en-de,de-en"), "")

@@ -307,3 +307,19 @@ def test_a_refused_new_workdir_leaves_no_parent_it_made(tmp_path):
   with pytest.raises(errors.DataError):
     modes.train(missing, str(tmp_path / "newC" / "newD"))
   assert not (tmp_path / "newC").exists()
+
+
+def test_a_resume_after_the_vocabulary_file_moved_reads_the_runs_copy(monkeypatch, tmp_path):
+  """The run keeps its copy so that data.vocab_path may move or vanish: a resume whose saved
+  vocab_path no longer exists goes on with the copy (only a differing file is refused)."""
+  spm = tmp_path / "spm"
+  spm.mkdir()
+  tokenizer_lib.train_tokenizer(_EN + _DE, str(spm / "vx"), 40)
+  _corpus(tmp_path / "data", _DE)
+  work = tmp_path / "run"
+  config = _files_config(dir=str(tmp_path / "data"), vocab_path=str(spm / "vx.model"))
+  run = _trained(monkeypatch, work, config)
+  (spm / "vx.model").unlink()
+  resumed, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
+  run.keep_vocabulary(resumed)  # nothing to copy, nothing refused
+  assert Workdir(str(work)).vocabulary(resumed) == str(work / "spm.model")
