@@ -10,6 +10,7 @@ file never does; a checkpoint of another model is a one-line mismatch error, fou
 from __future__ import annotations
 
 import json
+import logging as logging_lib
 import os
 import sys
 import time
@@ -111,19 +112,38 @@ def open_manager(
   )
 
 
+# Checkpoints this process has read (or tried to): the reports below are dropped only when they
+# are about one of them.
+_READ_PATHS: set[str] = set()
+
+
 def _closed_loop(unraisable: Any) -> bool:
   return isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == (
     "Event loop is closed"
   )
 
 
-def _quiet_closed_loop_reports() -> None:
-  """After a failed read, orbax's reads still in flight (tensorstore's callbacks) finish on an
-  asyncio loop orbax has closed, and Python reports each as an unraisable `RuntimeError: Event
-  loop is closed` traceback (20-35 of them on a cut checkpoint, orbax-checkpoint 0.12.8 and
-  tensorstore 0.1.86): noise after a fault that is handled and named in one warning line. From
-  the first failed read on, exactly those reports are dropped; any other goes to the hook that
-  was there."""
+class _UnretrievedReadFailures(logging_lib.Filter):
+  """Drops asyncio's "Task exception was never retrieved" records whose exception is about a
+  checkpoint this process read: the sibling reads of one that failed."""
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    if not str(record.msg).startswith("Task exception was never retrieved"):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return not (error is not None and any(p in str(error) for p in _READ_PATHS))
+
+
+def _quiet_failed_read_reports(path: epath.Path) -> None:
+  """When a read fails, orbax's reads still in flight (tensorstore's callbacks) finish on an
+  asyncio loop orbax has closed: Python reports each as an unraisable `RuntimeError: Event loop
+  is closed` traceback, and asyncio logs each sibling read's own failure as "Task exception was
+  never retrieved" with its traceback (20-35 tracebacks on a cut checkpoint, some while the
+  failure is still being raised; orbax-checkpoint 0.12.8, tensorstore 0.1.86). That is noise
+  after a fault that is handled and named in one warning line. Installed before every read:
+  exactly those reports are dropped (the second only when it names a checkpoint this process
+  read); any other goes where it went."""
+  _READ_PATHS.add(os.path.abspath(str(path)))
   previous = sys.unraisablehook
   if getattr(previous, "_drops_closed_loop", False):
     return
@@ -134,17 +154,18 @@ def _quiet_closed_loop_reports() -> None:
 
   hook._drops_closed_loop = True  # type: ignore[attr-defined]
   sys.unraisablehook = hook
+  logging_lib.getLogger("asyncio").addFilter(_UnretrievedReadFailures())
 
 
 def _with_retries(path: epath.Path, read: Callable[[], Any]) -> Any:
   """`read()`, retried after a failure that does not show corruption; Unreadable in the end."""
+  _quiet_failed_read_reports(path)
   for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
     try:
       return read()
     except CheckpointMismatchError:
       raise
     except Exception as e:  # pylint: disable=broad-except  (classified right here)
-      _quiet_closed_loop_reports()
       corrupt = _shows_corruption(e)
       if corrupt or delay is None:
         raise Unreadable(path, e, corrupt=corrupt) from e

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import jax
 import numpy as np
@@ -63,15 +64,20 @@ def test_a_damaged_newest_checkpoint_is_one_warning_line_and_no_traceback(tmp_pa
   biggest = max(data, key=lambda p: p.stat().st_size)
   biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 3])
   (tmp_path / "in.txt").write_text("I have three apples.\n")
-  proc = helpers.run_main(
-    f"--workdir={work}",
-    "--mode=translate",
-    "--checkpoint=latest",
-    f"--input={tmp_path / 'in.txt'}",
-    f"--output={tmp_path / 'out.txt'}",
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "/checkpoints/8" in proc.stdout.splitlines()[-1]  # the fallback translated
-  assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr
-  warnings = [line for line in proc.stderr.splitlines() if line.startswith("W")]
-  assert len(warnings) == 1 and "checkpoints/12 is corrupt" in warnings[0], warnings
+  # Twice: the late reports come from threads, and how many is a matter of timing (one run in
+  # six showed none of the asyncio task ones before they were filtered too).
+  for _ in range(2):
+    proc = helpers.run_main(
+      f"--workdir={work}",
+      "--mode=translate",
+      "--checkpoint=latest",
+      f"--input={tmp_path / 'in.txt'}",
+      f"--output={tmp_path / 'out.txt'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "/checkpoints/8" in proc.stdout.splitlines()[-1]  # the fallback translated
+    assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert not [line for line in lines if re.match(r"E\d{4} ", line)], proc.stderr[-2000:]
+    warnings = [line for line in lines if re.match(r"W\d{4} ", line)]
+    assert len(warnings) == 1 and "checkpoints/12 is corrupt" in warnings[0], warnings
