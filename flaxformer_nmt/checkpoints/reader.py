@@ -10,9 +10,7 @@ file never does; a checkpoint of another model is a one-line mismatch error, fou
 from __future__ import annotations
 
 import json
-import logging as logging_lib
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +22,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from flaxformer_nmt.checkpoints import read_noise
 from flaxformer_nmt.checkpoints.trees import (  # noqa: F401  (reader.state_dict: its callers)
   abstract_leaf,
   check_matches_model,
@@ -112,54 +111,9 @@ def open_manager(
   )
 
 
-# Checkpoints this process has read (or tried to): the reports below are dropped only when they
-# are about one of them.
-_READ_PATHS: set[str] = set()
-
-
-def _closed_loop(unraisable: Any) -> bool:
-  return isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == (
-    "Event loop is closed"
-  )
-
-
-class _UnretrievedReadFailures(logging_lib.Filter):
-  """Drops asyncio's "Task exception was never retrieved" records whose exception is about a
-  checkpoint this process read: the sibling reads of one that failed."""
-
-  def filter(self, record: logging_lib.LogRecord) -> bool:
-    if not str(record.msg).startswith("Task exception was never retrieved"):
-      return True
-    error = record.exc_info[1] if record.exc_info else None
-    return not (error is not None and any(p in str(error) for p in _READ_PATHS))
-
-
-def _quiet_failed_read_reports(path: epath.Path) -> None:
-  """When a read fails, orbax's reads still in flight (tensorstore's callbacks) finish on an
-  asyncio loop orbax has closed: Python reports each as an unraisable `RuntimeError: Event loop
-  is closed` traceback, and asyncio logs each sibling read's own failure as "Task exception was
-  never retrieved" with its traceback (20-35 tracebacks on a cut checkpoint, some while the
-  failure is still being raised; orbax-checkpoint 0.12.8, tensorstore 0.1.86). That is noise
-  after a fault that is handled and named in one warning line. Installed before every read:
-  exactly those reports are dropped (the second only when it names a checkpoint this process
-  read); any other goes where it went."""
-  _READ_PATHS.add(os.path.abspath(str(path)))
-  previous = sys.unraisablehook
-  if getattr(previous, "_drops_closed_loop", False):
-    return
-
-  def hook(unraisable: Any) -> None:
-    if not _closed_loop(unraisable):
-      previous(unraisable)
-
-  hook._drops_closed_loop = True  # type: ignore[attr-defined]
-  sys.unraisablehook = hook
-  logging_lib.getLogger("asyncio").addFilter(_UnretrievedReadFailures())
-
-
 def _with_retries(path: epath.Path, read: Callable[[], Any]) -> Any:
   """`read()`, retried after a failure that does not show corruption; Unreadable in the end."""
-  _quiet_failed_read_reports(path)
+  read_noise.quiet_failed_read_reports(str(path))
   for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
     try:
       return read()
