@@ -48,8 +48,7 @@ from absl import app, flags, logging
 from flaxformer_nmt import api
 from flaxformer_nmt.benchmarking import record
 from flaxformer_nmt.data import demo
-from flaxformer_nmt.decoding import translator as translator_lib
-from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.run.folder import Workdir
 
 _CONFIG = flags.DEFINE_string(
@@ -122,12 +121,11 @@ class TranslateSide:
       config = api.load_config(_CONFIG.value, _overrides())
     else:
       config = api.load_run_config(_WORKDIR.value, _overrides())
-    loaded = loaded_model.load(config, Workdir(_WORKDIR.value), "auto")
-    self.checkpoint = loaded.description
+    session = Session.load(config, Workdir(_WORKDIR.value), "auto")
+    self.checkpoint = session.description
     self.lines = lines
-    self.translator = translator_lib.make_translator(
-      loaded.components, loaded.params, log_progress=False
-    )
+    # --mode=translate's translator (its batch shapes; no per-call progress lines).
+    self.translator = session.quiet().translator()
     for line in lines[: _LATENCY_LINES.value]:  # compiles every shape the timed calls use
       self.translator.translate([line])
     self.outputs = self.translator.translate(lines)

@@ -1,7 +1,7 @@
 """What each `--mode` does, in terms of the stages: every mode reads downward from here.
 
-Each mode starts the same way (`_begin`: the config's rules, the workdir, the accelerator check),
-asks the `Workdir` which checkpoint and files it will use and checks its outputs before any
+Each mode starts the same way (`open_command`: the config's rules, the workdir, the accelerator
+check), asks the `Workdir` which checkpoint and files it will use and checks its outputs before any
 expensive work, builds the command's one `Components`, reads only the data it needs, ends by
 writing its figures into the workdir, and returns them (for `api.py`).
 """
@@ -19,28 +19,20 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions, run_config
 from flaxformer_nmt.decoding import constraints as constraints_lib
-from flaxformer_nmt.decoding import session as session_lib
-from flaxformer_nmt.decoding.session import Outputs, output_lines
+from flaxformer_nmt.decoding.requests import Outputs, Request, output_lines
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.run import command, selection
-from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import console, files, parallel
 
 
-def _begin(
-  config: ml_collections.ConfigDict | None, workdir: str, mode: str
-) -> tuple[ml_collections.ConfigDict, Workdir]:
-  """What every mode does first (run/command.py: the run's saved config read once, what this
-  command may change of it, its paths and data checked), then the one warning line when a GPU or
-  TPU is visible but JAX runs on the CPU. Nothing is written but a new training run's folder."""
-  run = open_command(config, workdir, mode)
-  return run.config, run.folder
-
-
 def open_command(config: ml_collections.ConfigDict | None, workdir: str, mode: str) -> command.Run:
-  """`_begin`'s work, returning the whole Run (its folder, config and saved config) for the
-  modes that hand it downward."""
+  """The run a `mode` command works on, opened once (run/command.py open_run: the run's saved
+  config read once, what this command may change of it, its paths and data checked), then the
+  one warning line when a GPU or TPU is visible but JAX runs on the CPU. Every mode starts here
+  and hands the Run (its folder, config and saved config) downward. Nothing is written but a
+  new training run's folder."""
   run = command.open_run(config, workdir, mode)
   if mode == "eval" and run.saved is not None:
     from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
@@ -69,7 +61,8 @@ def train(
 def _train(
   config: ml_collections.ConfigDict | None, workdir: str, config_name: str, loop: Any
 ) -> dict[str, Any]:
-  config, run = _begin(config, workdir, "train")
+  opened = open_command(config, workdir, "train")
+  config, run = opened.config, opened.folder
   saved = loop.finished_result(config, run)
   if saved is not None:
     # A rerun of a finished command (a notebook cell after a runtime reset, a repeated job): its
@@ -101,7 +94,8 @@ def evaluate(
   `members` (--ensemble), of the ensemble of --workdir's model and theirs. With
   `constraints_path` (--constraints), of the beam that must output each sentence's terms."""
   terms = constraints_lib.read_terms(constraints_path) if constraints_path else None
-  config, run = _begin(config, workdir, "eval")
+  opened = open_command(config, workdir, "eval")
+  config, run = opened.config, opened.folder
   if terms is not None and directions.is_multilingual(config.data):
     raise errors.ConfigError(
       "--constraints with --mode=eval scores one test set; a multilingual run has one per "
@@ -111,21 +105,17 @@ def evaluate(
   from flaxformer_nmt.data import pipeline as data_lib  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
 
-  loaded = loaded_model.load(config, run, which, members)
+  session = Session.of_run(opened, which, members)
   data = data_lib.make_data(
-    config, run, need_train=False, eval_splits=("test",), tokenizer=loaded.components.tokenizer
+    config, run, need_train=False, eval_splits=("test",), tokenizer=session.components.tokenizer
   )
-  result: dict[str, Any] = {"mode": "eval", "checkpoint": loaded.description}
+  result: dict[str, Any] = {"mode": "eval", "checkpoint": session.description}
   if terms is not None:
     result.update(
-      evaluation.constrained_test_scores(
-        loaded.components, loaded.params, data, run.eval_dir, loaded.tag, terms, constraints_path
-      )
+      evaluation.constrained_test_scores(session, data, run.eval_dir, terms, constraints_path)
     )
   else:
-    result.update(
-      evaluation.score_test_set(loaded.components, loaded.params, data, run.eval_dir, loaded.tag)
-    )
+    result.update(evaluation.score_test_set(session, data, run.eval_dir))
   run.write_result(result)
   return result
 
@@ -136,15 +126,15 @@ def load_session(
   which: str = "auto",
   members: Sequence[str] = (),
   mode: str = "translate",
-) -> session_lib.Session:
+) -> Session:
   """The run in `workdir` checked as `mode` checks it, and the parameters `which` names (with
   the `members` of an ensemble) loaded once: `api.load`'s."""
-  return session_lib.Session.of_run(open_command(config, workdir, mode), which, members)
+  return Session.of_run(open_command(config, workdir, mode), which, members)
 
 
 def decoding_request(
   config: ml_collections.ConfigDict | None, workdir: str, outputs: Outputs
-) -> tuple[command.Run, session_lib.Request]:
+) -> tuple[command.Run, Request]:
   """The run a decoding command works on, opened, and what it asks of it (`outputs`) checked
   once against the run's config: both before any input is read or parameter loaded."""
   run = open_command(config, workdir, "translate")
@@ -163,7 +153,7 @@ def translate_hypotheses(
   config.decode's search; with `terms`, each line's that its translations must contain."""
   outputs = outputs or Outputs()
   run, request = decoding_request(config, workdir, outputs)
-  session = session_lib.Session.of_run(run, which, outputs.members)
+  session = Session.of_run(run, which, outputs.members)
   return (*session.translate_checked(request, lines, terms), session.description)
 
 
@@ -188,7 +178,7 @@ def translate(
   terms = None
   if outputs.constraints:
     terms = constraints_lib.read_terms(outputs.constraints, len(lines), "--input")
-  session = session_lib.Session.of_run(run, which, outputs.members)
+  session = Session.of_run(run, which, outputs.members)
   hyps, stats = session.translate_checked(request, lines, terms)
   if parallel.is_main_process():
     files.write_lines(output_path, output_lines(hyps, outputs))
@@ -221,22 +211,8 @@ def score_pairs(
   scoring.check_pairs(sources, references, "sources", "references")
   run = open_command(config, workdir, "score")
   lang = directions.resolve_target(run.config.data, target_lang)  # once, before the model loads
-  return _scored(session_lib.Session.of_run(run, which, members), lang, sources, references)
-
-
-def _scored(
-  session: session_lib.Session, lang: str | None, sources: list[str], references: list[str]
-) -> tuple[list[Any], dict[str, Any], str]:
-  from flaxformer_nmt.decoding import scoring
-
-  scorer = session.translators.scorer(lang)
-  scores = scorer.score(sources, references)
-  figures = {
-    **scoring.summary(scores),
-    "num_truncated": len(scorer.truncated),
-    "seconds": scorer.seconds,
-  }
-  return scores, figures, session.description
+  session = Session.of_run(run, which, members)
+  return (*session.score_checked(lang, sources, references), session.description)
 
 
 def score(
@@ -260,9 +236,8 @@ def score(
   sources = files.read_lines(input_path)
   references = files.read_lines(reference_path)
   scoring.check_pairs(sources, references, f"--input={input_path}", f"--reference={reference_path}")
-  scores, figures, description = _scored(
-    session_lib.Session.of_run(run, which, members), lang, sources, references
-  )
+  session = Session.of_run(run, which, members)
+  scores, figures = session.score_checked(lang, sources, references)
   if parallel.is_main_process():
     files.write_lines(output_path, scoring.output_lines(scores))
   result = {
@@ -270,7 +245,7 @@ def score(
     "input": input_path,
     "reference": reference_path,
     "output": output_path,
-    "checkpoint": description,
+    "checkpoint": session.description,
     **figures,
   }
   run.folder.write_result(result, echo=output_path != files.STDIO)
@@ -284,19 +259,19 @@ def serving_model(
   members: Sequence[str],
   distributed: str = "auto",
   target_lang: str = "",
-) -> loaded_model.LoadedModel:
+) -> Session:
   """--mode=serve's model: the run checked as every mode checks it, in one process, loaded once
   (serving/launch.py calls this on its loader thread, while the server already listens)."""
   parallel.maybe_initialize_distributed(distributed)
-  config, run = _begin(config, workdir, "serve")
+  run = open_command(config, workdir, "serve")
   if target_lang:
-    directions.resolve_target(config.data, target_lang)  # one line, before the model loads
+    directions.resolve_target(run.config.data, target_lang)  # one line, before the model loads
   if jax.process_count() > 1:
     raise errors.ConfigError(
       f"--mode=serve runs as one process (this job has {jax.process_count()}); start it on "
       "one host without JAX_COORDINATOR_ADDRESS, or with --distributed=off."
     )
-  return loaded_model.load(config, run, which, members)
+  return Session.of_run(run, which, members)
 
 
 def export(
@@ -316,24 +291,22 @@ def export(
   if fmt not in exporters:  # the flag allows no other; the API may
     raise errors.ConfigError(f"--format={fmt}: choose one of {', '.join(exporters)}.")
   exporter = exporters[fmt]
-  config, run = _begin(config, workdir, "export")
-  exporter.check_request(output, quantization, config.model)  # before any work
-  loaded = loaded_model.load(config, run, which)
-  result = exporter.write(loaded, run, output, quantization)
-  logging.info("Exported %s to %s (%s).", loaded.description, output, quantization)
-  result = {"mode": "export", "checkpoint": loaded.description, **result}
-  run.write_result(result)
+  run = open_command(config, workdir, "export")
+  exporter.check_request(output, quantization, run.config.model)  # before any work
+  session = Session.of_run(run, which)
+  result = exporter.write(session, run.folder, output, quantization)
+  logging.info("Exported %s to %s (%s).", session.description, output, quantization)
+  result = {"mode": "export", "checkpoint": session.description, **result}
+  run.folder.write_result(result)
   return result
 
 
 def import_model(source: str, workdir: str) -> dict[str, Any]:
   """Makes a run in `workdir` from a transformers Marian model folder or Hub id (OPUS-MT); see
-  export/importing.py (which leaves nothing behind when it refuses)."""
-  from flaxformer_nmt.export import importing
+  importing/imported_run.py (which leaves nothing behind when it refuses)."""
+  from flaxformer_nmt.importing import imported_run  # safetensors and the Marian reader
 
-  result = importing.import_marian(source, workdir)
-  Workdir(workdir).write_result(result)
-  return result
+  return imported_run.import_run(source, workdir)
 
 
 def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
@@ -341,9 +314,9 @@ def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str,
   vocabulary into the workdir; see data/prepare.py."""
   from flaxformer_nmt.data import prepare as prepare_lib  # TFDS's builder: this mode only
 
-  config, run = _begin(config, workdir, "prepare")
-  result = prepare_lib.prepare(config, run, jax.process_count())
-  run.write_result(result)
+  run = open_command(config, workdir, "prepare")
+  result = prepare_lib.prepare(run.config, run.folder, jax.process_count())
+  run.folder.write_result(result)
   return result
 
 
@@ -363,10 +336,10 @@ def attention(
     raise errors.ConfigError(f"--output={output} exists and is not a directory.")
   run = open_command(config, workdir, "attention")
   directions.resolve_target(run.config.data, target_lang)  # one line, before the model loads
-  session = session_lib.Session.of_run(run, which)
+  session = Session.of_run(run, which)
   pictures = session.attention(text, output if output != files.STDIO else None, target_lang)
   result = {"mode": "attention", "checkpoint": session.description, "text": text, **pictures}
-  session.run.write_result(result)
+  run.folder.write_result(result)
   return result
 
 
@@ -381,7 +354,8 @@ def average(
   written last is what --checkpoint=averaged reads."""
   from flaxformer_nmt.checkpoints import averaging  # pylint: disable=g-import-not-at-top
 
-  config, run = _begin(config, workdir, "average")
+  opened = open_command(config, workdir, "average")
+  config, run = opened.config, opened.folder
   plan = selection.average_plan(run, num_checkpoints, which)  # before any work
   components = Components.load(config, run)
   params = averaging.average(

@@ -23,8 +23,8 @@ from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.config import loading as config_files
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K
@@ -271,6 +271,25 @@ def fresh_trainer(config: ml_collections.ConfigDict, workdir: Any) -> Any:
   run.create()
   data = data_lib.make_data(config, run, jax.device_count(), 0, 1)
   return Trainer(TrainSetup(Components(config, data.tokenizer)), data, run)
+
+
+def translator(
+  tokenizer: Any,
+  model: Any,
+  params: Any,
+  decode: ml_collections.ConfigDict,
+  max_src_len: int,
+  data: ml_collections.ConfigDict | None = None,
+  **request: Any,
+) -> Any:
+  """The Translator a decoding Session (the one owner) makes for `request` (requests.Request's
+  fields: nbest, alignments, target_lang, beam_size), around a hand-built `model` and a stand-in
+  `tokenizer` (Components.around)."""
+  from flaxformer_nmt.decoding.requests import Request  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.decoding.session import Session  # pylint: disable=g-import-not-at-top
+
+  components = Components.around(tokenizer, model, decode, max_src_len, data)
+  return Session(components, params).translator(Request(**request))
 
 
 class CharTokenizer:

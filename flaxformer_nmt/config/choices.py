@@ -3,8 +3,8 @@ the code that acts on a value imports its tuple from here (so the searches, the 
 evaluation import no validation code, and no two lists can drift apart)."""
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# "none": an imported model's (export/importing.py): no data of its own; eval and fine-tuning name
-# theirs (data.source=files, data.dir).
+# "none": an imported model's (importing/imported_run.py): no data of its own; eval and
+# fine-tuning name theirs (data.source=files, data.dir).
 SOURCES = ("demo", "tfds", "files", "none")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
 POSITIONALS = ("sinusoidal", "learned")

@@ -1,8 +1,9 @@
 """Scoring a model: dev loss and dev BLEU during training, both BLEUs and chrF of the test set.
 
 Each function takes only what it uses: batches and an eval step, or sentence pairs and a
-`Translate` function (translator.translate_fn, which decodes on every device of every process);
-the training loop and `--mode=eval` call them. The metrics themselves are bleu.py's (sacreBLEU).
+`Translate` function (a Session's translate_with, which decodes on every device of every process
+with the session's kept searches); the training loop and `--mode=eval` call them. The metrics
+themselves are bleu.py's (sacreBLEU).
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions as directions_lib
-from flaxformer_nmt.decoding import language_id, translator
+from flaxformer_nmt.decoding import language_id
 from flaxformer_nmt.decoding.bleu import (
   sacrebleu_score,
   score_and_write,
   splits_compounds,
   tokenized_bleu_method,
 )
-from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.decoding.requests import Request
 from flaxformer_nmt.runtime import parallel
 
 if TYPE_CHECKING:  # the test set's type only: decoding does not load the input pipeline
   from flaxformer_nmt.data.pipeline import Data
+  from flaxformer_nmt.decoding.session import Session
 
 # (source sentences, beam size) -> their translations: how a model is asked to translate.
 Translate = Callable[[Sequence[str], int], list[str]]
@@ -72,14 +74,18 @@ def dev_bleu(
 def dev_figures(
   data: Data,
   p_eval_step: Any,
-  params: Any,
-  translate: Callable[[str | None], Translate],
+  session: Session,
   bleu_sentences: int,
   bleu_beam: int,
 ) -> dict[str, float]:
-  """Dev loss and dev BLEU; a multilingual run's for each direction (`dev_bleu.en-de`, ...),
-  with their mean under the bilingual names (`dev_bleu`), which the best checkpoint and early
-  stopping go by. `translate(target_lang)` makes the Translate function of a direction."""
+  """Dev loss and dev BLEU of `session`'s parameters (replicated: the train state's); a
+  multilingual run's for each direction (`dev_bleu.en-de`, ...), with their mean under the
+  bilingual names (`dev_bleu`), which the best checkpoint and early stopping go by."""
+  params = session.replicated
+
+  def translate(target: str | None) -> Translate:
+    return lambda sources, beam: session.translate_with(sources, beam, target)
+
   if not data.directions:
     out = dev_loss(data.eval_batches("dev"), p_eval_step, params)
     out.update(dev_bleu(data.pairs("dev")[:bleu_sentences], translate(None), bleu_beam))
@@ -244,22 +250,12 @@ def search_tag(beam: int, beam_style: str, alpha: float, max_len_offset: int) ->
   return name if max_len_offset == 50 else f"{name}-len{max_len_offset}"
 
 
-def score_test_set(
-  components: Components,
-  params: Any,
-  data: Data,
-  out_dir: str,
-  tag: str,
-  *,
-  replicated: bool = False,
-) -> dict[str, Any]:
-  """`test_scores` of `params` on `data`'s test set with the config's beam, its hypotheses and
-  scores written to `out_dir` under `tag`. A multilingual run's: every direction's under
-  "directions", the zero-shot ones' under "zero_shot" (each with off-target rates), and the
-  trained directions' mean of each figure under "mean"."""
-  config = components.config
-  if not replicated:
-    params, replicated = parallel.replicate(params), True  # once for both searches
+def score_test_set(session: Session, data: Data, out_dir: str) -> dict[str, Any]:
+  """`test_scores` of `session`'s parameters on `data`'s test set with the config's beam, its
+  hypotheses and scores written to `out_dir` under the session's tag. A multilingual run's:
+  every direction's under "directions", the zero-shot ones' under "zero_shot" (each with
+  off-target rates), and the trained directions' mean of each figure under "mean"."""
+  config = session.config
   settings = dict(
     beam_size=config.decode.beam_size,
     beam_style=config.decode.beam_style,
@@ -267,13 +263,13 @@ def score_test_set(
     max_len_offset=config.decode.max_len_offset,
     compound_split=config.eval.compound_split,
     out_dir=out_dir,
-    tag=tag,
+    tag=session.tag,
   )
   if not data.directions:
     pairs = test_pairs(config, data)
     return test_scores(
       pairs,
-      translator.translate_fn(components, params, replicated=replicated),
+      lambda sources, beam: session.translate_with(sources, beam),
       test_set=data.split_name("test"),
       test_set_id=scored_set_id(config, pairs),
       tgt_lang=config.data.tgt_lang,
@@ -288,7 +284,7 @@ def score_test_set(
       pairs = test_pairs(config, data, direction)
       figures = test_scores(
         pairs,
-        translator.translate_fn(components, params, replicated=replicated, target_lang=target),
+        lambda sources, beam, target=target: session.translate_with(sources, beam, target),
         test_set=data.split_name("test", direction),
         test_set_id=scored_set_id(config, pairs, direction),
         tgt_lang=target,
@@ -306,18 +302,16 @@ def score_test_set(
 
 
 def constrained_test_scores(
-  components: Components,
-  params: Any,
+  session: Session,
   data: Data,
   out_dir: str,
-  tag: str,
   terms: Sequence[Sequence[str]],
   terms_path: str,
 ) -> dict[str, Any]:
   """BLEU and chrF of the test set translated with the configured beam, each sentence's
   translation made to contain its `terms` (--constraints=`terms_path`), and what was met; the
   files are named `..._beamK-..._constrained-<file name>` beside the unconstrained ones."""
-  config = components.config
+  config, tag = session.config, session.tag
   everything = data.pairs("test")
   if len(terms) != len(everything):
     raise errors.ConfigError(
@@ -327,7 +321,7 @@ def constrained_test_scores(
   pairs = test_pairs(config, data)
   terms = terms[: len(pairs)]  # eval.max_test_sentences: the first sentences' terms
   d = config.decode
-  decoder = translator.make_translator(components, params, beam_size=d.beam_size)
+  decoder = session.translator(Request(beam_size=d.beam_size))
   start = time.monotonic()
   hyps = decoder.translate_nbest([s for s, _ in pairs], constraints=terms)
   seconds = time.monotonic() - start

@@ -27,10 +27,11 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import search as search_lib
-from flaxformer_nmt.decoding.translator import ModelParts, TextTokenizer, bucket_lengths
+from flaxformer_nmt.decoding.translator import TextTokenizer, bucket_lengths
 from flaxformer_nmt.model.ensemble import Ensemble
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.runtime import parallel
 
 Array = jax.Array
@@ -74,7 +75,7 @@ class Scorer:
 
   def __init__(
     self,
-    parts: ModelParts,
+    parts: Components,
     params: Any,
     *,
     alpha: float,
@@ -86,7 +87,7 @@ class Scorer:
     self.model = parts.model
     self.params = params if replicated else parallel.replicate(params)
     self.alpha = alpha
-    self.batch_size = int(parts.decode_config.batch_size)
+    self.batch_size = int(parts.config.decode.batch_size)
     self.max_src_len = parts.max_src_len
     self.max_tgt_len = int(parts.model.cfg.max_len)
     self.source_prefix = list(source_prefix)

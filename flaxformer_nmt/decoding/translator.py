@@ -15,13 +15,11 @@ their scores, and, when asked, word alignments in Pharaoh format (alignments.py)
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -42,7 +40,7 @@ from flaxformer_nmt.decoding.lines import (  # noqa: F401  (BUCKETS, Hypothesis:
   next_power_of_two,
 )
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.run.loaded import Components
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.runtime import console, files, parallel
 
 # How many truncated line numbers the warning names.
@@ -161,23 +159,7 @@ class Translator:
     encoded = self._encode([lines[i] for i in todo], [prefixes[i] for i in todo])
     sources = dict(zip(todo, encoded, strict=True))
 
-    truncated = [i for i in todo if len(sources[i]) > self.max_src_len]
-    for i in truncated:
-      sources[i] = sources[i][: self.max_src_len - 1] + [EOS_ID]
-    self.stats.num_truncated = len(truncated)
-    self.truncated = truncated
-    if truncated and self.log_progress:
-      named = ", ".join(str(i + 1) for i in truncated[:_NAMED_TRUNCATIONS])
-      more = "" if len(truncated) <= _NAMED_TRUNCATIONS else ", ..."
-      logging.warning(
-        "%d of %d lines are longer than %d tokens (EOS included) and were truncated: line %s%s.",
-        len(truncated),
-        len(lines),
-        self.max_src_len,
-        named,
-        more,
-      )
-
+    self._truncate(todo, sources, len(lines))
     terms: dict[int, list[list[int]]] = {}
     problems = constraints_lib.TermProblems()
     if constraints is not None:
@@ -205,19 +187,7 @@ class Translator:
       batches += self._batches(sorted(order, key=lambda i: len(sources[i]), reverse=True), beam)
     done, last_log = 0, start
     for batch, num_rows, with_beam in batches:
-      length = bucket(max(len(sources[i]) for i in batch), self.buckets)
-      rows = batch + [-1] * (num_rows - len(batch))
-      # Filler rows (-1) are all padding; the search skips them (decode.max_output_lengths).
-      inputs = np.full((len(rows), length), PAD_ID, np.int32)  # [batch, bucket]
-      line_ids = np.full((len(rows),), -1, np.int32)  # [batch]
-      for row, i in enumerate(batch):
-        inputs[row, : len(sources[i])] = sources[i]
-        line_ids[row] = numbers[i]
-      if with_beam is None:
-        decoded = self.decode_fn(inputs, line_ids)
-      else:
-        packed = constraints_lib.pack([terms[i] if i >= 0 else [] for i in rows])
-        decoded = self.constrained_decode(with_beam)(inputs, line_ids, *packed)
+      decoded = self._decode(batch, num_rows, with_beam, sources, numbers, terms)
       for row, i in enumerate(batch):
         outputs[i] = self._hypotheses(decoded, row, sources[i], len(prefixes[i]))
       self.stats.num_batches += 1
@@ -240,6 +210,50 @@ class Translator:
         texts, constraints, problems, list(beams.values()), self.beam_size
       )
     return outputs
+
+  def _truncate(self, todo: list[int], sources: dict[int, list[int]], num_lines: int) -> None:
+    """Cuts every source longer than the model takes (keeping its EOS), in place; counts them
+    (`stats`, `truncated`) and says so in one warning line naming the first few."""
+    truncated = [i for i in todo if len(sources[i]) > self.max_src_len]
+    for i in truncated:
+      sources[i] = sources[i][: self.max_src_len - 1] + [EOS_ID]
+    self.stats.num_truncated = len(truncated)
+    self.truncated = truncated
+    if truncated and self.log_progress:
+      named = ", ".join(str(i + 1) for i in truncated[:_NAMED_TRUNCATIONS])
+      more = "" if len(truncated) <= _NAMED_TRUNCATIONS else ", ..."
+      logging.warning(
+        "%d of %d lines are longer than %d tokens (EOS included) and were truncated: line %s%s.",
+        len(truncated),
+        num_lines,
+        self.max_src_len,
+        named,
+        more,
+      )
+
+  def _decode(
+    self,
+    batch: list[int],
+    num_rows: int,
+    with_beam: int | None,
+    sources: dict[int, list[int]],
+    numbers: Sequence[int],
+    terms: dict[int, list[list[int]]],
+  ) -> Any:
+    """One device batch of `batch`'s lines, padded to `num_rows` rows and their length bucket,
+    through the plain search (`with_beam` None) or the constrained one of that beam."""
+    length = bucket(max(len(sources[i]) for i in batch), self.buckets)
+    rows = batch + [-1] * (num_rows - len(batch))
+    # Filler rows (-1) are all padding; the search skips them (decode.max_output_lengths).
+    inputs = np.full((len(rows), length), PAD_ID, np.int32)  # [batch, bucket]
+    line_ids = np.full((len(rows),), -1, np.int32)  # [batch]
+    for row, i in enumerate(batch):
+      inputs[row, : len(sources[i])] = sources[i]
+      line_ids[row] = numbers[i]
+    if with_beam is None:
+      return self.decode_fn(inputs, line_ids)
+    packed = constraints_lib.pack([terms[i] if i >= 0 else [] for i in rows])
+    return self.constrained_decode(with_beam)(inputs, line_ids, *packed)
 
   def _batches(self, order: list[int], beam: int | None) -> list[tuple[list[int], int, int | None]]:
     """`order`'s lines as batches: (lines, rows of the device batch, the constrained search's
@@ -277,29 +291,8 @@ class Translator:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelParts:
-  """What a translator decodes with: the vocabulary, the model, config.decode's settings and the
-  longest source the model is given. A command's `Components` has them all (`of`); tests build
-  one around a stand-in tokenizer."""
-
-  tokenizer: TextTokenizer
-  model: Any
-  decode_config: ml_collections.ConfigDict
-  max_src_len: int
-  # config.data: whether the model is multilingual, and its languages (directions.py).
-  data_config: ml_collections.ConfigDict = dataclasses.field(
-    default_factory=lambda: ml_collections.ConfigDict({"directions": "", "tgt_lang": ""})
-  )
-
-  @classmethod
-  def of(cls, components: Components) -> ModelParts:
-    c = components
-    return cls(c.tokenizer, c.model, c.config.decode, c.max_src_len, c.config.data)
-
-
 def make_translator(
-  parts: ModelParts | Components,
+  parts: Components,
   params: Any,
   *,
   replicated: bool = False,
@@ -310,17 +303,16 @@ def make_translator(
   rows_per_shard: Sequence[int] | None = None,
   target_lang: str | None = None,
 ) -> Translator:
-  """The one way to make a Translator: for `parts` (a command's Components, or ModelParts) with
+  """The one way to make a Translator (asked by decoding/session.py's Session, which keeps
+  them): for `parts` (a command's Components; tests' Components.around) with
   the search, length rule and batch size of config.decode (`beam_size` overrides the beam and
   asks for beam search, e.g. greedy dev BLEU during training). `params` may be a
   model.ensemble.Ensemble; `replicated`: already on every local device (decode.decode_fn).
   `nbest` hypotheses per line; `alignments` adds word alignments from
   config.decode.alignment_layer's cross-attention. `target_lang`: a multilingual model's output
   language, resolved by the caller (a Request's; evaluation's own directions)."""
-  if not isinstance(parts, ModelParts):
-    parts = ModelParts.of(parts)
   prefix = target_prefix(parts, target_lang)
-  decode_config, model = parts.decode_config, parts.model
+  decode_config, model = parts.config.decode, parts.model
   layer = -1
   if alignments:
     setting = int(decode_config.get("alignment_layer", -1))
@@ -355,36 +347,26 @@ def make_translator(
   )
 
 
-def target_prefix(parts: ModelParts, lang: str | None) -> list[int]:
+def target_prefix(parts: Components, lang: str | None) -> list[int]:
   """The source prefix into `lang`, a language already resolved and checked (a request's:
-  session.check_request, directions.resolve_target), which is not resolved again: [] for a
+  requests.check_request, directions.resolve_target), which is not resolved again: [] for a
   bilingual model, else a multilingual model's language tag. A multilingual model asked for no
   language (a default request) gets its one target language's, or a ConfigError."""
-  if not lang and directions.is_multilingual(parts.data_config):
+  data_config = parts.config.data
+  if not lang and directions.is_multilingual(data_config):
     # Asked for none (a default request): the model's one target language, or one line.
-    lang = directions.resolve_target(parts.data_config, None)
+    lang = directions.resolve_target(data_config, None)
   if not lang:
     return []
   return tokenizer_lib.source_prefix(
     parts.tokenizer,  # type: ignore[arg-type]
     lang,
-    data_config=parts.data_config,
+    data_config=data_config,
   )
 
 
-def reserved_ids(parts: ModelParts) -> list[int]:
+def reserved_ids(parts: Components) -> list[int]:
   """The ids of the tags of the model's own vocabulary (none for a bilingual model's): never
   the command's config's, which may narrow data.directions."""
   ids = getattr(parts.tokenizer, "reserved_ids", None)
   return list(ids()) if ids is not None else []
-
-
-def translate_fn(
-  components: Components, params: Any, *, replicated: bool, target_lang: str | None = None
-) -> Callable[[Sequence[str], int], list[str]]:
-  """`(sources, beam_size) -> translations`: how evaluation asks a model to translate, on every
-  device of every process (`params` replicated over the local devices, or one host copy), into
-  `target_lang` for a multilingual model."""
-  return lambda sources, beam_size: make_translator(
-    components, params, replicated=replicated, beam_size=beam_size, target_lang=target_lang
-  ).translate(list(sources))

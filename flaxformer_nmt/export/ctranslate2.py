@@ -106,7 +106,7 @@ def check_request(output: str, quantization: str, model: Any = None) -> None:
 
 
 def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
-  """--mode=export's call (modes.export): the loaded model (run/loaded.LoadedModel) to
+  """--mode=export's call (modes.export): the loaded model (decoding/session.Session) to
   `output`."""
   c = loaded.components
   params = jax.device_get(loaded.params)

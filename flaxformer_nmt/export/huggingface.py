@@ -222,7 +222,7 @@ def model_card(
 
 
 def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
-  """--mode=export's call (modes.export): the loaded model (run/loaded.LoadedModel) of `run`
+  """--mode=export's call (modes.export): the loaded model (decoding/session.Session) of `run`
   (its recorded train and eval figures go into the model card) to `output`."""
   del quantization  # float32: check_request
   c = loaded.components

@@ -100,6 +100,19 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   return Run(run, config, saved)
 
 
+def open_new_run(workdir: str, kind: str) -> Workdir:
+  """The folder a command that makes a run from elsewhere (`kind`="import") makes it in,
+  checked as open_run checks a new training run's before any work: the folder's own checks, a
+  run already there refused, and anything but a killed start's leftovers refused
+  (making.check_new_run). Nothing is written; making.new_run makes it."""
+  run = Workdir(workdir)
+  run.check()
+  if run.holds_run():
+    raise errors.ConfigError(f"--workdir={workdir}: already holds a run; {kind} into a new folder.")
+  making.check_new_run(run, kind)
+  return run
+
+
 def _trained_with(run: Workdir) -> str:
   """ "runs/demo (trained with `demo`)": which config a refused command's run came from."""
   name = run.trained_with()

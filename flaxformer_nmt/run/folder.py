@@ -41,7 +41,7 @@ from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.runtime import files
 
 VOCABULARY = "spm.model"
-IMPORT_RECORD = "import.json"  # where an imported run came from (export/importing.py)
+IMPORT_RECORD = "import.json"  # where an imported run came from (importing/imported_run.py)
 LATEST_AVERAGE = "latest.json"  # averaged/latest.json: the average written last
 IMPORTED = "imported"  # averaged/imported/0: an imported model's parameters
 BEST_INCOMING = ".incoming"  # a new evaluation of best/'s step, written before it is swapped in

@@ -4,13 +4,18 @@ Train and import make runs (config.json, written last, marks a folder as one). E
 missing or empty folder, takes up again a folder holding only what a killed start of the same
 command left there (LEFTOVERS), and refuses anything else in one line before writing a byte: a
 user's folder is never written into, nor its files replaced (--mode=import once replaced a
-vocabulary/ holding a user's glossary, and a run.json).
+vocabulary/ holding a user's glossary, and a run.json). `new_run` makes the folder, and removes
+what it made if the writing fails (import's; a training run keeps what it wrote, and a refused
+start removes the empty folders it made: modes.train).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
+import shutil
+from collections.abc import Iterator
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import pair_vocabulary
@@ -81,3 +86,24 @@ def check_new_run(folder: Workdir, kind: str) -> None:
       f"--workdir={folder.path} is not empty and holds no run ({', '.join(foreign[:3])}{more}); "
       f"--mode={kind} makes a run only in a new or empty folder: choose another --workdir."
     )
+
+
+@contextlib.contextmanager
+def new_run(folder: Workdir) -> Iterator[Workdir]:
+  """Makes `folder` (and its missing parents) for a run checked by `check_new_run`, and yields
+  it; if the body raises, nothing half-made is left to be taken for a run: a folder this call
+  made goes whole (and the parents it made), and in a folder that existed (empty, or a killed
+  start's leftovers) the entries the body added go."""
+  existed = os.path.isdir(folder.path)
+  before = set(os.listdir(folder.path)) if existed else set()
+  made = folder.first_missing()
+  folder.create()
+  try:
+    yield folder
+  except BaseException:
+    if not existed:
+      shutil.rmtree(folder.path, ignore_errors=True)
+      folder.remove_if_empty(made)
+    else:
+      folder.remove_entries(set(os.listdir(folder.path)) - before)
+    raise

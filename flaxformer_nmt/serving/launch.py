@@ -77,13 +77,13 @@ def run(workdir: str, load: Callable[[], Any], options: Options) -> dict[str, An
     logging.info("Stopped during start-up (%s).", backend.starting())
     _exit_now()  # not waiting for a compile to end
   batcher = backend.batcher
-  assert batcher is not None and loader.loaded is not None
+  assert batcher is not None and loader.session is not None
   # The decoding in flight had the grace less a margin (server.serve); the queue's rest is done
   # within what is left of it.
   batcher.close(timeout=max(options.grace_s - served.shutdown_s - 2.0, 0.5))
   still_decoding = batcher.alive  # lines of clients already gone: not worth overstaying for
   result |= {
-    "checkpoint": loader.loaded.description,
+    "checkpoint": loader.session.description,
     "ready_seconds": round(backend.ready_s or 0.0, 1),
     "batch_shapes_compiled": backend.details.get("batch_shapes_compiled"),
     "shutdown_seconds": served.shutdown_s,
@@ -117,7 +117,7 @@ class _Loader:
     self._load = load
     self._options = options
     self._backend = backend
-    self.loaded: Any = None
+    self.session: Any = None
     self.thread: threading.Thread | None = None
 
   def start(self, fail: Callable[[BaseException], None]) -> None:
@@ -126,9 +126,9 @@ class _Loader:
 
   def _run(self, fail: Callable[[BaseException], None]) -> None:
     try:
-      self.loaded = self._load()  # imports JAX: seconds
+      self.session = self._load()  # imports JAX: seconds
       from flaxformer_nmt.serving import service  # pylint: disable=g-import-not-at-top
 
-      service.start(self.loaded, self._options, self._backend)
+      service.start(self.session, self._options, self._backend)
     except BaseException as e:  # pylint: disable=broad-except  (raised on the main thread)
       fail(e)

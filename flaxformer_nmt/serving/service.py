@@ -1,13 +1,14 @@
 """`--mode=serve`'s model side: one loaded model, decoding as `--mode=translate` does.
 
-The model and its parameters are loaded once (run/loaded.py: any --checkpoint, --ensemble), on
-the loader's thread while the server already listens (launch.py). Each kind of search a request
-may ask for (n-best size, alignments) gets its own `Translator`, with the search, batch size,
-length buckets and per-device batching of `--mode=translate`, so the server runs the very programs
-the command line runs. The 1-best search (the page's, with alignments, and the API's, without) is
-compiled for every batch shape it can take before /translate is served (`start`, which reports
-its progress to /health), and the "Ready" line says how long that took; an n-best size is
-compiled when first asked for.
+The model and its parameters are loaded once (a decoding Session: any --checkpoint, --ensemble),
+on the loader's thread while the server already listens (launch.py). Each kind of search a
+request may ask for (n-best size, alignments) gets its own `Translator`, made and kept by the
+Session (made `quiet`: the server's progress is its own, its batch shapes ROWS_PER_SHARD), with
+the search, length buckets and per-device batching of `--mode=translate`, so the server runs the
+very programs the command line runs. The 1-best search (the page's, with alignments, and the
+API's, without) is compiled for every batch shape it can take before /translate is served
+(`start`, which reports its progress to /health), and the "Ready" line says how long that took;
+an n-best size is compiled when first asked for.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.decoding import session as session_lib
 from flaxformer_nmt.decoding import translator as translator_lib
+from flaxformer_nmt.decoding.requests import Request
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.model.tokens import PAD_ID
-from flaxformer_nmt.run.loaded import LoadedModel
 from flaxformer_nmt.runtime import console
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, server
@@ -104,25 +105,22 @@ def public_description(description: str) -> str:
   return re.sub(r" in (/|[A-Za-z]:\\)[^;]*", "", description)
 
 
-class Translators(session_lib.Translators):
-  """The loaded model's translators (decoding/session.py), by the batcher's kind of request:
-  the server's progress is its own (no per-call log lines), its batch shapes ROWS_PER_SHARD."""
+class ServedSession:
+  """The batcher's side of a Session made `quiet` (the server's progress is its own, its batch
+  shapes ROWS_PER_SHARD): its translators by the batcher's kind of request, which the Session
+  makes once and keeps."""
 
-  def __init__(self, loaded: LoadedModel) -> None:
-    super().__init__(loaded, log_progress=False, rows_per_shard=ROWS_PER_SHARD)
+  def __init__(self, session: Session) -> None:
+    self.session = session.quiet(ROWS_PER_SHARD)
 
-  def get(  # type: ignore[override]
-    self, kind: batcher_lib.Kind | session_lib.Request | None = None
-  ) -> translator_lib.Translator:
-    if isinstance(kind, batcher_lib.Kind):
-      kind = session_lib.Request(kind.nbest, kind.alignments, kind.target_lang)
-    return super().get(kind)
+  def get(self, kind: batcher_lib.Kind) -> translator_lib.Translator:
+    return self.session.translator(Request(kind.nbest, kind.alignments, kind.target_lang))
 
   def translate(
     self, kind: batcher_lib.Kind, lines: list[str], numbers: list[int]
   ) -> tuple[list[list[Any]], list[int]]:
     """The batcher's TranslateFn: the translator of `kind` on these lines."""
-    translator = self.get(dataclasses.replace(kind, constrained=False))
+    translator = self.get(kind)
     if kind.constrained:  # (text, terms) pairs
       texts, terms = [text for text, _ in lines], [t for _, t in lines]
       hypotheses = translator.translate_nbest(texts, numbers, constraints=terms)
@@ -143,19 +141,19 @@ class Translators(session_lib.Translators):
 
 
 def compile_all(
-  translators: Translators,
+  served: ServedSession,
   kinds: Sequence[batcher_lib.Kind],
   on_progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> int:
   """Compiles every batch shape of `kinds`, logging progress with an ETA about every 10 s (a
   cold start compiles for minutes on a small CPU; the compilation cache makes the next one warm)
   and telling `on_progress(done, total)` after each. Returns how many shapes there were."""
-  work = [(kind, shape) for kind in kinds for shape in translators.shapes(kind)]
+  work = [(kind, shape) for kind in kinds for shape in served.shapes(kind)]
   meter = console.Progress(0, len(work))
   last_log = time.monotonic()
   on_progress(0, len(work))
   for done, (kind, (rows, length)) in enumerate(work, 1):
-    translators.compile(kind, rows, length)
+    served.compile(kind, rows, length)
     on_progress(done, len(work))
     if time.monotonic() - last_log >= 10.0 or done == len(work):
       last_log = time.monotonic()
@@ -163,41 +161,41 @@ def compile_all(
   return len(work)
 
 
-def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Started:
+def start(session: Session, options: Options, backend: server.Backend) -> Started:
   """Compiles the batch shapes (telling `backend` how far it is), starts the batcher and hands
   both to `backend`: from then on /translate is served. Runs on the loader's thread."""
-  decode = loaded.components.config.decode
-  allowed = limits(decode, options, loaded.components.config.data)  # --target_lang: one line
+  decode = session.components.config.decode
+  allowed = limits(decode, options, session.components.config.data)  # --target_lang: one line
   kinds = precompiled(allowed)
-  translators = Translators(loaded)
+  served = ServedSession(session)
   began = time.perf_counter()
-  compiled = compile_all(translators, kinds, backend.progress)
+  compiled = compile_all(served, kinds, backend.progress)
   # Loading and compiling left many long-lived Python objects (traced programs, the
   # config, the vocabulary); the collector would walk them all again at every full collection, a
   # pause in some request's latency. Frozen, they are no longer walked.
   gc.collect()
   gc.freeze()
-  first = translators.get(kinds[0])
+  first = served.get(kinds[0])
   batcher = batcher_lib.DynamicBatcher(
-    translators.translate,
+    served.translate,
     max_rows=first.batch_size * first.num_shards,
     max_wait_s=options.max_wait_ms / 1e3,
     max_queue=options.queue_size,
     max_queue_lines=options.queue_lines,
     on_batch=backend.batch_hook,
   )
-  cfg = loaded.components.model_cfg
+  cfg = session.components.model_cfg
   depth = f"{cfg.num_layers}" + (
     f" + {cfg.decoder_depth}" if cfg.decoder_depth != cfg.num_layers else ""
   )
   details = {
-    "model": f"{loaded.components.config.model.size}: {depth} layers, d_model "
+    "model": f"{session.components.config.model.size}: {depth} layers, d_model "
     f"{cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_heads} heads"
     + (f", d_k {cfg.d_k}" if cfg.d_k else ""),
-    "vocab_size": loaded.components.tokenizer.vocab_size,
-    "max_source_tokens": loaded.components.max_src_len,
-    "checkpoint": public_description(loaded.description),
-    "step": loaded.step,
+    "vocab_size": session.components.tokenizer.vocab_size,
+    "max_source_tokens": session.components.max_src_len,
+    "checkpoint": public_description(session.description),
+    "step": session.step,
     "search": search_description(decode),
     "devices": jax.local_device_count(),
     "max_nbest": allowed.max_nbest,
@@ -208,14 +206,14 @@ def start(loaded: LoadedModel, options: Options, backend: server.Backend) -> Sta
     "max_batch_lines": batcher.max_rows,
     "batch_shapes_compiled": compiled,
   }
-  tokenizer = loaded.components.tokenizer
+  tokenizer = session.components.tokenizer
   compile_s = time.perf_counter() - began
 
   def announce(ready_s: float) -> None:
     logging.info(
       "Ready: serving %s at %s (%d batch shapes compiled in %.1f s; %.1f s after the server "
       "listened). SIGTERM or Ctrl-C stops.",
-      loaded.description,
+      session.description,
       backend.url,
       compiled,
       compile_s,

@@ -30,8 +30,8 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import files, parallel
 
 

@@ -20,9 +20,10 @@ from flaxformer_nmt.config import run_config
 from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import open_vocabulary
 from flaxformer_nmt.decoding import evaluation
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.run import command, identity
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import files, parallel
 from flaxformer_nmt.training import init_from
 from flaxformer_nmt.training.lock import WorkdirLock
@@ -184,12 +185,16 @@ def _train(
   workdir.write_result(dict(result, test="pending"), echo=False)
   result.update(
     evaluation.score_test_set(
-      trainer.components,
-      trainer.p_state.params,
+      Session(
+        trainer.components,
+        trainer.p_state.params,
+        tag=f"step{trainer.step}",
+        step=trainer.step,
+        folder=workdir,
+        replicated=True,
+      ),
       trainer.data,
       workdir.eval_dir,
-      f"step{trainer.step}",
-      replicated=True,
     )
   )
   return result

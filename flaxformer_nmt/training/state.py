@@ -16,8 +16,8 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.model.transformer import init_params
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.training import loss_scale, optim
 from flaxformer_nmt.training.steps import TrainState, create_train_state
 

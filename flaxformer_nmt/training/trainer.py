@@ -26,9 +26,10 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import checkpointer
 from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data import prefetch, streams
-from flaxformer_nmt.decoding import evaluation, translator
+from flaxformer_nmt.decoding import evaluation
+from flaxformer_nmt.decoding.session import Session
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import console, files, parallel
 from flaxformer_nmt.training import best, init_from, metrics, optim, steps
 from flaxformer_nmt.training.lock import WorkdirLock
@@ -251,13 +252,12 @@ class Trainer:
     """Dev loss and dev BLEU of replicated `params` (a multilingual run's per direction, and
     their mean)."""
     c = self.config
+    # A session of these parameters: its searches are the compiled ones every session shares.
+    session = Session(self.components, params, replicated=True)
     return evaluation.dev_figures(
       self.data,
       self.p_eval_step,
-      params,
-      lambda target: translator.translate_fn(
-        self.components, params, replicated=True, target_lang=target
-      ),
+      session,
       c.eval.dev_bleu_sentences,
       c.eval.dev_bleu_beam_size,
     )

@@ -9,10 +9,10 @@ import pytest
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import pipeline as data_lib
-from flaxformer_nmt.decoding import translator
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.export import ctranslate2 as export
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 
 import helpers
 
@@ -44,7 +44,7 @@ def exported(trained_demo, tmp_path_factory):
 
 
 def _ours(run, params, sources, beam):
-  return translator.make_translator(run.components, params, beam_size=beam).translate(sources)
+  return Session(run.components, params).translate_with(sources, beam)
 
 
 def _caps(run, sources):

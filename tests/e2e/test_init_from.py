@@ -13,8 +13,8 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.model import losses
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import init_from, steps
 from flaxformer_nmt.training import loop as train

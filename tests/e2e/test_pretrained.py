@@ -138,7 +138,7 @@ def test_export_then_import_is_exact(exported, tmp_path):
   config = helpers.demo_config(model__dtype="float32")
   before, _ = helpers.load_params(config, work)
   after_session = api.load(str(tmp_path / "back"))
-  after = jax.device_get(after_session.loaded.params)
+  after = jax.device_get(after_session.params)
   flat_after = dict(jax.tree_util.tree_leaves_with_path(after))
   for path, value in jax.tree_util.tree_leaves_with_path(jax.device_get(before)):
     np.testing.assert_array_equal(np.asarray(flat_after.pop(path)), np.asarray(value))
@@ -204,6 +204,6 @@ def test_a_pytorch_model_bin_imports_as_its_safetensors_do(tmp_path):
   assert (binary / "pytorch_model.bin").is_file() and not (binary / "model.safetensors").exists()
   modes.import_model(str(folder), str(tmp_path / "a"))
   modes.import_model(str(binary), str(tmp_path / "b"))
-  a = jax.device_get(api.load(str(tmp_path / "a")).loaded.params)
-  b = jax.device_get(api.load(str(tmp_path / "b")).loaded.params)
+  a = jax.device_get(api.load(str(tmp_path / "a")).params)
+  b = jax.device_get(api.load(str(tmp_path / "b")).params)
   jax.tree.map(np.testing.assert_array_equal, a, b)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flaxformer_nmt import api, errors
-from flaxformer_nmt.run import loaded as loaded_model
+from flaxformer_nmt.decoding import session as session_lib
 
 import helpers
 
@@ -57,9 +57,9 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(saved_ru
   # Loaded once (issue 52): the command line's defaults, its searches kept between calls.
   model = api.load(str(work))
   assert model.translate(lines) == hyps
-  kept = model.translators.get()
-  assert model.translate(lines) == hyps and model.translators.get() is kept
-  assert len(model.translators._made) == 1  # pylint: disable=protected-access  (made once)
+  kept = model.translator()
+  assert model.translate(lines) == hyps and model.translator() is kept
+  assert model.kept_translators() == 1  # made once
   two = model.translate_nbest(lines, nbest=2)
   assert [len(h) for h in two] == [2, 2] and [h[0].text for h in two] == hyps
   scored = model.score(lines, ["Wir brauchen zweiundvierzig Stühle.", "dreihundertfünf"])
@@ -95,13 +95,13 @@ def test_two_ensembles_write_under_two_names():
   """Eval's output files are named by what each member loaded (at 97ad9e1 every ensemble of the
   same size and rule wrote test_ensemble2_auto_*, the second over the first)."""
   ours = "averaged params of 5 checkpoints (steps [6, 7, 8, 9, 10]) in /runs/a/averaged/x/10"
-  one = loaded_model.ensemble_tag(
+  one = session_lib.ensemble_tag(
     "auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"]
   )
-  two = loaded_model.ensemble_tag(
+  two = session_lib.ensemble_tag(
     "auto", [ours, "/runs/c: step10 params ... in /runs/c/checkpoints/10"]
   )
   assert one != two and one.startswith("ensemble2_auto_") and two.startswith("ensemble2_auto_")
-  assert one == loaded_model.ensemble_tag(
+  assert one == session_lib.ensemble_tag(
     "auto", [ours, "/runs/b: step10 params ... in /runs/b/checkpoints/10"]
   )

@@ -13,10 +13,10 @@ import pytest
 from flaxformer_nmt import api, errors, modes
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.decoding import constraints, decode, scoring, search
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.model.ensemble import Ensemble
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
-from flaxformer_nmt.run import loaded as loaded_model
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, service
@@ -102,9 +102,9 @@ def test_the_server_decodes_constrained_requests_as_translate(saved_run):
   want, _, _ = modes.translate_hypotheses(
     config, str(workdir), "latest", LINES[:2], _outputs(), TERMS[:2]
   )
-  translators = service.Translators(loaded_model.load(config, Workdir(str(workdir)), "latest"))
+  served = service.ServedSession(Session.load(config, Workdir(str(workdir)), "latest"))
   kind = batcher_lib.Kind(constrained=True)
-  got, _ = translators.translate(kind, list(zip(LINES[:2], TERMS[:2], strict=True)), [0, 1])
+  got, _ = served.translate(kind, list(zip(LINES[:2], TERMS[:2], strict=True)), [0, 1])
   assert [h[0].text for h in got] == [h[0].text for h in want]
   limits = protocol.Limits(max_nbest=4, nbest_rule="beam", constraints=True)
   asked = protocol.parse_request(b'{"text": ["a", "b"], "constraints": [["x"], []]}', limits)

@@ -47,8 +47,9 @@ def _decode_config(**fields) -> ml_collections.ConfigDict:
 
 
 def _translate(lines, tokenizer, model, params, decode_config, max_src_len, *, beam_size=None):
-  parts = translate.ModelParts(tokenizer, model, decode_config, max_src_len)
-  translator = translate.make_translator(parts, params, beam_size=beam_size)
+  translator = helpers.translator(
+    tokenizer, model, params, decode_config, max_src_len, beam_size=beam_size
+  )
   return translator.translate(lines)
 
 
@@ -98,11 +99,12 @@ def test_a_sample_does_not_depend_on_padding_or_batch_mates(tiny):
 
 def test_nbest_samples_are_ranked_and_differ(tiny):
   model, params, vocab = tiny
-  translator = translate.make_translator(
-    translate.ModelParts(
-      helpers.CharTokenizer(vocab_size=vocab), model, _decode_config(method="sample"), 16
-    ),
+  translator = helpers.translator(
+    helpers.CharTokenizer(vocab_size=vocab),
+    model,
     params,
+    _decode_config(method="sample"),
+    16,
     nbest=4,
   )
   hyps = translator.translate_nbest(LINES)
@@ -120,8 +122,7 @@ def test_beam_nbest_through_the_translator_and_its_tsv(tiny):
   model, params, vocab = tiny
   tokenizer = helpers.CharTokenizer(vocab_size=vocab)
   best = _translate(LINES, tokenizer, model, params, _decode_config(), 16)
-  parts = translate.ModelParts(tokenizer, model, _decode_config(), 16)
-  translator = translate.make_translator(parts, params, nbest=3)
+  translator = helpers.translator(tokenizer, model, params, _decode_config(), 16, nbest=3)
   hyps = translator.translate_nbest(LINES)
   assert [h[0].text for h in hyps] == best
   for h in hyps:
@@ -199,11 +200,8 @@ def test_alignments_name_only_existing_words(tiny):
   model, params, _ = tiny
   lines = ["ein Haus steht dort", "", "zwei", "rote Autos fahren schnell vorbei"]
   tokenizer = WordPieceTokenizer(vocab_size=40)
-  translator = translate.make_translator(
-    translate.ModelParts(tokenizer, model, _decode_config(alignment_layer=0), 24),
-    params,
-    nbest=2,
-    alignments=True,
+  translator = helpers.translator(
+    tokenizer, model, params, _decode_config(alignment_layer=0), 24, nbest=2, alignments=True
   )
   hyps = translator.translate_nbest(lines)
   pairs_seen = 0
@@ -318,9 +316,7 @@ def test_samples_are_the_same_on_one_device_as_on_eight(tiny):
   tokenizer = helpers.CharTokenizer(vocab_size=vocab)
   config = _decode_config(method="sample", seed=5)
   assert jax.device_count() == 8
-  eight = translate.make_translator(
-    translate.ModelParts(tokenizer, model, config, 16), params, nbest=2
-  )
+  eight = helpers.translator(tokenizer, model, params, config, 16, nbest=2)
   search = decode.SearchConfig.from_config(config, nbest=2)
 
   def one_device(inputs, line_ids):

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from flaxformer_nmt.config import builders
-from flaxformer_nmt.decoding import evaluation, translator
+from flaxformer_nmt.decoding import evaluation
 
 
 def _pairs(n: int, word: str) -> list[tuple[str, str]]:
@@ -34,21 +34,18 @@ def _config(folder: str, **overrides):
   return c
 
 
-@pytest.fixture(autouse=True)
-def _echo(monkeypatch):
-  """The "model" copies its source: the run's own test set scores 100."""
+class _EchoSession:
+  """A decoding session whose "model" copies its source: the run's own test set scores 100."""
 
-  def translate_fn(components, params, *, replicated, target_lang=None):
-    return lambda sources, beam: list(sources)
+  def __init__(self, config) -> None:
+    self.config, self.tag = config, "step300"
 
-  monkeypatch.setattr(translator, "translate_fn", translate_fn)
+  def translate_with(self, sources, beam_size, target_lang=None):
+    return list(sources)
 
 
 def _score(config, pairs, out: pathlib.Path) -> dict:
-  components = types.SimpleNamespace(config=config)
-  return evaluation.score_test_set(
-    components, None, _data(pairs), str(out), "step300", replicated=True
-  )
+  return evaluation.score_test_set(_EchoSession(config), _data(pairs), str(out))
 
 
 def _files(out: pathlib.Path) -> dict[str, bytes]:

@@ -19,8 +19,8 @@ from flaxformer_nmt import api, errors
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import loss_scale, optim, steps
 from flaxformer_nmt.training import metrics as metrics_lib

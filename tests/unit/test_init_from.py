@@ -7,8 +7,8 @@ import pytest
 from flaxformer_nmt import api, errors
 from flaxformer_nmt.data.tokenizer import Tokenizer
 from flaxformer_nmt.run import selection
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.training import init_from, optim
 
 import helpers

@@ -20,6 +20,7 @@ from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import evaluation, language_id
 from flaxformer_nmt.decoding import translator as translate
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import protocol
 
@@ -258,7 +259,7 @@ def test_tags_come_from_the_runs_vocabulary_and_leave_no_stray_piece(tmp_path):
   symbols = ["<2en>", "<2de>", "<2fr>"]
   sentences = _sentences("en", 60, 0) + _sentences("de", 60, 1)
   tok = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "v"), 80, user_symbols=symbols)
-  narrowed = translate.ModelParts(
+  narrowed = Components.around(
     tok,
     None,
     ml_collections.ConfigDict({"batch_size": 4}),
@@ -319,13 +320,16 @@ def test_dev_figures_per_direction_and_their_mean(tmp_path, monkeypatch):
     tokens = float(np.sum(np.asarray(batch["targets"]) > 0))
     return {"loss_sum": losses[lang] * tokens, "nll_sum": tokens, "correct": 0.0, "tokens": tokens}
 
-  def translate_for(target):
-    asked.append(target)
-    return lambda sources, beam: ["x"] * len(sources)
+  class Session:  # a decoding session's surface dev_figures uses
+    replicated = None
+
+    def translate_with(self, sources, beam_size, target_lang=None):
+      asked.append(target_lang)
+      return ["x"] * len(sources)
 
   monkeypatch.setattr(evaluation.parallel, "local_replica", lambda x: x)
   monkeypatch.setattr(evaluation.parallel, "shard", lambda x: x)
-  got = evaluation.dev_figures(data, eval_step, None, translate_for, 5, 1)
+  got = evaluation.dev_figures(data, eval_step, Session(), 5, 1)
   assert asked == ["de", "fr"]
   assert got["dev_loss.en-de"] == pytest.approx(2.0) and got["dev_loss.en-fr"] == pytest.approx(4)
   assert got["dev_loss"] == pytest.approx(3.0)  # the mean of the directions
@@ -381,7 +385,7 @@ def test_a_default_request_of_a_multilingual_model_gets_its_one_targets_tag(tmp_
   tok = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "v"), 80, user_symbols=symbols)
 
   def parts(directions: str):
-    return translate.ModelParts(
+    return Components.around(
       tok,
       None,
       ml_collections.ConfigDict({"batch_size": 4}),

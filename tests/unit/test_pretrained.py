@@ -109,7 +109,7 @@ def test_a_hub_id_is_downloaded_with_huggingface_hub_and_a_failure_is_one_line(
   import sys  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
 
-  from flaxformer_nmt.export import importing  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.importing import model_folder  # pylint: disable=g-import-not-at-top
 
   asked = []
 
@@ -122,16 +122,16 @@ def test_a_hub_id_is_downloaded_with_huggingface_hub_and_a_failure_is_one_line(
   hub = types.ModuleType("huggingface_hub")
   hub.snapshot_download = snapshot_download
   monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
-  assert importing.locate("Helsinki-NLP/opus-mt-en-de") == str(tmp_path)
+  assert model_folder.locate("Helsinki-NLP/opus-mt-en-de") == str(tmp_path)
   assert asked[0][0] == "Helsinki-NLP/opus-mt-en-de" and "*.safetensors" in asked[0][1]
   with pytest.raises(errors.ConfigError) as info:
-    importing.locate("Helsinki-NLP/missing")
+    model_folder.locate("Helsinki-NLP/missing")
   assert str(info.value) == (
     "--input=Helsinki-NLP/missing: could not download it from the Hub (OSError: 404 Client "
     "Error: Repository Not Found)."
   )
   with pytest.raises(errors.ConfigError, match="no such folder, nor a Hub id"):
-    importing.locate(str(tmp_path / "not" / "here"))
+    model_folder.locate(str(tmp_path / "not" / "here"))
 
 
 def test_a_hand_built_marian_table_lands_where_the_ids_and_features_say():
@@ -179,13 +179,13 @@ def test_imports_mistakes_each_say_what_to_do(tmp_path, monkeypatch):
   org/name that it "needs huggingface_hub"."""
   import sys  # pylint: disable=g-import-not-at-top
 
-  from flaxformer_nmt.export import importing  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.importing import imported_run, model_folder  # pylint: disable=g-import-not-at-top
 
   ours = tmp_path / "ours"
   ours.mkdir()
   (ours / "config.json").write_text('{"model": {}, "data": {}, "decode": {}}')
   with pytest.raises(errors.ConfigError) as info:
-    importing.import_marian(str(ours), str(tmp_path / "new"))
+    imported_run.import_run(str(ours), str(tmp_path / "new"))
   assert str(info.value) == (
     f"--input={ours} is a flaxformer_nmt run, not a transformers model: fine-tune it with "
     f"--config.init_from={ours}, or translate with --workdir={ours}."
@@ -194,11 +194,11 @@ def test_imports_mistakes_each_say_what_to_do(tmp_path, monkeypatch):
   listed.mkdir()
   (listed / "config.json").write_text("[1, 2]")
   with pytest.raises(errors.DataError, match=r"holds a JSON list, not a transformers model's"):
-    importing.import_marian(str(listed), str(tmp_path / "new"))
+    imported_run.import_run(str(listed), str(tmp_path / "new"))
   monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
   monkeypatch.chdir(tmp_path)
   with pytest.raises(errors.ConfigError) as info:
-    importing.locate("models/opus")
+    model_folder.locate("models/opus")
   assert str(info.value).startswith("--input=models/opus: no such folder; read as a Hub id,")
   assert not (tmp_path / "new").exists()
 

@@ -1,5 +1,5 @@
 """A run folder that cannot be misread (issue 52): paths saved absolute, the vocabulary kept in
-the run, the training data fingerprinted and checked on resume. These tests run `modes._begin`
+the run, the training data fingerprinted and checked on resume. These tests run `modes.open_command`
 (every command's first step: the saved config and what this command may change of it) on runs
 laid out by hand; no training step is run."""
 
@@ -18,6 +18,12 @@ from flaxformer_nmt.run.folder import Workdir
 
 _EN = ["a small house", "the red car", "one blue bird", "two old trees"] * 5
 _DE = ["ein kleines haus", "das rote auto", "ein blauer vogel", "zwei alte baeume"] * 5
+
+
+def _begin(config, workdir: str, mode: str):
+  """What every mode does first (modes.open_command): the command's config and the run's folder."""
+  run = modes.open_command(config, workdir, mode)
+  return run.config, run.folder
 
 
 def _corpus(folder: pathlib.Path, de: list[str]) -> None:
@@ -39,9 +45,9 @@ def _files_config(**data: object):
 
 
 def _trained(monkeypatch, work: pathlib.Path, config, name: str = "my_config") -> Workdir:
-  """A run as a first training command leaves it: config.json as `modes._begin` made it
+  """A run as a first training command leaves it: config.json as `modes.open_command` made it
   (written by the loop), run.json, and (stood in for) a checkpoint at step 300."""
-  config, run = modes._begin(config, str(work), "train")  # pylint: disable=protected-access
+  config, run = _begin(config, str(work), "train")
   run.keep_vocabulary(config)
   run.write_config(config)
   run.write_run_record(name, identity.training_data(config))
@@ -62,13 +68,13 @@ def test_a_relative_data_dir_is_saved_absolute_and_a_resume_elsewhere_reads_it(
   _trained(monkeypatch, work, _files_config(dir="data"))
   assert Workdir(str(work)).saved_config()["data"]["dir"] == str(first / "data")
   monkeypatch.chdir(other)
-  config, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
+  config, _ = _begin(None, str(work), "train")
   assert config.data.dir == str(first / "data")  # the run's data, from any folder
   # Pointed at the other corpus on purpose: refused in one line naming the file that differs.
   with pytest.raises(
     errors.ConfigError, match=r"trained with `my_config`.* other data: .*train\.de"
   ):
-    modes._begin(_files_config(dir="data"), str(work), "train")  # pylint: disable=protected-access
+    _begin(_files_config(dir="data"), str(work), "train")
 
 
 def test_a_resume_is_refused_when_its_data_changed_in_place_and_allowed_once_moved(
@@ -81,12 +87,12 @@ def test_a_resume_is_refused_when_its_data_changed_in_place_and_allowed_once_mov
   # Moved: the same content elsewhere is the run's data, and the new place is taken.
   moved = tmp_path / "moved"
   os.rename(data, moved)
-  config, _ = modes._begin(_files_config(dir=str(moved)), str(work), "train")  # pylint: disable=protected-access
+  config, _ = _begin(_files_config(dir=str(moved)), str(work), "train")
   assert config.data.dir == str(moved)
   # Changed in place, same number of lines: refused before any work.
   (moved / "train.de").write_text("\n".join(_DE[1:] + _DE[:1]) + "\n", encoding="utf-8")
   with pytest.raises(errors.ConfigError, match="was trained on other data"):
-    modes._begin(_files_config(dir=str(moved)), str(work), "train")  # pylint: disable=protected-access
+    _begin(_files_config(dir=str(moved)), str(work), "train")
 
 
 def test_a_vocabulary_given_by_a_relative_path_is_kept_in_the_run(monkeypatch, tmp_path):
@@ -105,15 +111,13 @@ def test_a_vocabulary_given_by_a_relative_path_is_kept_in_the_run(monkeypatch, t
   own = run.vocabulary()
   assert own == str(work / "spm.model")
   assert (work / "spm.model").read_bytes() == (first / "spm" / "v.model").read_bytes()
-  config, _ = modes._begin(None, str(work), "translate")  # pylint: disable=protected-access
+  config, _ = _begin(None, str(work), "translate")
   assert Workdir(str(work)).vocabulary(config) == own
   # The same file by its absolute path: allowed. Another vocabulary: one line.
   same = _files_config(dir=str(first / "data"), vocab_path=str(first / "spm" / "v.model"))
-  modes._begin(same, str(work), "translate")  # pylint: disable=protected-access
+  _begin(same, str(work), "translate")
   with pytest.raises(errors.ConfigError, match=r"vocab_path=.*other/spm/v.model is not the voc"):
-    modes._begin(  # pylint: disable=protected-access
-      _files_config(dir=str(first / "data"), vocab_path="spm/v.model"), str(work), "translate"
-    )
+    _begin(_files_config(dir=str(first / "data"), vocab_path="spm/v.model"), str(work), "translate")
 
 
 def test_a_run_saved_with_relative_paths_is_read_from_the_current_folder(
@@ -127,7 +131,7 @@ def test_a_run_saved_with_relative_paths_is_read_from_the_current_folder(
   Workdir(str(work)).create()
   Workdir(str(work)).write_config(_files_config(dir="data"))
   monkeypatch.setattr(Workdir, "training_steps", lambda self: [300])
-  config, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
+  config, _ = _begin(None, str(work), "train")
   assert config.data.dir == str(tmp_path / "data")
   said = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
   assert "saved with relative paths" in said and "no record of its training data" in said
@@ -217,14 +221,14 @@ def test_a_runs_vocabulary_is_fixed_at_its_first_start(monkeypatch, tmp_path, ho
     monkeypatch.setattr(Workdir, "training_steps", lambda self: [])  # no checkpoint yet
     again = _files_config(dir=str(tmp_path / "data"), vocab_path=str(spm / "vy.model"))
   with pytest.raises(errors.ConfigError, match=r"its content differs from .*spm\.model, the voc"):
-    modes._begin(again, str(work), "train")  # pylint: disable=protected-access
+    _begin(again, str(work), "train")
   with pytest.raises(errors.ConfigError, match="has held since its first start"):
     run.keep_vocabulary(again)  # the loop's own guard, had the check been passed
   assert (work / "spm.model").read_bytes() == first
   # Naming the run's own copy is fine; so is the unchanged file in a fresh run.
   own = _files_config(dir=str(tmp_path / "data"), vocab_path=str(work / "spm.model"))
   if how == "another_path_after_a_kill":
-    modes._begin(own, str(work), "train")  # pylint: disable=protected-access
+    _begin(own, str(work), "train")
 
 
 def test_import_never_writes_into_a_folder_that_holds_a_users_files(tmp_path):
@@ -232,13 +236,13 @@ def test_import_never_writes_into_a_folder_that_holds_a_users_files(tmp_path):
   replaced its vocabulary/ (a user's glossary.txt there was deleted) and its run.json, and took
   over a run folder whose config.json was lost. Refused in one line before the input is read;
   nothing in the folder changes."""
-  from flaxformer_nmt.export import importing  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.importing import imported_run  # pylint: disable=g-import-not-at-top
 
   user = tmp_path / "userdir"
   (user / "vocabulary").mkdir(parents=True)
   (user / "vocabulary" / "glossary.txt").write_text("g\n")
   with pytest.raises(errors.ConfigError) as info:
-    importing.import_marian(str(tmp_path / "no_such_model"), str(user))
+    imported_run.import_run(str(tmp_path / "no_such_model"), str(user))
   assert str(info.value) == (
     f"--workdir={user} is not empty and holds no run (vocabulary/glossary.txt); --mode=import "
     "makes a run only in a new or empty folder: choose another --workdir."
@@ -248,13 +252,13 @@ def test_import_never_writes_into_a_folder_that_holds_a_users_files(tmp_path):
   lost = tmp_path / "lost"
   (lost / "checkpoints" / "300").mkdir(parents=True)
   with pytest.raises(errors.ConfigError, match="already holds a run"):
-    importing.import_marian(str(tmp_path / "no_such_model"), str(lost))
+    imported_run.import_run(str(tmp_path / "no_such_model"), str(lost))
   # A run.json of a training run (no config.json): not an import's leftover.
   other = tmp_path / "other"
   other.mkdir()
   (other / "run.json").write_text('{"config": "demo", "training_data": {"kind": "files"}}')
   with pytest.raises(errors.ConfigError, match=r"holds no run \(run\.json\)"):
-    importing.import_marian(str(tmp_path / "no_such_model"), str(other))
+    imported_run.import_run(str(tmp_path / "no_such_model"), str(other))
   # What a killed import leaves is taken up again (the input is then looked for).
   killed = tmp_path / "killed"
   (killed / "vocabulary").mkdir(parents=True)
@@ -263,7 +267,7 @@ def test_import_never_writes_into_a_folder_that_holds_a_users_files(tmp_path):
   (killed / "import.json").write_text("{}")
   (killed / "run.json").write_text('{"training_data": {"kind": "imported"}}')
   with pytest.raises(errors.ConfigError, match="no such folder, nor a Hub id"):
-    importing.import_marian(str(tmp_path / "no_such_model"), str(killed))
+    imported_run.import_run(str(tmp_path / "no_such_model"), str(killed))
 
 
 def test_training_never_starts_in_a_folder_that_holds_a_users_files(tmp_path):
@@ -275,19 +279,19 @@ def test_training_never_starts_in_a_folder_that_holds_a_users_files(tmp_path):
   notes.mkdir()
   (notes / "todo.txt").write_text("x")
   with pytest.raises(errors.ConfigError) as info:
-    modes._begin(config, str(notes), "train")  # pylint: disable=protected-access
+    _begin(config, str(notes), "train")
   assert str(info.value).startswith(f"--workdir={notes} is not empty and holds no run (todo.txt)")
   killed = tmp_path / "killed"
   (killed / "data_cache").mkdir(parents=True)
   for name in ("train.lock", "spm.model", "events.out.tfevents.1.host"):
     (killed / name).write_text("")
-  modes._begin(config, str(killed), "train")  # pylint: disable=protected-access
+  _begin(config, str(killed), "train")
   # What --mode=prepare leaves for training (docs/wmt14.md: prepare, then train there).
   prepared = tmp_path / "prepared"
   (prepared / "data_cache").mkdir(parents=True)
   for name in ("prepare_result.json", "results.jsonl", "spm.model"):
     (prepared / name).write_text("")
-  modes._begin(config, str(prepared), "train")  # pylint: disable=protected-access
+  _begin(config, str(prepared), "train")
 
 
 def test_a_refused_new_workdir_leaves_no_parent_it_made(tmp_path):
@@ -320,6 +324,6 @@ def test_a_resume_after_the_vocabulary_file_moved_reads_the_runs_copy(monkeypatc
   config = _files_config(dir=str(tmp_path / "data"), vocab_path=str(spm / "vx.model"))
   run = _trained(monkeypatch, work, config)
   (spm / "vx.model").unlink()
-  resumed, _ = modes._begin(None, str(work), "train")  # pylint: disable=protected-access
+  resumed, _ = _begin(None, str(work), "train")
   run.keep_vocabulary(resumed)  # nothing to copy, nothing refused
   assert Workdir(str(work)).vocabulary(resumed) == str(work / "spm.model")

@@ -15,8 +15,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from flaxformer_nmt import modes
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.decoding.translator import Hypothesis
-from flaxformer_nmt.run import loaded as loaded_model
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import guard as guard_lib
@@ -331,9 +331,8 @@ def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_ru
   expected_nbest, _, _ = modes.translate_hypotheses(
     config, str(workdir), "latest", lines[:4], modes.Outputs(nbest=2)
   )
-  loaded = loaded_model.load(config, Workdir(str(workdir)), "latest")
-  translators = service.Translators(loaded)
-  b = batcher_lib.DynamicBatcher(translators.translate, max_rows=8, max_wait_s=0.02, max_queue=64)
+  served = service.ServedSession(Session.load(config, Workdir(str(workdir)), "latest"))
+  b = batcher_lib.DynamicBatcher(served.translate, max_rows=8, max_wait_s=0.02, max_queue=64)
   requests = [lines[i : i + 3] for i in range(0, len(lines), 3)]
   with concurrent.futures.ThreadPoolExecutor(len(requests) + 1) as pool:
     futures = [pool.submit(lambda r: b.submit(r).result(120), r) for r in requests]
@@ -349,15 +348,15 @@ def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_ru
     [h.text for h in hyps] for hyps in expected_nbest
   ]
   assert b.stats.batches < len(requests) + 1  # some requests shared a batch
-  assert translators.get(Kind()).batch_shapes()  # the shapes a server compiles up front
+  assert served.get(Kind()).batch_shapes()  # the shapes a server compiles up front
   # --ensemble, loaded as the server loads it, decodes as translate's --ensemble: the member is
   # the same run a few steps earlier (its last checkpoint removed), so it moves the scores.
   member = shutil.copytree(workdir, tmp_path / "member")
   steps = sorted(int(p.name) for p in (member / "checkpoints").iterdir() if p.name.isdigit())
   shutil.rmtree(member / "checkpoints" / str(steps[-1]))
-  ensemble = loaded_model.load(config, Workdir(str(workdir)), "latest", (str(member),))
+  ensemble = Session.load(config, Workdir(str(workdir)), "latest", (str(member),))
   assert ensemble.description.startswith("ensemble of 2 models")
-  hypotheses, _ = service.Translators(ensemble).translate(Kind(), lines[:3], [0, 1, 2])
+  hypotheses, _ = service.ServedSession(ensemble).translate(Kind(), lines[:3], [0, 1, 2])
   want, _, _ = modes.translate_hypotheses(
     config, str(workdir), "latest", lines[:3], modes.Outputs(members=(str(member),))
   )

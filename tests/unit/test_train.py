@@ -15,8 +15,8 @@ from flaxformer_nmt import api, errors, modes
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
 from flaxformer_nmt.training import optim, steps
 
 import helpers

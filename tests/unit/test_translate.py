@@ -105,8 +105,9 @@ def test_translating_lines_with_the_tiny_model(tmp_path):
   lines = ["Grüße", "", "東京 und Zürich", "ab", "   ", "eine sehr lange Zeile!", "c", "naïve"]
 
   def translate_lines(lines, beam_size=None):
-    parts = translate.ModelParts(tokenizer, model, decode_config, 8)
-    return translate.make_translator(parts, params, beam_size=beam_size).translate(lines)
+    return helpers.translator(
+      tokenizer, model, params, decode_config, 8, beam_size=beam_size
+    ).translate(lines)
 
   out = translate_lines(lines)
   assert len(out) == len(lines)
@@ -119,8 +120,7 @@ def test_translating_lines_with_the_tiny_model(tmp_path):
   shuffled = translate_lines([lines[i] for i in perm])
   assert shuffled == [out[i] for i in perm]
 
-  parts = translate.ModelParts(tokenizer, model, decode_config, max_src_len=8)
-  translator = translate.make_translator(parts, params)
+  translator = helpers.translator(tokenizer, model, params, decode_config, 8)
   assert translator.translate(lines) == out
   stats = translator.stats.as_dict()
   assert stats["num_lines"] == 8 and stats["num_empty"] == 2 and stats["num_truncated"] == 2

@@ -1,29 +1,16 @@
-"""`--mode=import --input=DIR_OR_HUB_ID --workdir=W`: a transformers Marian model as a run.
+"""A transformers Marian model (OPUS-MT) read as one of our runs: its config.json checked for what
+this model computes (`check_marian`), turned into our config (`make_config`, export/marian.py
+says how each Marian option maps), its languages, and its weights (`read_marian`).
 
-The run describes itself as a trained one does, so every later command needs no --config:
-  config.json        the model's architecture as config.model fields (export/marian.py says how
-                     each Marian option maps), its languages, the decoding settings of its
-                     generation_config.json (beam size)
-  vocabulary/        source.spm, target.spm, vocab.json (data/pair_vocabulary.py)
-  averaged/imported/ one parameter checkpoint (--checkpoint=auto and averaged read it;
-                     `config.init_from=W` fine-tunes from it)
-  import.json        where it came from: the folder or Hub id, each file's SHA-256, and the
-                     transformers config as given
-  run.json           the run record (its training data: "imported")
-
-A Hub id (`Helsinki-NLP/opus-mt-en-de`) is downloaded with huggingface_hub into its own cache.
-A multi-target model's `>>xx<<` pieces become its target languages (`data.directions`,
-`data.lang_tag_format=">>{}<<"`), so `--target_lang=xx` puts the tag in front as for our own
-multilingual runs. Anything Marian allows that this model has not (unequal head counts or FFN
-widths, separate vocabularies, unscaled embeddings) is one line, before anything is written.
+Anything Marian allows that this model has not (unequal head counts or FFN widths, separate
+vocabularies, unscaled embeddings) is one line, before anything is written.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import re
-import shutil
 from typing import Any
 
 import jax
@@ -36,12 +23,9 @@ from flaxformer_nmt.config import directions as directions_lib
 from flaxformer_nmt.config.choices import ACTIVATIONS
 from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.export import huggingface, marian
-from flaxformer_nmt.run import making, selection
-from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.run.loaded import Components
-from flaxformer_nmt.runtime import files
+from flaxformer_nmt.importing.model_folder import read_json, state_dict
+from flaxformer_nmt.run.components import Components
 
-_HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.json"]
 # What a Marian config.json must say, and what MarianConfig assumes where it is silent
 # (configuration_marian.py).
 _REQUIRED = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim")
@@ -59,49 +43,7 @@ def _get(hf: dict[str, Any], key: str) -> Any:
   return hf.get(key, _DEFAULTS.get(key))
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _OPUS_NAME = re.compile(r"opus-mt-(?:tc-[a-z]+-)?([a-z]{2,3})-([a-z]{2,3})$")
-
-
-def locate(source: str) -> str:
-  """The local folder of `source`: itself, or a Hub id's snapshot (downloaded once into
-  huggingface_hub's cache). ConfigError, one line, when it is neither."""
-  if os.path.isdir(source):
-    return source
-  if not _HUB_ID.match(source) or os.path.exists(source):
-    raise errors.ConfigError(f"--input={source}: no such folder, nor a Hub id like org/name.")
-  try:
-    from huggingface_hub import snapshot_download  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise errors.ConfigError(
-      f"--input={source}: no such folder; read as a Hub id, it needs huggingface_hub "
-      '(pip install -e ".[hf]").'
-    ) from None
-  try:
-    folder = snapshot_download(source, allow_patterns=_HUB_FILES)
-    if not os.path.isfile(os.path.join(folder, "model.safetensors")):  # an older repo
-      folder = snapshot_download(source, allow_patterns=[*_HUB_FILES, "pytorch_model.bin"])
-    return folder
-  except Exception as e:  # noqa: BLE001  # offline, unknown repo, no permission: all one line
-    raise errors.ConfigError(
-      f"--input={source}: could not download it from the Hub ({type(e).__name__}: "
-      f"{str(e).splitlines()[0] if str(e) else 'no detail'})."
-    ) from None
-
-
-def _read_json(path: str) -> dict[str, Any]:
-  try:
-    with open(path, encoding="utf-8") as f:
-      doc = json.load(f)
-  except FileNotFoundError:
-    return {}
-  except (OSError, ValueError) as e:
-    raise errors.DataError(f"{path}: not JSON ({e}).") from None
-  if not isinstance(doc, dict):
-    raise errors.DataError(
-      f"{path}: holds a JSON {type(doc).__name__}, not a transformers model's config (an object)."
-    )
-  return doc
 
 
 def check_marian(hf: dict[str, Any], where: str) -> None:
@@ -147,7 +89,7 @@ def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
   """(source, target) languages: tokenizer_config.json's, else an OPUS-MT name's
   (opus-mt-en-de), else "src" and "tgt"."""
   extra = hf.get(huggingface.EXTRA_KEY, {}).get("data", {})
-  tok = _read_json(os.path.join(folder, "tokenizer_config.json"))
+  tok = read_json(os.path.join(folder, "tokenizer_config.json"))
   src = extra.get("src_lang") or tok.get("source_lang")
   tgt = extra.get("tgt_lang") or tok.get("target_lang")
   if not (src and tgt):
@@ -198,38 +140,10 @@ def make_config(
     valid = [c for c in codes if directions_lib.is_language(c) and c != d.src_lang]
     d.directions = ",".join(f"{d.src_lang}-{c}" for c in valid)
     d.lang_tag_format = ">>{}<<"
-  gen = _read_json(os.path.join(folder, "generation_config.json"))
+  gen = read_json(os.path.join(folder, "generation_config.json"))
   if gen.get("num_beams"):
     config.decode.beam_size = int(gen["num_beams"])
   return config
-
-
-def _state_dict(folder: str) -> dict[str, np.ndarray]:
-  """The weights: model.safetensors (no torch needed), else pytorch_model.bin (torch)."""
-  path = os.path.join(folder, "model.safetensors")
-  if os.path.isfile(path):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
-    try:
-      sd = load_file(path)
-    except Exception as e:  # noqa: BLE001  # a torn or foreign file
-      raise errors.DataError(f"{path}: not a safetensors file ({e}).") from None
-    return {k: np.asarray(v, np.float32) for k, v in sd.items()}
-  path = os.path.join(folder, "pytorch_model.bin")
-  if not os.path.isfile(path):
-    raise errors.DataError(f"{folder}: has no model.safetensors or pytorch_model.bin.")
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise errors.ConfigError(
-      f'{path}: reading pytorch_model.bin needs torch (pip install -e ".[hf]"), or give a '
-      "folder with model.safetensors."
-    ) from None
-  try:
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # noqa: BLE001  # a torn file, a git-LFS pointer, a pickle of code
-    raise errors.DataError(f"{path}: not a torch state dict ({type(e).__name__}).") from None
-  return {k: v.float().numpy() for k, v in sd.items()}
 
 
 def _shared_embedding(sd: dict[str, np.ndarray], where: str) -> None:
@@ -260,22 +174,26 @@ def _check_shapes(params: Any, template: Any, where: str) -> None:
       )
 
 
-def _digests(folder: str) -> dict[str, str]:
-  names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
-  return {name: files.sha256(os.path.join(folder, name)) for name in names}
+@dataclasses.dataclass(frozen=True)
+class MarianModel:
+  """A Marian model folder read and checked, ready to be written as a run."""
+
+  config: ml_collections.ConfigDict  # validated
+  vocabulary: pair_vocabulary.PairVocabulary
+  params: Any  # our parameter tree, its shapes checked against the model's
+  transformers_config: dict[str, Any]  # config.json as given
+
+  @property
+  def layers(self) -> tuple[int, int]:
+    m = self.config.model
+    return m.num_layers, m.num_decoder_layers or m.num_layers
 
 
-def import_marian(source: str, workdir: str) -> dict[str, Any]:
-  """Makes the run in `workdir` from the Marian model `source`; returns import's figures. Every
-  check comes before the folder is made, and a failure while writing removes a folder it made."""
-  run = Workdir(workdir)
-  run.check()
-  if run.holds_run():
-    raise errors.ConfigError(f"--workdir={workdir}: already holds a run; import into a new folder.")
-  making.check_new_run(run, "import")
-  folder = locate(source)
+def read_marian(folder: str, source: str) -> MarianModel:
+  """The Marian model in `folder` (`source`: the --input it came from, for its languages) as our
+  config and parameters; every check made before the caller writes anything."""
   where = os.path.join(folder, "config.json")
-  hf = _read_json(where)
+  hf = read_json(where)
   if not hf:
     raise errors.DataError(f"{where}: no such file; --input must be a transformers model folder.")
   check_marian(hf, where)
@@ -297,46 +215,17 @@ def import_marian(source: str, workdir: str) -> dict[str, Any]:
     )
   config = make_config(folder, source, hf, vocab)
   checks.validate(config)
-  sd = _state_dict(folder)
+  sd = state_dict(folder)
   _shared_embedding(sd, folder)
-  order = vocabulary.marian_ids
-  layers = (config.model.num_layers, config.model.num_decoder_layers or config.model.num_layers)
+  m = config.model
+  layers = (m.num_layers, m.num_decoder_layers or m.num_layers)
   try:
-    params = marian.to_ours(sd, order, *layers)
+    params = marian.to_ours(sd, vocabulary.marian_ids, *layers)
   except KeyError as e:
     raise errors.DataError(f"{folder}: has no weight {e.args[0]}.") from None
-  components = Components(config, vocabulary)
-  _check_shapes(params, components.abstract_params, folder)
-  existed = os.path.isdir(workdir)  # empty, or a killed import's leftovers (checked above)
-  before = set(os.listdir(workdir)) if existed else set()
-  run.create()
-  try:
-    run.copy_vocabulary(folder)
-    record = {
-      "source": source,
-      "folder": os.path.abspath(folder),
-      "files_sha256": _digests(folder),
-      "transformers_config": hf,
-    }
-    files.write_text(run.import_record, json.dumps(record, indent=2) + "\n")
-    selection.save_imported(run, params, source)
-    run.write_run_record("", {"kind": "imported", "source": source})
-    run.write_config(config)  # last: a folder with config.json is a complete run
-  except BaseException:
-    # Nothing half-made is left to be taken for a run: what this call made goes.
-    if not existed:
-      shutil.rmtree(workdir, ignore_errors=True)
-      run.remove_if_empty()  # and the parents it made (--workdir=newA/newB)
-    else:
-      run.remove_entries(set(os.listdir(workdir)) - before)
-    raise
-  return {
-    "mode": "import",
-    "source": source,
-    "parameters": int(sum(np.size(v) for v in jax.tree.leaves(params))),
-    "vocab_size": len(vocab),
-    "encoder_layers": layers[0],
-    "decoder_layers": layers[1],
-    "activation": config.model.activation,
-    "target_languages": directions_lib.target_languages(config.data) or [config.data.tgt_lang],
-  }
+  _check_shapes(params, Components(config, vocabulary).abstract_params, folder)
+  return MarianModel(config, vocabulary, params, hf)
+
+
+def parameter_count(params: Any) -> int:
+  return int(sum(np.size(v) for v in jax.tree.leaves(params)))

@@ -1,0 +1,66 @@
+"""`--mode=import --input=DIR_OR_HUB_ID --workdir=W`: a transformers Marian model made into a run.
+
+The run describes itself as a trained one does, so every later command needs no --config:
+  config.json        the model's architecture as config.model fields (export/marian.py says how
+                     each Marian option maps), its languages, the decoding settings of its
+                     generation_config.json (beam size)
+  vocabulary/        source.spm, target.spm, vocab.json (data/pair_vocabulary.py)
+  averaged/imported/ one parameter checkpoint (--checkpoint=auto and averaged read it;
+                     `config.init_from=W` fine-tunes from it)
+  import.json        where it came from: the folder or Hub id, each file's SHA-256, and the
+                     transformers config as given
+  run.json           the run record (its training data: "imported")
+
+It comes in by the door every run-making command uses (run/command.py open_new_run: a run
+already there, or a folder holding anything but a killed import's leftovers, is refused in one
+line), reads and checks the whole model (importing/marian_config.py) before the folder is made,
+and writes in run/making.py's new_run, which removes what it made if writing fails. A Hub id
+(`Helsinki-NLP/opus-mt-en-de`) is downloaded with huggingface_hub into its own cache. A
+multi-target model's `>>xx<<` pieces become its target languages (`data.directions`,
+`data.lang_tag_format=">>{}<<"`), so `--target_lang=xx` puts the tag in front as for our own
+multilingual runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from flaxformer_nmt.config import directions as directions_lib
+from flaxformer_nmt.importing import marian_config, model_folder
+from flaxformer_nmt.run import command, making, selection
+from flaxformer_nmt.runtime import files
+
+
+def import_run(source: str, workdir: str) -> dict[str, Any]:
+  """Makes the run in `workdir` from the Marian model `source`; returns import's figures (also
+  written to the run's import_result.json). Every check comes before the folder is made."""
+  run = command.open_new_run(workdir, "import")
+  folder = model_folder.locate(source)
+  model = marian_config.read_marian(folder, source)
+  config = model.config
+  with making.new_run(run):
+    run.copy_vocabulary(folder)
+    record = {
+      "source": source,
+      "folder": os.path.abspath(folder),
+      "files_sha256": model_folder.digests(folder),
+      "transformers_config": model.transformers_config,
+    }
+    files.write_text(run.import_record, json.dumps(record, indent=2) + "\n")
+    selection.save_imported(run, model.params, source)
+    run.write_run_record("", {"kind": "imported", "source": source})
+    run.write_config(config)  # last: a folder with config.json is a complete run
+  result = {
+    "mode": "import",
+    "source": source,
+    "parameters": marian_config.parameter_count(model.params),
+    "vocab_size": model.vocabulary.vocab_size,
+    "encoder_layers": model.layers[0],
+    "decoder_layers": model.layers[1],
+    "activation": config.model.activation,
+    "target_languages": directions_lib.target_languages(config.data) or [config.data.tgt_lang],
+  }
+  run.write_result(result)
+  return result

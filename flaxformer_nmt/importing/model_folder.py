@@ -1,0 +1,96 @@
+"""Reading a transformers model folder: finding it (a local folder, or a Hub id's snapshot), its
+JSON files and its weights (model.safetensors without torch, or pytorch_model.bin with it).
+
+What every pretrained family `--mode=import` reads shares (importing/marian_config.py is the
+Marian family's reading of what these return).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.runtime import files
+
+HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.json"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def locate(source: str) -> str:
+  """The local folder of `source`: itself, or a Hub id's snapshot (downloaded once into
+  huggingface_hub's cache). ConfigError, one line, when it is neither."""
+  if os.path.isdir(source):
+    return source
+  if not _HUB_ID.match(source) or os.path.exists(source):
+    raise errors.ConfigError(f"--input={source}: no such folder, nor a Hub id like org/name.")
+  try:
+    from huggingface_hub import snapshot_download  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError(
+      f"--input={source}: no such folder; read as a Hub id, it needs huggingface_hub "
+      '(pip install -e ".[hf]").'
+    ) from None
+  try:
+    folder = snapshot_download(source, allow_patterns=HUB_FILES)
+    if not os.path.isfile(os.path.join(folder, "model.safetensors")):  # an older repo
+      folder = snapshot_download(source, allow_patterns=[*HUB_FILES, "pytorch_model.bin"])
+    return folder
+  except Exception as e:  # noqa: BLE001  # offline, unknown repo, no permission: all one line
+    raise errors.ConfigError(
+      f"--input={source}: could not download it from the Hub ({type(e).__name__}: "
+      f"{str(e).splitlines()[0] if str(e) else 'no detail'})."
+    ) from None
+
+
+def read_json(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = json.load(f)
+  except FileNotFoundError:
+    return {}
+  except (OSError, ValueError) as e:
+    raise errors.DataError(f"{path}: not JSON ({e}).") from None
+  if not isinstance(doc, dict):
+    raise errors.DataError(
+      f"{path}: holds a JSON {type(doc).__name__}, not a transformers model's config (an object)."
+    )
+  return doc
+
+
+def state_dict(folder: str) -> dict[str, np.ndarray]:
+  """The weights: model.safetensors (no torch needed), else pytorch_model.bin (torch)."""
+  path = os.path.join(folder, "model.safetensors")
+  if os.path.isfile(path):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+    try:
+      sd = load_file(path)
+    except Exception as e:  # noqa: BLE001  # a torn or foreign file
+      raise errors.DataError(f"{path}: not a safetensors file ({e}).") from None
+    return {k: np.asarray(v, np.float32) for k, v in sd.items()}
+  path = os.path.join(folder, "pytorch_model.bin")
+  if not os.path.isfile(path):
+    raise errors.DataError(f"{folder}: has no model.safetensors or pytorch_model.bin.")
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError(
+      f'{path}: reading pytorch_model.bin needs torch (pip install -e ".[hf]"), or give a '
+      "folder with model.safetensors."
+    ) from None
+  try:
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # noqa: BLE001  # a torn file, a git-LFS pointer, a pickle of code
+    raise errors.DataError(f"{path}: not a torch state dict ({type(e).__name__}).") from None
+  return {k: v.float().numpy() for k, v in sd.items()}
+
+
+def digests(folder: str) -> dict[str, str]:
+  """The SHA-256 of each file in `folder` (not its subfolders): what import.json records."""
+  names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
+  return {name: files.sha256(os.path.join(folder, name)) for name in names}
