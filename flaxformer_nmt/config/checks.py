@@ -97,7 +97,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Raises errors.ConfigError, naming the field as `config.x.y`, for any impossible value.
 
   The one place every config rule lives: main.py calls it before any data is read or program
-  compiled, and the rest of the code trusts a validated config.
+  compiled, and the rest of the code trusts a validated config. The groups are checked in this
+  order, so the first impossible field named is always the same.
   """
   for path in ("num_train_steps", "log_every_steps", "eval_every_steps", "keep_checkpoints"):
     _at_least(config, path, 1)
@@ -105,7 +106,31 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _at_least(config, path, 0)  # 0: off
   _in_unit(config, "label_smoothing")
   _seed(config, "seed")
+  _check_model(config)
+  _check_optim(config)
+  _check_data(config)
+  _check_decode(config)
+  _in_unit(config, "optim.ema_decay")
+  _one_of(config, "best_metric", BEST_METRICS)
+  _at_least(config, "early_stopping_patience", 0)
+  if config.early_stopping_patience and not config.best_metric:
+    _fail(
+      f"config.early_stopping_patience={config.early_stopping_patience} needs config.best_metric "
+      "('dev_bleu' or 'dev_loss'): the figure that must improve."
+    )
+  if config.best_metric == "dev_bleu" and not config.eval.dev_bleu_sentences:
+    _fail(
+      "config.best_metric='dev_bleu' needs config.eval.dev_bleu_sentences > 0 (dev BLEU is "
+      "computed on that many sentences); it is 0."
+    )
+  _at_least(config, "eval.dev_bleu_sentences", 0)
+  _at_least(config, "eval.max_test_sentences", 0)
+  _at_least(config, "eval.dev_bleu_beam_size", 1)
+  _one_of(config, "eval.compound_split", COMPOUND_SPLITS)
 
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+  """config.model's fields: sizes, activation, norms, dropout, attention kind, dtype."""
   m = config.model
   for path in ("num_layers", "d_model", "d_ff", "num_heads"):
     _at_least(config, f"model.{path}", 1)
@@ -136,6 +161,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     )
   _one_of(config, "model.dtype", DTYPES)
 
+
+def _check_optim(config: ml_collections.ConfigDict) -> None:
+  """config.optim's fields (and data.prefetch_batches): schedule, Adam, the loss scale."""
   _at_least(config, "data.prefetch_batches", 0)
   _at_least(config, "optim.warmup_steps", 1)
   _one_of(config, "optim.schedule", SCHEDULES)
@@ -155,6 +183,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if _get(config, f"optim.{path}") <= 0:
       _fail(f"config.optim.{path} must be > 0, got {_get(config, f'optim.{path}')!r}.")
 
+
+def _check_data(config: ml_collections.ConfigDict) -> None:
+  """config.data's fields against each other and the model: source, vocabulary, lengths,
+  languages and directions."""
+  m = config.model
   d = config.data
   _one_of(config, "data.source", SOURCES)
   _one_of(config, "data.vocab_model_type", VOCAB_MODEL_TYPES)
@@ -184,6 +217,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
       _at_least(config, f"data.demo_{split}_size", 1)
   _multilingual(d)
 
+
+def _check_decode(config: ml_collections.ConfigDict) -> None:
+  """config.decode's fields: the search, sampling, and the alignment layer the model has."""
+  m = config.model
   _at_least(config, "decode.beam_size", 1)
   _one_of(config, "decode.beam_style", BEAM_STYLES)
   _at_least(config, "decode.alpha", 0)
@@ -203,20 +240,3 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"config.decode.alignment_layer={dc.alignment_layer} names no decoder layer of "
       f"the model's {depth} (0 .. {depth - 1}, or -1 for the last)."
     )
-  _in_unit(config, "optim.ema_decay")
-  _one_of(config, "best_metric", BEST_METRICS)
-  _at_least(config, "early_stopping_patience", 0)
-  if config.early_stopping_patience and not config.best_metric:
-    _fail(
-      f"config.early_stopping_patience={config.early_stopping_patience} needs config.best_metric "
-      "('dev_bleu' or 'dev_loss'): the figure that must improve."
-    )
-  if config.best_metric == "dev_bleu" and not config.eval.dev_bleu_sentences:
-    _fail(
-      "config.best_metric='dev_bleu' needs config.eval.dev_bleu_sentences > 0 (dev BLEU is "
-      "computed on that many sentences); it is 0."
-    )
-  _at_least(config, "eval.dev_bleu_sentences", 0)
-  _at_least(config, "eval.max_test_sentences", 0)
-  _at_least(config, "eval.dev_bleu_beam_size", 1)
-  _one_of(config, "eval.compound_split", COMPOUND_SPLITS)

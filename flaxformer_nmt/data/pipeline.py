@@ -120,7 +120,7 @@ def make_data(
   such as the filtered newstest2014 can be scored without dev files beside it).
   """
   dc = config.data
-  if dc.source == "none":  # an imported model's (export/importing.py)
+  if dc.source == "none":  # an imported model's (importing/imported_run.py)
     raise errors.ConfigError(
       "config.data.source='none': an imported model has no data of its own; name yours: "
       "--config.data.source=files --config.data.dir=DIR (docs/pretrained.md)."
@@ -134,7 +134,23 @@ def make_data(
   process_index, process_count = _process_defaults(process_index, process_count)
   if num_devices % process_count:
     raise ValueError(f"{num_devices} devices do not split over process_count={process_count}.")
-  num_local = num_devices // process_count
+  make = _make_multilingual if directions_lib.is_multilingual(dc) else _make_bilingual
+  return make(
+    config,
+    workdir,
+    tokenizer,
+    need_train=need_train,
+    eval_splits=eval_splits,
+    global_rows=_global_rows(dc, num_devices, accumulate_steps),
+    accumulate_steps=accumulate_steps,
+    num_devices=num_devices,
+    process_index=process_index,
+    process_count=process_count,
+  )
+
+
+def _global_rows(dc: ml_collections.ConfigDict, num_devices: int, accumulate_steps: int) -> int:
+  """The rows of one step's batch over every device (data.tokens_per_batch's), said in a line."""
   global_rows = packing.num_rows(dc.tokens_per_batch, dc.max_len, num_devices * accumulate_steps)
   if global_rows * dc.max_len > dc.tokens_per_batch:
     logging.warning(
@@ -152,19 +168,26 @@ def make_data(
     f", in {accumulate_steps} micro-batches" if accumulate_steps > 1 else "",
     dc.tokens_per_batch,
   )
-  if directions_lib.is_multilingual(dc):
-    return _make_multilingual(
-      config,
-      workdir,
-      tokenizer,
-      need_train=need_train,
-      eval_splits=eval_splits,
-      global_rows=global_rows,
-      accumulate_steps=accumulate_steps,
-      num_devices=num_devices,
-      process_index=process_index,
-      process_count=process_count,
-    )
+  return global_rows
+
+
+def _make_bilingual(
+  config: ml_collections.ConfigDict,
+  workdir: RunFolder,
+  tokenizer: tokenizer_lib.Tokenizer | None,
+  *,
+  need_train: bool,
+  eval_splits: Sequence[str],
+  global_rows: int,
+  accumulate_steps: int,
+  num_devices: int,
+  process_index: int,
+  process_count: int,
+) -> Data:
+  """make_data for one language pair: its source's splits, the vocabulary, this process's
+  training streams."""
+  dc = config.data
+  num_local = num_devices // process_count
   source = sources.make_source(dc)
   source.check(sources.SPLITS if need_train else tuple(eval_splits))
   pairs = {split: list(source.iter_pairs(split)) for split in eval_splits}
