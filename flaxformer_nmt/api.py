@@ -19,16 +19,26 @@ Once a run has saved its config.json, `config` may be None: the run's own config
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
-from flaxformer_nmt import errors, modes
+from flaxformer_nmt import errors
 from flaxformer_nmt.config import builders
 from flaxformer_nmt.config.choices import CHECKPOINTS  # noqa: F401  (the checkpoint= choices)
-from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.runtime import console
+
+if TYPE_CHECKING:
+  from flaxformer_nmt.decoding.session import Session
+
+
+def _modes() -> ModuleType:
+  """modes.py, imported by the first call that runs a mode: importing the API (for a config,
+  say) loads neither JAX nor the model, the searches or the checkpoint reader."""
+  return importlib.import_module("flaxformer_nmt.modes")
 
 
 def load_config(
@@ -87,7 +97,7 @@ def load(
   and reused by the next: a second translate of a few lines runs at once."""
   console.install_quiet()  # orbax's "read only" warnings, as on the command line
   config = load_run_config(workdir, overrides)
-  return modes.load_session(config, workdir, checkpoint, _members(ensemble))
+  return _modes().load_session(config, workdir, checkpoint, _members(ensemble))
 
 
 def _members(ensemble: Sequence[str] | str) -> tuple[str, ...]:
@@ -97,7 +107,7 @@ def _members(ensemble: Sequence[str] | str) -> tuple[str, ...]:
 
 def prepare(config: ml_collections.ConfigDict | None, workdir: str) -> dict[str, Any]:
   """Builds the data (TFDS needs `pip install -e ".[prepare]"`) and the vocabulary."""
-  return modes.prepare(config, workdir)
+  return _modes().prepare(config, workdir)
 
 
 def train(
@@ -106,7 +116,7 @@ def train(
   """Trains (or resumes) to config.num_train_steps; returns the final dev and test figures.
   `config_name` ("demo"): recorded in the run's run.json, so its messages can say which config
   the run was trained with, as the command line's --config is."""
-  return modes.train(config, workdir, config_name)
+  return _modes().train(config, workdir, config_name)
 
 
 def evaluate(
@@ -119,7 +129,7 @@ def evaluate(
   """Test BLEU (sacreBLEU and tokenized) and chrF, greedy and the configured beam; of the
   ensemble of `workdir`'s model and those of the `ensemble` workdirs, if any. `constraints`: a
   file of terms per test sentence (--constraints): the constrained beam's scores instead."""
-  return modes.evaluate(config, workdir, checkpoint, _members(ensemble), constraints)
+  return _modes().evaluate(config, workdir, checkpoint, _members(ensemble), constraints)
 
 
 def translate(
@@ -178,10 +188,12 @@ def translate_nbest(
         f"constraints has {len(terms)} rows for {len(lines)} lines: one list of terms per line."
       )
   console.install_quiet()
-  outputs = modes.Outputs(
+  outputs = _modes().Outputs(
     nbest, alignments, _members(ensemble), target_lang, "constraints" if terms is not None else ""
   )
-  run, request = modes.decoding_request(config, workdir, outputs)  # checked once
+  run, request = _modes().decoding_request(config, workdir, outputs)  # checked once
+  from flaxformer_nmt.decoding.session import Session  # pylint: disable=g-import-not-at-top
+
   session = Session.of_run(run, checkpoint, outputs.members)
   return session.translator(request).translate_nbest(list(lines), constraints=terms)
 
@@ -205,7 +217,7 @@ def score(
   """The model's score of each (source, translation) pair: scoring.PairScore(score, log_prob,
   tokens), the score as the n-best list prints it (--mode=score)."""
   console.install_quiet()
-  scores, _, _ = modes.score_pairs(
+  scores, _, _ = _modes().score_pairs(
     config, workdir, checkpoint, list(sources), list(references), _members(ensemble), target_lang
   )
   return scores
@@ -219,7 +231,7 @@ def average(
 ) -> dict[str, Any]:
   """Averages the last `num_checkpoints` checkpoints into <workdir>/averaged (checkpoint="best":
   the last ones up to the best step; "ema": their parameter averages)."""
-  return modes.average(config, workdir, num_checkpoints, checkpoint)
+  return _modes().average(config, workdir, num_checkpoints, checkpoint)
 
 
 def export(
@@ -232,14 +244,14 @@ def export(
 ) -> dict[str, Any]:
   """A CTranslate2 model directory in `output` (needs `pip install -e ".[export]"`), or with
   `fmt="huggingface"` a transformers Marian model folder (docs/pretrained.md)."""
-  return modes.export(config, workdir, checkpoint, fmt, output, quantization)
+  return _modes().export(config, workdir, checkpoint, fmt, output, quantization)
 
 
 def import_model(source: str, workdir: str) -> dict[str, Any]:
   """A run in `workdir` made of a transformers Marian model: a folder, or a Hub id such as
   "Helsinki-NLP/opus-mt-en-de" (downloaded with huggingface_hub). Translate with it, fine-tune
   from it (`init_from`), export it: docs/pretrained.md."""
-  return modes.import_model(source, workdir)
+  return _modes().import_model(source, workdir)
 
 
 def attention(
@@ -252,4 +264,4 @@ def attention(
 ) -> dict[str, Any]:
   """Attention heatmaps and the positional-encoding picture (PNG) in `output`
   (default <workdir>/attention); the result lists the files."""
-  return modes.attention(config, workdir, checkpoint, text, output, target_lang)
+  return _modes().attention(config, workdir, checkpoint, text, output, target_lang)

@@ -6,6 +6,10 @@
 Counts (each measured, none read from the code by eye):
   api_modules          package modules `import flaxformer_nmt.api` loads (package __init__s
                        counted), in a fresh interpreter; and whether sacrebleu came with them
+                       (the API imports modes.py at its first call: the two commands below also
+                       give "modules", the package modules loaded by the end of the command, and
+                       "other_stages", any training, serving, export, importing, benchmarking,
+                       input pipeline or BLEU module among them)
   config_opens         opens of <workdir>/config.json (an audit hook on `open`) by
                        `main.py --mode=translate` with --config left out, and by
                        `api.load(workdir)` followed by one `.translate`
@@ -49,7 +53,15 @@ def counted(*a, **k):
   counts["resolve_target"] += 1
   return real(*a, **k)
 directions.resolve_target = counted
-atexit.register(lambda: print("AUDIT " + json.dumps(counts), file=sys.__stderr__, flush=True))
+def report():
+  ours = [m for m in sys.modules if m.split(".")[0] == "flaxformer_nmt"]
+  counts["modules"] = len(ours)
+  # Stages a decoding command should not need.
+  counts["other_stages"] = sorted({".".join(m.split(".")[:2]) for m in ours if m.split(".")[1:2]
+    and m.split(".")[1] in ("training", "serving", "export", "importing", "benchmarking")}
+    | {m for m in ours if m in ("flaxformer_nmt.data.pipeline", "flaxformer_nmt.decoding.bleu")})
+  print("AUDIT " + json.dumps(counts), file=sys.__stderr__, flush=True)
+atexit.register(report)
 if sys.argv[2] == "cli":
   sys.argv = ["main.py", *sys.argv[3:]]
   import runpy
