@@ -19,7 +19,7 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions, run_config
 from flaxformer_nmt.decoding import constraints as constraints_lib
-from flaxformer_nmt.decoding.requests import Outputs, Request, output_lines
+from flaxformer_nmt.decoding.requests import Outputs, Request, translation_lines
 from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.run import command, selection
 from flaxformer_nmt.run.components import Components
@@ -61,9 +61,9 @@ def train(
 def _train(
   config: ml_collections.ConfigDict | None, workdir: str, config_name: str, loop: Any
 ) -> dict[str, Any]:
-  opened = open_command(config, workdir, "train")
-  config, run = opened.config, opened.folder
-  saved = loop.finished_result(config, run)
+  run = open_command(config, workdir, "train")
+  config, folder = run.config, run.folder
+  saved = loop.finished_result(config, folder)
   if saved is not None:
     # A rerun of a finished command (a notebook cell after a runtime reset, a repeated job): its
     # saved figures, with nothing trained, decoded or written again, and no lock to wait for.
@@ -77,9 +77,9 @@ def _train(
     return saved
   config = config.copy_and_resolve_references()  # the caller's config stays as it was
   # Recorded; a resume keeps it.
-  run_config.resolve_dtype(config, parallel.auto_dtype(), resuming=bool(run.training_steps()))
-  result = loop.train_and_evaluate(config, run, config_name)
-  run.write_result(result)
+  run_config.resolve_dtype(config, parallel.auto_dtype(), resuming=bool(folder.training_steps()))
+  result = loop.train_and_evaluate(config, folder, config_name)
+  folder.write_result(result)
   return result
 
 
@@ -94,8 +94,8 @@ def evaluate(
   `members` (--ensemble), of the ensemble of --workdir's model and theirs. With
   `constraints_path` (--constraints), of the beam that must output each sentence's terms."""
   terms = constraints_lib.read_terms(constraints_path) if constraints_path else None
-  opened = open_command(config, workdir, "eval")
-  config, run = opened.config, opened.folder
+  run = open_command(config, workdir, "eval")
+  config, folder = run.config, run.folder
   if terms is not None and directions.is_multilingual(config.data):
     raise errors.ConfigError(
       "--constraints with --mode=eval scores one test set; a multilingual run has one per "
@@ -105,18 +105,18 @@ def evaluate(
   from flaxformer_nmt.data import pipeline as data_lib  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
 
-  session = Session.of_run(opened, which, members)
+  session = Session.of_run(run, which, members)
   data = data_lib.make_data(
-    config, run, need_train=False, eval_splits=("test",), tokenizer=session.components.tokenizer
+    config, folder, need_train=False, eval_splits=("test",), tokenizer=session.components.tokenizer
   )
   result: dict[str, Any] = {"mode": "eval", "checkpoint": session.description}
   if terms is not None:
     result.update(
-      evaluation.constrained_test_scores(session, data, run.eval_dir, terms, constraints_path)
+      evaluation.constrained_test_scores(session, data, folder.eval_dir, terms, constraints_path)
     )
   else:
-    result.update(evaluation.score_test_set(session, data, run.eval_dir))
-  run.write_result(result)
+    result.update(evaluation.score_test_set(session, data, folder.eval_dir))
+  folder.write_result(result)
   return result
 
 
@@ -165,7 +165,8 @@ def translate(
   output_path: str,
   outputs: Outputs | None = None,
 ) -> dict[str, Any]:
-  """One translation per input line, in order (or n-best TSV, `output_lines`); progress on stderr.
+  """One translation per input line, in order (or n-best TSV: `translation_lines`); progress on
+  stderr.
 
   Every process reads the input and decodes its share; process 0 writes the output. The figures
   go to `<workdir>/translate_result.json`, and to stdout as a JSON line unless the translations
@@ -181,7 +182,7 @@ def translate(
   session = Session.of_run(run, which, outputs.members)
   hyps, stats = session.translate_checked(request, lines, terms)
   if parallel.is_main_process():
-    files.write_lines(output_path, output_lines(hyps, outputs))
+    files.write_lines(output_path, translation_lines(hyps, outputs))
   result = {
     "mode": "translate",
     "input": input_path,
@@ -225,7 +226,7 @@ def score(
   members: Sequence[str] = (),
   target_lang: str | None = None,
 ) -> dict[str, Any]:
-  """--mode=score: one TSV row per pair (scoring.output_lines: the score the n-best list prints,
+  """--mode=score: one TSV row per pair (scoring.score_rows: the score the n-best list prints,
   the log-probability, the tokens) to `output_path`; corpus figures to
   `<workdir>/score_result.json` and stdout (unless the rows go there)."""
   from flaxformer_nmt.decoding import scoring
@@ -239,7 +240,7 @@ def score(
   session = Session.of_run(run, which, members)
   scores, figures = session.score_checked(lang, sources, references)
   if parallel.is_main_process():
-    files.write_lines(output_path, scoring.output_lines(scores))
+    files.write_lines(output_path, scoring.score_rows(scores))
   result = {
     "mode": "score",
     "input": input_path,
@@ -292,7 +293,7 @@ def export(
     raise errors.ConfigError(f"--format={fmt}: choose one of {', '.join(exporters)}.")
   exporter = exporters[fmt]
   run = open_command(config, workdir, "export")
-  exporter.check_request(output, quantization, run.config.model)  # before any work
+  exporter.check_output(output, quantization, run.config.model)  # before any work
   session = Session.of_run(run, which)
   result = exporter.write(session, run.folder, output, quantization)
   logging.info("Exported %s to %s (%s).", session.description, output, quantization)
@@ -354,14 +355,14 @@ def average(
   written last is what --checkpoint=averaged reads."""
   from flaxformer_nmt.checkpoints import averaging  # pylint: disable=g-import-not-at-top
 
-  opened = open_command(config, workdir, "average")
-  config, run = opened.config, opened.folder
-  plan = selection.average_plan(run, num_checkpoints, which)  # before any work
-  components = Components.load(config, run)
+  run = open_command(config, workdir, "average")
+  config, folder = run.config, run.folder
+  plan = selection.average_plan(folder, num_checkpoints, which)  # before any work
+  components = Components.load(config, folder)
   params = averaging.average(
-    run.checkpoints, plan.steps, components.abstract_params, plan.path_in_state
+    folder.checkpoints, plan.steps, components.abstract_params, plan.path_in_state
   )
-  path = selection.save_average(run, params, plan.steps, plan.of)
+  path = selection.save_average(folder, params, plan.steps, plan.of)
   result = {
     "mode": "average",
     "steps": plan.steps,
@@ -369,5 +370,5 @@ def average(
     "num_checkpoints": len(plan.steps),
     "of": plan.of,
   }
-  run.write_result(result)
+  folder.write_result(result)
   return result

@@ -6,7 +6,7 @@ SentencePiece user-defined symbol, Johnson et al. 2017), and a corpus may add it
 it (`<BT>` on back-translated data: tagged back-translation, Caswell et al. 2019). Tags are ids
 put in front of the encoded source, never text, so a tag is one piece whatever the text around it.
 
-How training samples among them is data/sampling.py's. A bilingual config (`data.directions` =
+How training samples among them is data/direction_mix.py's. A bilingual config (`data.directions` =
 "") is untouched.
 """
 

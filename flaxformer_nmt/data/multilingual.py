@@ -17,7 +17,7 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.data import sampling, sources, streams, tokenized
+from flaxformer_nmt.data import direction_mix, sources, streams, tokenized
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.data.tokenizer import source_prefix
 
@@ -113,7 +113,7 @@ def vocabulary_sample(dc: ml_collections.ConfigDict, seed: int) -> list[str]:
   and words are not drowned by a large one's. Seeded and in a fixed order: deterministic."""
   where = _language_lines(train_corpora(dc))
   counts = {lang: sum(1 for _ in _sentences(w)) for lang, w in where.items()}
-  q = sampling.sampling_probabilities(
+  q = direction_mix.sampling_probabilities(
     list(range(len(counts))), list(counts.values()), float(dc.temperature)
   )
   budget = len(counts) * int(dc.vocab_sample_size)
@@ -151,7 +151,7 @@ def train_split(
     temperature=float(dc.temperature),
   )
   sizes = [len(p) * c.corpus.weight for p, c in zip(parts, corpora, strict=True)]
-  p = sampling.sampling_probabilities(groups.direction_of, sizes, groups.temperature)
+  p = direction_mix.sampling_probabilities(groups.direction_of, sizes, groups.temperature)
   logging.info(
     "Training groups (this process's pairs, sampling probability at T=%g): %s.",
     groups.temperature,

@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.data import packing, sampling, tokenized
+from flaxformer_nmt.data import direction_mix, packing, tokenized
 
 Batch = packing.Batch
 
@@ -41,7 +41,7 @@ _CHUNK = 512  # pairs of the epoch's order converted to Python ints at a time
 @dataclasses.dataclass(frozen=True)
 class Groups:
   """A multilingual training split's groups (one per direction and corpus) and how each is
-  sampled (sampling.sampling_probabilities).
+  sampled (direction_mix.sampling_probabilities).
 
   `of_pair[i]` is pair i's group; group g belongs to direction `direction_of[g]` and counts
   `weights[g]` times its size. Each stream computes its groups' probabilities from its own kept
@@ -114,7 +114,7 @@ class TrainIterator(Iterator[Batch]):
       kept_groups = groups.of_pair[self._kept]  # [kept]
       self._by_group = [self._kept[kept_groups == g] for g in range(len(groups.weights))]
       sizes = [len(ix) * w for ix, w in zip(self._by_group, groups.weights, strict=True)]
-      self.group_probabilities = sampling.sampling_probabilities(
+      self.group_probabilities = direction_mix.sampling_probabilities(
         groups.direction_of, sizes, groups.temperature
       )
     self.group_counts: np.ndarray | None = None  # [groups]: the current epoch's draws
@@ -127,7 +127,9 @@ class TrainIterator(Iterator[Batch]):
       if self.group_probabilities is None:
         order = rng.permutation(self._kept)  # [kept]
       else:
-        self.group_counts = sampling.epoch_counts(self.group_probabilities, len(self._kept), rng)
+        self.group_counts = direction_mix.epoch_counts(
+          self.group_probabilities, len(self._kept), rng
+        )
         order = rng.permutation(self._sampled(rng))  # [kept]
       self._order = order
       self._order_src = self._src_lens[order]  # [kept] lengths in visiting order

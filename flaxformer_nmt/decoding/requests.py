@@ -1,6 +1,6 @@
 """What a decoding request asks, checked once before any work: `Request` (the translator a kind of
 request needs), `check_request` (the command line's --nbest, --constraints and --target_lang, the
-API's arguments), and what --mode=translate writes (`Outputs`, `output_lines`).
+API's arguments), and what --mode=translate writes (`Outputs`, `translation_lines`).
 
 Every decoder (decoding/session.py's Session) is asked with a checked Request, whose output
 language is already resolved: nothing below resolves it again.
@@ -65,7 +65,7 @@ def check_request(
 class Outputs:
   """What --mode=translate writes besides the best translation of each line."""
 
-  nbest: int = 1  # hypotheses per line: > 1 writes TSV (`output_lines`)
+  nbest: int = 1  # hypotheses per line: > 1 writes TSV (`translation_lines`)
   alignments: bool = False  # word alignments (Pharaoh "i-j") from the cross-attention
   members: tuple[str, ...] = ()  # --ensemble: the other workdirs
   target_lang: str | None = None  # --target_lang: a multilingual model's output language
@@ -80,7 +80,7 @@ class Outputs:
     )
 
 
-def output_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
+def translation_lines(hypotheses: list[list[Any]], outputs: Outputs) -> list[str]:
   """The output file's lines. One best translation per input line (with " ||| " and its
   alignment, if asked); with n-best, TSV rows: input line (0-based), rank (0 = best), the score
   the search ranks by, hypothesis (and alignment), exactly n rows per input line, in order."""

@@ -176,7 +176,7 @@ def _cut(ids: list[int], limit: int) -> list[int]:
   return ids if len(ids) <= limit else ids[: limit - 1] + [EOS_ID]
 
 
-def output_lines(scores: Sequence[PairScore]) -> list[str]:
+def score_rows(scores: Sequence[PairScore]) -> list[str]:
   """One TSV row per pair: score (as the n-best list prints it), log-probability, tokens."""
   return [f"{s.score:.6f}\t{s.log_prob:.6f}\t{s.tokens}" for s in scores]
 

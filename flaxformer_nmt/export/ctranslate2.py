@@ -92,7 +92,7 @@ def check_model(model: Any) -> None:
     )
 
 
-def check_request(output: str, quantization: str, model: Any = None) -> None:
+def check_output(output: str, quantization: str, model: Any = None) -> None:
   """Every check of an export's arguments and of `config.model` that needs no trained model:
   one line each, before any work."""
   if model is not None:
@@ -237,7 +237,7 @@ def export_ctranslate2(
   The directory is assembled beside `output` and renamed into place at the end, so an
   interrupted export leaves no half-written model behind.
   """
-  check_request(output, quantization)
+  check_output(output, quantization)
   vocabulary = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
   spec = build_spec(cfg, params, vocabulary)
   spec.optimize(quantization=quantization)

@@ -54,7 +54,7 @@ TRANSFORMERS_EPSILON = 1e-5  # MarianEncoderLayer's nn.LayerNorm(embed_dim)
 _EXPRESSED = ("num_layers", "d_model", "d_ff", "num_heads", "max_len", "num_decoder_layers")
 
 
-def check_request(output: str, quantization: str, model: ml_collections.ConfigDict) -> None:
+def check_output(output: str, quantization: str, model: ml_collections.ConfigDict) -> None:
   """ConfigError, before any work, for a model Marian cannot express or an output in the way."""
   if quantization != "float32":
     raise errors.ConfigError(
@@ -224,7 +224,7 @@ def model_card(
 def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
   """--mode=export's call (modes.export): the loaded model (decoding/session.Session) of `run`
   (its recorded train and eval figures go into the model card) to `output`."""
-  del quantization  # float32: check_request
+  del quantization  # float32: check_output
   c = loaded.components
   results = {m: run.read_result(m) or {} for m in ("train", "eval")}
   params = jax.device_get(loaded.params)

@@ -47,57 +47,57 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   (None = the run's own; config/run_config.py says what a command may change), the vocabulary
   and a resume's training data checked by content, the config's rules. ConfigError (one line)
   for the first problem. Nothing is written, but a training run's folder is made."""
-  run = Workdir(workdir)
-  run.check()
-  text = run.saved_config_text()  # config.json, read once for the whole command
-  saved = run_config.from_json(text, run.config_path) if text is not None else None
+  folder = Workdir(workdir)
+  folder.check()
+  text = folder.saved_config_text()  # config.json, read once for the whole command
+  saved = run_config.from_json(text, folder.config_path) if text is not None else None
   if config is not None:
     config = config.copy_and_resolve_references()  # the caller's config stays as it was
     absolute_paths(config)
   if saved is not None:
-    absolute_paths(saved, saved=run.config_path)
-  if mode == "train" and saved is not None and run.imported():
+    absolute_paths(saved, saved=folder.config_path)
+  if mode == "train" and saved is not None and folder.imported():
     raise errors.ConfigError(
       f"--workdir={workdir} holds an imported model, which is not trained in place: fine-tune "
       f"it into a new workdir with --config.init_from={workdir}."
     )
-  resuming = mode == "train" and bool(run.training_steps())
+  resuming = mode == "train" and bool(folder.training_steps())
   if mode == "train" and config is not None and config.get("init_from"):
     # Before the reconcile, which compares them. A resume takes them from its own config.json
     # (the source is not read again: it may have moved).
     selection.adopt_architecture(config, saved.to_dict() if resuming and saved else None)
   if saved is not None and (config is None or mode != "train" or resuming):
-    recorded = run.training_data() if resuming else None
+    recorded = folder.training_data() if resuming else None
     try:
       config = run_config.reconcile(
         config if config is not None else saved,
         saved,
         mode,
-        run.config_path,
+        folder.config_path,
         # Checked by content below: a moved corpus or vocabulary may be named anew.
         by_content=("data.vocab_path",) + (("data.dir",) if recorded else ()),
       )
     except errors.ConfigError as e:
-      name = run.trained_with()
+      name = folder.trained_with()
       if not name:
         raise
-      raise errors.ConfigError(f"{run.path} was trained with `{name}`: {e}") from None
-    _check_vocabulary(config, saved, run)
+      raise errors.ConfigError(f"{folder.path} was trained with `{name}`: {e}") from None
+    _check_vocabulary(config, saved, folder)
     if resuming:
-      _check_training_data(config, saved, run, recorded)
+      _check_training_data(config, saved, folder, recorded)
   elif config is None:
     raise errors.ConfigError(
-      f"{run.config_path}: no such file; give the config {workdir} was trained with."
+      f"{folder.config_path}: no such file; give the config {workdir} was trained with."
     )
   if mode == "train" and saved is not None:
-    _check_kept_vocabulary(config, run)
+    _check_kept_vocabulary(config, folder)
   if mode == "train":
-    making.check_new_run(run, "train")
+    making.check_new_run(folder, "train")
   checks.validate(config)
   compile_cache.check(config.get("compile_cache", "auto"))
   if mode == "train":
-    run.create()  # one line if it cannot be, before anything is compiled or read
-  return Run(run, config, saved)
+    folder.create()  # one line if it cannot be, before anything is compiled or read
+  return Run(folder, config, saved)
 
 
 def open_new_run(workdir: str, kind: str) -> Workdir:
@@ -105,51 +105,51 @@ def open_new_run(workdir: str, kind: str) -> Workdir:
   checked as open_run checks a new training run's before any work: the folder's own checks, a
   run already there refused, and anything but a killed start's leftovers refused
   (making.check_new_run). Nothing is written; making.new_run makes it."""
-  run = Workdir(workdir)
-  run.check()
-  if run.holds_run():
+  folder = Workdir(workdir)
+  folder.check()
+  if folder.holds_run():
     raise errors.ConfigError(f"--workdir={workdir}: already holds a run; {kind} into a new folder.")
-  making.check_new_run(run, kind)
-  return run
+  making.check_new_run(folder, kind)
+  return folder
 
 
-def _trained_with(run: Workdir) -> str:
+def _trained_with(folder: Workdir) -> str:
   """ "runs/demo (trained with `demo`)": which config a refused command's run came from."""
-  name = run.trained_with()
-  return f"{run.path} (trained with `{name}`)" if name else run.path
+  name = folder.trained_with()
+  return f"{folder.path} (trained with `{name}`)" if name else folder.path
 
 
 def _check_vocabulary(
-  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict, run: Workdir
+  config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict, folder: Workdir
 ) -> None:
   """ConfigError, before any work, when the command's data.vocab_path is not the run's own
   vocabulary by content (another path to the same file, or a copy, is fine)."""
   given = config.data.vocab_path
   if not given or given == saved.data.vocab_path:
     return
-  own = run.vocabulary(saved)
+  own = folder.vocabulary(saved)
   if not tokenizer_lib.vocabulary_exists(given):
     raise errors.ConfigError(f"config.data.vocab_path={given}: no such file.")
   if tokenizer_lib.vocabulary_exists(own) and not tokenizer_lib.same_vocabulary(given, own):
     raise errors.ConfigError(
-      f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(run)}: "
+      f"config.data.vocab_path={given} is not the vocabulary of {_trained_with(folder)}: "
       f"its content differs from {own}. Leave it out (the run's own is used)."
     )
 
 
-def _check_kept_vocabulary(config: ml_collections.ConfigDict, run: Workdir) -> None:
+def _check_kept_vocabulary(config: ml_collections.ConfigDict, folder: Workdir) -> None:
   """ConfigError, before any work, when a training command's data.vocab_path differs by content
   from the copy the run made at its first start (a file changed in place since, or another path
   after a start killed before its first checkpoint): its parameters and tokenized data use the
   copy's ids, and replacing it would make every later score silently wrong."""
   given = config.data.vocab_path
-  kept = run.kept_vocabulary()
+  kept = folder.kept_vocabulary()
   if not given or kept is None or not tokenizer_lib.vocabulary_exists(given):
     return  # moved or deleted since: the run reads its own copy (Workdir.vocabulary)
   if not tokenizer_lib.same_vocabulary(given, kept):
     raise errors.ConfigError(
       f"config.data.vocab_path={given}: its content differs from {kept}, the vocabulary "
-      f"{run.path} has held since its first start, and a run's vocabulary cannot "
+      f"{folder.path} has held since its first start, and a run's vocabulary cannot "
       f"change. Restore the file, name the run's copy (--config.data.vocab_path={kept}), or "
       "train in another --workdir."
     )
@@ -158,7 +158,7 @@ def _check_kept_vocabulary(config: ml_collections.ConfigDict, run: Workdir) -> N
 def _check_training_data(
   config: ml_collections.ConfigDict,
   saved: ml_collections.ConfigDict,
-  run: Workdir,
+  folder: Workdir,
   recorded: dict[str, Any] | None,
 ) -> None:
   """ConfigError, before any work, when a resume would train on other data than the run
@@ -167,7 +167,7 @@ def _check_training_data(
     logging.warning(
       "%s has no record of its training data (it was trained before runs recorded one): "
       "resuming on what the config names now, and recording it.",
-      run.path,
+      folder.path,
     )
     return
   from flaxformer_nmt.run import identity  # pylint: disable=g-import-not-at-top (a resume's)
@@ -175,8 +175,8 @@ def _check_training_data(
   differs = identity.difference(recorded, identity.training_data(config, recorded))
   if differs:
     raise errors.ConfigError(
-      f"{_trained_with(run)} was trained on other data: {differs}. Resume it on the data it "
-      f"recorded in {run.run_record_path}, or train in another --workdir."
+      f"{_trained_with(folder)} was trained on other data: {differs}. Resume it on the data it "
+      f"recorded in {folder.run_record_path}, or train in another --workdir."
     )
 
 

@@ -19,14 +19,14 @@ from flaxformer_nmt.run.folder import Workdir
 
 
 def get_config(workdir: str) -> ml_collections.ConfigDict:
-  run = Workdir(workdir)
-  text = run.saved_config_text()
+  folder = Workdir(workdir)
+  text = folder.saved_config_text()
   if text is None:
     raise errors.ConfigError(
       f"--workdir={workdir} has no {run_config.CONFIG_FILE}; pass --config=... (the config it "
       "was trained with)."
     )
-  return run_config.from_json(text, run.config_path)
+  return run_config.from_json(text, folder.config_path)
 
 
 PATH = os.path.abspath(__file__)

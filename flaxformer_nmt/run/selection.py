@@ -130,46 +130,46 @@ def check_compatible(
   return vocabulary
 
 
-def trained_with_ema(run: Workdir) -> bool:
+def trained_with_ema(folder: Workdir) -> bool:
   """Whether the run saved here kept a parameter average (True if unknown: then the
   checkpoint's own metadata decides)."""
-  saved = run.saved_config()
+  saved = folder.saved_config()
   return bool(saved.get("optim", {}).get("ema_decay", 0.0)) if saved else True
 
 
-def best_folder(run: Workdir) -> str:
+def best_folder(folder: Workdir) -> str:
   """best/, or, in the moment between the two renames that replace a best step with a new
   evaluation of it (training/best.py), best/.incoming, which then holds the new one."""
-  if not reader.CheckpointDir(run.best).steps():
-    incoming = run.best_incoming
+  if not reader.CheckpointDir(folder.best).steps():
+    incoming = folder.best_incoming
     if reader.CheckpointDir(incoming).steps():
       return incoming
-  return run.best
+  return folder.best
 
 
-def best_step(run: Workdir) -> int:
+def best_step(folder: Workdir) -> int:
   """The step best/ holds; CheckpointError if the run kept none."""
-  steps = reader.CheckpointDir(best_folder(run)).steps()
+  steps = reader.CheckpointDir(best_folder(folder)).steps()
   if not steps:
     raise errors.CheckpointError(
-      f"--checkpoint=best: no best checkpoint in {run.best}; train with "
+      f"--checkpoint=best: no best checkpoint in {folder.best}; train with "
       "config.best_metric='dev_bleu' or 'dev_loss' to keep one."
     )
   return steps[-1]
 
 
-def latest_average(run: Workdir) -> Average | None:
+def latest_average(folder: Workdir) -> Average | None:
   """The average written last: the one averaged/latest.json names; without it, the most
   recently written named one; in a workdir from before averages had names, the highest step
   of averaged/<step>/ (named after the newest step it averaged)."""
-  pointer = files.read_result(run.latest_average_path) or {}
+  pointer = files.read_result(folder.latest_average_path) or {}
   named = []
-  if os.path.isdir(run.averaged):
-    for name in os.listdir(run.averaged):
-      path = run.average_dir(name)
+  if os.path.isdir(folder.averaged):
+    for name in os.listdir(folder.averaged):
+      path = folder.average_dir(name)
       if not name.isdigit() and os.path.isdir(path) and reader.CheckpointDir(path).steps():
         named.append(path)
-  chosen = run.average_dir(pointer.get("name", ""))
+  chosen = folder.average_dir(pointer.get("name", ""))
   if pointer.get("name") and chosen in named:
     return Average(
       chosen,
@@ -181,23 +181,23 @@ def latest_average(run: Workdir) -> Average | None:
     path = max(named, key=os.path.getmtime)
     steps = reader.CheckpointDir(path).steps()
     return Average(path, (steps[-1],), "params", steps[-1])
-  old = reader.CheckpointDir(run.averaged).steps()
+  old = reader.CheckpointDir(folder.averaged).steps()
   if old:
-    return Average(run.averaged, (old[-1],), "params", old[-1])
+    return Average(folder.averaged, (old[-1],), "params", old[-1])
   return None
 
 
-def imported_has_no_training(run: Workdir, asked: str) -> str:
+def imported_has_no_training(folder: Workdir, asked: str) -> str:
   """The one line for asking an imported run (never trained in place) for training
   checkpoints."""
   return (
-    f"{asked}: {run.path} is an imported model; it has no training checkpoints, only its "
+    f"{asked}: {folder.path} is an imported model; it has no training checkpoints, only its "
     f"imported parameters (--checkpoint=auto). To train it, fine-tune it into a new workdir "
-    f"with --config.init_from={run.path}."
+    f"with --config.init_from={folder.path}."
   )
 
 
-def resolve(run: Workdir, which: str = "auto") -> Location:
+def resolve(folder: Workdir, which: str = "auto") -> Location:
   """Where the parameters `--checkpoint=which` names live; one line (UserError) if there are
   none. Lists folders only, so a mode fails before it builds or loads anything.
 
@@ -206,36 +206,36 @@ def resolve(run: Workdir, which: str = "auto") -> Location:
   """
   if which not in CHECKPOINTS:
     raise errors.ConfigError(f"--checkpoint={which}: choose one of {', '.join(CHECKPOINTS)}.")
-  train_steps = run.training_steps()
-  if which in ("latest", "ema") and not train_steps and run.imported():
-    raise errors.CheckpointError(imported_has_no_training(run, f"--checkpoint={which}"))
+  train_steps = folder.training_steps()
+  if which in ("latest", "ema") and not train_steps and folder.imported():
+    raise errors.CheckpointError(imported_has_no_training(folder, f"--checkpoint={which}"))
   if which in ("latest", "ema") and not train_steps:
     raise errors.CheckpointError(
-      f"No training checkpoint in {run.checkpoints}; train with --workdir={run.path} first."
+      f"No training checkpoint in {folder.checkpoints}; train with --workdir={folder.path} first."
     )
   if which == "ema":
-    if not trained_with_ema(run):
+    if not trained_with_ema(folder):
       raise errors.CheckpointError(
-        f"--checkpoint=ema: {run.path} was not trained with config.optim.ema_decay > 0 (its "
+        f"--checkpoint=ema: {folder.path} was not trained with config.optim.ema_decay > 0 (its "
         "config.json says so), so its checkpoints hold no parameter average."
       )
-    return Location("ema", run.checkpoints, EMA_PATH)
+    return Location("ema", folder.checkpoints, EMA_PATH)
   if which == "best":
-    best_step(run)  # one line if there is none
-    return Location("best", best_folder(run), PARAMS_PATH, with_data=True)
+    best_step(folder)  # one line if there is none
+    return Location("best", best_folder(folder), PARAMS_PATH, with_data=True)
   if which == "latest":
-    return Location("latest", run.checkpoints)
-  average = latest_average(run)
+    return Location("latest", folder.checkpoints)
+  average = latest_average(folder)
   if which == "averaged":
     if average is None:
       raise errors.CheckpointError(
-        f"No averaged checkpoint in {run.averaged}; make one with --mode=average "
+        f"No averaged checkpoint in {folder.averaged}; make one with --mode=average "
         "--num_checkpoints=K."
       )
     return Location("averaged", average.directory, PARAMS_PATH, with_data=True)
   if average is None and not train_steps:
     raise errors.CheckpointError(
-      f"No checkpoint in {run.path}; train with --workdir={run.path} first."
+      f"No checkpoint in {folder.path}; train with --workdir={folder.path} first."
     )
   if average is not None and (not train_steps or train_steps[-1] <= average.newest_training_step):
     return Location("averaged", average.directory, PARAMS_PATH, with_data=True)
@@ -247,21 +247,21 @@ def resolve(run: Workdir, which: str = "auto") -> Location:
       average.newest_training_step,
       train_steps[-1],
     )
-  return Location("latest", run.checkpoints)
+  return Location("latest", folder.checkpoints)
 
 
 def resolve_members(
-  run: Workdir, members: Sequence[str], which: str, config: ml_collections.ConfigDict
+  folder: Workdir, members: Sequence[str], which: str, config: ml_collections.ConfigDict
 ) -> list[tuple[Workdir, Location]]:
   """(workdir, location) of each --ensemble member, each by `which` in its own workdir ("auto":
   its own average or not); UserError naming the first member that is this workdir, missing,
   has no checkpoint, or another vocabulary or architecture."""
   if isinstance(members, str):
     raise TypeError(f"ensemble members must be a list of workdirs, not the string {members!r}.")
-  ours = run.vocabulary(config)
+  ours = folder.vocabulary(config)
   resolved = []
   for member in members:
-    if os.path.abspath(member) == os.path.abspath(run.path):
+    if os.path.abspath(member) == os.path.abspath(folder.path):
       raise errors.ConfigError(f"--ensemble member {member} is --workdir itself; list the others.")
     if not os.path.isdir(member):
       raise errors.CheckpointError(f"--ensemble member {member}: no such workdir.")
@@ -276,7 +276,7 @@ def resolve_members(
   return resolved
 
 
-def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
+def average_plan(folder: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
   """What --mode=average --num_checkpoints=K --checkpoint=which averages; UserError before
   any work if it cannot: latest (or auto) the newest K training checkpoints' params, best the
   newest K up to the best step, ema the parameter averages of the newest K."""
@@ -285,47 +285,47 @@ def average_plan(run: Workdir, num_checkpoints: int, which: str) -> AveragePlan:
       f"--mode=average --checkpoint={which}: average reads training checkpoints; use auto, "
       "latest, best (the K up to the best step) or ema (their parameter averages)."
     )
-  if not run.training_steps() and run.imported():
-    raise errors.CheckpointError(imported_has_no_training(run, "--mode=average"))
+  if not folder.training_steps() and folder.imported():
+    raise errors.CheckpointError(imported_has_no_training(folder, "--mode=average"))
   if which == "ema":
-    resolve(run, "ema")  # one line if the run kept no average
-  steps, scope = run.training_steps(), ""
+    resolve(folder, "ema")  # one line if the run kept no average
+  steps, scope = folder.training_steps(), ""
   if which == "best":
-    best = best_step(run)
+    best = best_step(folder)
     steps, scope = [s for s in steps if s <= best], f" up to the best step {best}"
   from flaxformer_nmt.checkpoints import averaging  # pylint: disable=g-import-not-at-top
 
-  chosen = averaging.last_steps(steps, num_checkpoints, run.checkpoints, scope)
+  chosen = averaging.last_steps(steps, num_checkpoints, folder.checkpoints, scope)
   if which == "ema":
     return AveragePlan(chosen, "ema", EMA_PATH)
   return AveragePlan(chosen, "params", PARAMS_PATH)
 
 
-def save_imported(run: Workdir, params: Any, source: str) -> str:
+def save_imported(folder: Workdir, params: Any, source: str) -> str:
   """Writes an imported model's parameters as `averaged/imported/0`, named in averaged/latest.json:
   `--checkpoint=auto` and `averaged` read them, and so does `config.init_from`."""
-  directory = run.average_dir(IMPORTED)
+  directory = folder.average_dir(IMPORTED)
   info = {"imported_from": source, "averaged_steps": [0], "num_checkpoints": 1, "of": "params"}
   from flaxformer_nmt.checkpoints import checkpointer  # pylint: disable=g-import-not-at-top (writers)
 
   path = checkpointer.write(directory, 0, {"params": params}, info, replace=True)
   pointer = {"name": IMPORTED, "steps": [0], "of": "params", "newest_training_step": 0}
   if parallel.is_main_process():
-    files.write_text(run.latest_average_path, json.dumps(pointer) + "\n")
+    files.write_text(folder.latest_average_path, json.dumps(pointer) + "\n")
   return path
 
 
-def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> str:
+def save_average(folder: Workdir, params: Any, steps: Sequence[int], of: str) -> str:
   """Writes an average to averaged/<average_name>/<newest step> and names it in
   averaged/latest.json (after it is complete), so `--checkpoint=averaged` reads it. Making the
   same average again replaces it. Returns its path. Every process calls it."""
   steps = [int(s) for s in steps]
-  directory = run.average_dir(average_name(of, steps))
+  directory = folder.average_dir(average_name(of, steps))
   info = {"averaged_steps": steps, "num_checkpoints": len(steps), "of": of}
   from flaxformer_nmt.checkpoints import checkpointer  # pylint: disable=g-import-not-at-top (writers)
 
   path = checkpointer.write(directory, steps[-1], {"params": params}, info, replace=True)
-  training = run.training_steps()
+  training = folder.training_steps()
   pointer = {
     "name": os.path.basename(directory),
     "steps": steps,
@@ -333,6 +333,6 @@ def save_average(run: Workdir, params: Any, steps: Sequence[int], of: str) -> st
     "newest_training_step": training[-1] if training else steps[-1],
   }
   if parallel.is_main_process():
-    files.write_text(run.latest_average_path, json.dumps(pointer) + "\n")
+    files.write_text(folder.latest_average_path, json.dumps(pointer) + "\n")
   logging.info("Wrote the average of steps %s to %s.", steps, path)
   return path

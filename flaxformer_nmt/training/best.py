@@ -216,31 +216,31 @@ def _already_saved(directory: str, info: dict[str, Any]) -> bool:
 # next start. The folders are the Workdir's (run/folder.py).
 
 
-def write_best(run: Workdir, step: int, params: Any, info: dict[str, Any]) -> None:
+def write_best(folder: Workdir, step: int, params: Any, info: dict[str, Any]) -> None:
   """Writes `params` as best/<step> and removes every other step once it is complete, so best/
   always holds a complete best: the previous one until the new one is in place. Every process
   calls it (orbax writes from process 0)."""
-  if step not in reader.CheckpointDir(run.best).steps():
-    checkpointer.write(run.best, step, {"params": params}, info, only=True)
+  if step not in reader.CheckpointDir(folder.best).steps():
+    checkpointer.write(folder.best, step, {"params": params}, info, only=True)
     return
-  checkpointer.write(run.best_incoming, step, {"params": params}, info, replace=True, only=True)
+  checkpointer.write(folder.best_incoming, step, {"params": params}, info, replace=True, only=True)
   if parallel.is_main_process():
-    finish_replacement(run)
+    finish_replacement(folder)
   parallel.broadcast_from_main(True)  # the others wait for the swap
 
 
-def finish_replacement(run: Workdir) -> None:
+def finish_replacement(folder: Workdir) -> None:
   """Moves a complete step from best/.incoming into best/ (the step it replaces is renamed
   aside first and deleted after), then keeps only the newest step. Process 0 only."""
-  incoming = reader.CheckpointDir(run.best_incoming)
+  incoming = reader.CheckpointDir(folder.best_incoming)
   for step in incoming.steps()[-1:]:
-    target = run.best_step(step)
+    target = folder.best_step(step)
     if os.path.isdir(target):
-      shutil.rmtree(run.best_outgoing, ignore_errors=True)
-      os.rename(target, run.best_outgoing)
+      shutil.rmtree(folder.best_outgoing, ignore_errors=True)
+      os.rename(target, folder.best_outgoing)
     os.rename(str(incoming.path(step)), target)
     logging.info("Replaced %s with the new evaluation of that step.", target)
-  for leftover in (run.best_incoming, run.best_outgoing):
+  for leftover in (folder.best_incoming, folder.best_outgoing):
     shutil.rmtree(leftover, ignore_errors=True)
-  for step in reader.CheckpointDir(run.best).steps()[:-1]:
-    shutil.rmtree(run.best_step(step), ignore_errors=True)
+  for step in reader.CheckpointDir(folder.best).steps()[:-1]:
+    shutil.rmtree(folder.best_step(step), ignore_errors=True)

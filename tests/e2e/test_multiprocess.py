@@ -312,7 +312,7 @@ def test_eval_translate_average_under_two_processes_match_one(base, reference, t
   config.decode.method, config.decode.seed = "sample", 3
   outputs = modes.Outputs(nbest=2)
   sampled, _, _ = modes.translate_hypotheses(config, str(reference), "latest", lines, outputs)
-  assert (tmp_path / "s2").read_text().splitlines() == modes.output_lines(sampled, outputs)
+  assert (tmp_path / "s2").read_text().splitlines() == modes.translation_lines(sampled, outputs)
 
   # Constrained translations and scores: as 1 process of 8 devices gives them.
   constrained, stats, _ = modes.translate_hypotheses(

@@ -127,7 +127,7 @@ def test_beam_nbest_through_the_translator_and_its_tsv(tiny):
   assert [h[0].text for h in hyps] == best
   for h in hyps:
     assert [x.score for x in h] == sorted((x.score for x in h), reverse=True)
-  rows = modes.output_lines(hyps, modes.Outputs(nbest=3))
+  rows = modes.translation_lines(hyps, modes.Outputs(nbest=3))
   assert len(rows) == 3 * len(LINES)
   for n, row in enumerate(rows):
     line, rank, score, text = row.split("\t")

@@ -15,7 +15,7 @@ import pytest
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import builders, checks, directions, run_config
-from flaxformer_nmt.data import multilingual, pipeline, sampling, sources
+from flaxformer_nmt.data import direction_mix, multilingual, pipeline, sources
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import evaluation, language_id
 from flaxformer_nmt.decoding import translator as translate
@@ -213,7 +213,7 @@ def test_language_balanced_vocabulary_sample(tmp_path):
   sample = multilingual.vocabulary_sample(c.data, seed=0)
   assert sample == multilingual.vocabulary_sample(c.data, seed=0)  # deterministic
   n = {"en": 440, "de": 400, "fr": 40}
-  q = sampling.sampling_probabilities([0, 1, 2], list(n.values()), 5.0)
+  q = direction_mix.sampling_probabilities([0, 1, 2], list(n.values()), 5.0)
   want = {lang: min(n[lang], round(share * 150)) for lang, share in zip(n, q, strict=True)}
   got_fr = sum(s.split()[0] in _WORDS["fr"] for s in sample)
   assert got_fr == want["fr"] and len(sample) == sum(want.values())
@@ -377,7 +377,7 @@ def test_bilingual_file_lookup_is_unchanged(tmp_path):
 
 
 def test_a_default_request_of_a_multilingual_model_gets_its_one_targets_tag(tmp_path):
-  """A request resolved once (session.check_request) reaches target_prefix with its language;
+  """A request resolved once (requests.check_request) reaches target_prefix with its language;
   one that names none (a default Request, a scorer's default) gets the model's one target
   language's tag, as before, and a model of several targets says which to choose."""
   symbols = ["<2en>", "<2de>"]

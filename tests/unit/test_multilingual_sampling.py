@@ -8,32 +8,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from flaxformer_nmt.data import sampling, streams, tokenized
+from flaxformer_nmt.data import direction_mix, streams, tokenized
 
 import helpers
 
 
 def test_temperature_probabilities():
   sizes = [1000.0, 100.0, 10.0]
-  p1 = sampling.sampling_probabilities([0, 1, 2], sizes, 1.0)
+  p1 = direction_mix.sampling_probabilities([0, 1, 2], sizes, 1.0)
   np.testing.assert_allclose(p1, np.array(sizes) / sum(sizes))
-  p5 = sampling.sampling_probabilities([0, 1, 2], sizes, 5.0)
+  p5 = direction_mix.sampling_probabilities([0, 1, 2], sizes, 5.0)
   expected = np.array(sizes) ** 0.2 / np.sum(np.array(sizes) ** 0.2)
   np.testing.assert_allclose(p5, expected)
-  flat = sampling.sampling_probabilities([0, 1, 2], sizes, 1e9)
+  flat = direction_mix.sampling_probabilities([0, 1, 2], sizes, 1e9)
   np.testing.assert_allclose(flat, [1 / 3] * 3, rtol=1e-6)
-  sharp = sampling.sampling_probabilities([0, 1, 2], [1e4, 10.0, 1.0], 0.01)  # no overflow
+  sharp = direction_mix.sampling_probabilities([0, 1, 2], [1e4, 10.0, 1.0], 0.01)  # no overflow
   np.testing.assert_allclose(sharp, [1.0, 0.0, 0.0], atol=1e-12)
   # Leftover draws go by remainder: a group owed 0.3 of a draw per epoch gets ~0.3 on average.
   tiny = [0.9 * 10 / 10.3, 0.1 * 10 / 10.3, 0.3 / 10.3]  # 10 draws: owed 8.74, 0.97, 0.29
   got = np.mean(
-    [sampling.epoch_counts(tiny, 10, np.random.default_rng(e)) for e in range(2000)], axis=0
+    [direction_mix.epoch_counts(tiny, 10, np.random.default_rng(e)) for e in range(2000)], axis=0
   )
   np.testing.assert_allclose(got, np.array(tiny) / sum(tiny) * 10, atol=0.05)
   # Two corpora of one direction share its probability by weighted size.
-  p = sampling.sampling_probabilities([0, 0, 1], [300.0, 100.0, 400.0], 5.0)
+  p = direction_mix.sampling_probabilities([0, 0, 1], [300.0, 100.0, 400.0], 5.0)
   np.testing.assert_allclose(p, [0.375, 0.125, 0.5])
-  counts = sampling.epoch_counts(p5, 1111)
+  counts = direction_mix.epoch_counts(p5, 1111)
   assert counts.sum() == 1111 and np.all(np.abs(counts - p5 * 1111) < 1)
 
 
@@ -66,7 +66,7 @@ def test_unequal_corpora_are_sampled_by_temperature_deterministically_and_resume
   it = streams.TrainIterator(split, rows=8, max_len=16, seed=3, groups=groups)
   counts = it.group_counts.copy()  # epoch 0's
   assert counts.sum() == sum(sizes)
-  expected = sampling.sampling_probabilities([0, 1, 2], sizes, 5.0) * sum(sizes)
+  expected = direction_mix.sampling_probabilities([0, 1, 2], sizes, 5.0) * sum(sizes)
   np.testing.assert_array_less(np.abs(counts - expected), 1.0)
   seen = np.zeros(3, int)
   while it.get_state()["epoch"] == 0:
