@@ -21,14 +21,23 @@ def read_dev_metrics(workdir: str) -> list[dict[str, float]]:
   return files.read_jsonl(path)
 
 
-def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[dict[str, float]]:
-  """Dev BLEU and dev loss against minutes of training; returns the points plotted."""
-  records = [r for r in read_dev_metrics(workdir) if "dev_bleu" in r]
+# What each dev BLEU figure a run records is called on a plot's axis.
+_BLEU_LABELS = {"dev_bleu": "dev sacreBLEU", "dev_multi30k_bleu": "dev BLEU4 (Multi30k protocol)"}
+
+
+def plot_learning_curve(
+  workdir: str, out_path: str, title: str = "", metric: str = "dev_bleu"
+) -> list[dict[str, float]]:
+  """Dev BLEU (`metric`: dev_bleu, or a protocol's, e.g. dev_multi30k_bleu) and dev loss
+  against minutes of training; returns the points plotted."""
+  records = [r for r in read_dev_metrics(workdir) if metric in r]
+  if not records:
+    raise errors.DataError(f"{workdir}: no evaluation recorded {metric} (dev_metrics.jsonl).")
   minutes = [r["train_minutes"] for r in records]
   fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot(minutes, [r["dev_bleu"] for r in records], "o-", color="tab:blue")
+  ax.plot(minutes, [r[metric] for r in records], "o-", color="tab:blue")
   ax.set_xlabel("minutes of training")
-  ax.set_ylabel("dev sacreBLEU", color="tab:blue")
+  ax.set_ylabel(_BLEU_LABELS.get(metric, metric), color="tab:blue")
   ax.grid(alpha=0.3)
   loss_ax = ax.twinx()
   loss_ax.plot(minutes, [r["dev_loss"] for r in records], "s--", color="tab:red", alpha=0.6)
@@ -42,6 +51,7 @@ def plot_learning_curve(workdir: str, out_path: str, title: str = "") -> list[di
       "minutes": round(r["train_minutes"], 2),
       "step": r["step"],
       "dev_bleu": round(r["dev_bleu"], 2),
+      **({metric: round(r[metric], 2)} if metric != "dev_bleu" else {}),
     }
     for r in records
   ]

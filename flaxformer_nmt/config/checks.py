@@ -15,6 +15,7 @@ from flaxformer_nmt.config.choices import (
   ATTENTIONS,
   BEAM_STYLES,
   BEST_METRICS,
+  BLEU_PROTOCOLS,
   COMPOUND_SPLITS,
   DECODE_METHODS,
   DROPOUT_RNGS,
@@ -127,6 +128,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _at_least(config, "eval.max_test_sentences", 0)
   _at_least(config, "eval.dev_bleu_beam_size", 1)
   _one_of(config, "eval.compound_split", COMPOUND_SPLITS)
+  _one_of(config, "eval.bleu_protocol", BLEU_PROTOCOLS)
 
 
 def _check_model(config: ml_collections.ConfigDict) -> None:

@@ -14,6 +14,9 @@ ATTENTIONS = ("ours", "jax")  # model/attention.dot_product_attention, or jax.nn
 BEAM_STYLES = ("shrinking", "t2t")  # decoding/beam_search.py's module docstring
 DECODE_METHODS = ("beam", "greedy", "sample")  # decoding/decode.SearchConfig
 COMPOUND_SPLITS = ("auto", "on", "off")  # decoding/evaluation.splits_compounds
+# A published BLEU protocol reported beside the others (decoding/bleu.py protocol_bleu): "" none;
+# "multi30k": lowercased, punctuation-normalized, Moses-tokenized BLEU4 (the Multi30k papers').
+BLEU_PROTOCOLS = ("", "multi30k")
 SCHEDULES = ("paper", "constant")  # training/optim.SCHEDULES
 BEST_METRICS = ("", "dev_bleu", "dev_loss")  # training/best.Tracker
 # --checkpoint: auto (the newest average unless training went on after it, else latest), latest,

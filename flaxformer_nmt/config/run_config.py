@@ -70,6 +70,7 @@ ADDED_FIELDS: dict[str, object] = {
   "optim.loss_scale_init": 2.0**15,
   "optim.loss_scale_period": 2000,
   "eval.max_test_sentences": 0,
+  "eval.bleu_protocol": "",  # a published BLEU protocol beside the others (decoding/bleu.py)
 }
 
 

@@ -1,5 +1,6 @@
 """BLEU, two ways: sacreBLEU (today's standard) and the paper's tokenized, compound-split BLEU;
-and chrF (sacreBLEU's), which current papers report beside them.
+and chrF (sacreBLEU's), which current papers report beside them; and, when a config asks
+(eval.bleu_protocol), BLEU4 by another field's published protocol (`protocol_bleu`).
 
 The paper's 27.3 / 28.4 (EN-DE) come from tensor2tensor's `get_ende_bleu.sh`: Moses-tokenize
 hypotheses and references, split hyphenated compounds as `##AT##-##AT##` (as GNMT and ConvS2S did),
@@ -26,7 +27,7 @@ from typing import Any
 from absl import logging
 from sacrebleu.metrics import BLEU, CHRF
 
-from flaxformer_nmt.config.choices import COMPOUND_SPLITS
+from flaxformer_nmt.config.choices import BLEU_PROTOCOLS, COMPOUND_SPLITS
 from flaxformer_nmt.runtime import files
 
 # t2t's `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`. Perl without -C reads bytes, where
@@ -111,6 +112,42 @@ def tokenized_bleu(
   return score
 
 
+@functools.lru_cache(maxsize=8)
+def _normalizer(lang: str) -> Any:  # sacremoses.MosesPunctNormalizer
+  from sacremoses import MosesPunctNormalizer  # pylint: disable=g-import-not-at-top
+
+  # normalize-punctuation.perl's defaults (sacremoses' penn=True is the script without -penn),
+  # with its exact substitutions.
+  return MosesPunctNormalizer(lang=lang, perl_parity=True)
+
+
+def tokenize_lowercased(text: str, lang: str) -> str:
+  """Multi30k's task-1 tokenization of one line: lowercase, normalize punctuation, then
+  tokenizer.perl -l `lang` (escaping on, no -a), as task1-tokenize.sh pipes them."""
+  normalized = _normalizer(lang).normalize(text.lower())
+  return _moses(lang).tokenize(normalized, return_str=True, escape=True)
+
+
+def protocol_bleu(
+  hyps: Sequence[str], refs: Sequence[str], lang: str, protocol: str = "multi30k"
+) -> tuple[float, str]:
+  """BLEU4 by a published protocol, and its signature. "multi30k": hypothesis and reference
+  each lowercased, punctuation-normalized and Moses-tokenized (`tokenize_lowercased`), then
+  corpus BLEU4 on those tokens (sacrebleu tokenize="none", no smoothing: multi-bleu.perl's and
+  fairseq's BLEU4). This is how the Multi30k papers (Elliott et al.'s shared tasks, Wu et al.
+  2021) score test2016; no compound split."""
+  if protocol not in BLEU_PROTOCOLS or not protocol:
+    raise ValueError(f"Unknown BLEU protocol {protocol!r}; choose one of {BLEU_PROTOCOLS[1:]}.")
+  _check_lengths(hyps, refs)
+  tok_hyps = [tokenize_lowercased(h, lang) for h in hyps]
+  tok_refs = [tokenize_lowercased(r, lang) for r in refs]
+  bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+  score = float(bleu.corpus_score(tok_hyps, [tok_refs]).score)
+  signature = f"{bleu.get_signature()}|pre:lc+norm-punct+moses-{lang}"
+  logging.info("%s BLEU4 %.2f (%s)", protocol, score, signature)
+  return score, signature
+
+
 def score_and_write(
   hyps: Sequence[str],
   refs: Sequence[str],
@@ -119,13 +156,15 @@ def score_and_write(
   tgt_lang: str,
   *,
   compound_split: bool | None = None,
+  protocol: str = "",
   write: bool = True,
 ) -> dict[str, float | str | int]:
   """Scores hypotheses both ways and writes `<name>.hyp.txt` and `<name>.scores.json` to out_dir.
 
   Hypotheses go to disk one per line so any score can be recomputed later with other tools.
-  `compound_split`: None = "auto" (German targets). `write=False` only scores (the processes of a
-  multi-process run other than process 0).
+  `compound_split`: None = "auto" (German targets). `protocol` ("multi30k"): also BLEU4 by that
+  protocol (`protocol_bleu`), as `<protocol>_bleu` with its signature. `write=False` only scores
+  (the processes of a multi-process run other than process 0).
   """
   if compound_split is None:
     compound_split = splits_compounds("auto", tgt_lang)
@@ -136,6 +175,9 @@ def score_and_write(
   scores["tokenized_bleu"] = tokenized_bleu(hyps, refs, tgt_lang, compound_split)
   scores["tokenized_bleu_method"] = tokenized_bleu_method(tgt_lang, compound_split)
   scores["chrf"], scores["chrf_signature"] = chrf_score(hyps, refs)
+  if protocol:
+    bleu4, bleu4_signature = protocol_bleu(hyps, refs, tgt_lang, protocol)
+    scores[f"{protocol}_bleu"], scores[f"{protocol}_bleu_signature"] = bleu4, bleu4_signature
   scores["num_sentences"] = len(hyps)
   if not write:
     return scores

@@ -23,6 +23,7 @@ from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions as directions_lib
 from flaxformer_nmt.decoding import language_id
 from flaxformer_nmt.decoding.bleu import (
+  protocol_bleu,
   sacrebleu_score,
   score_and_write,
   splits_compounds,
@@ -61,14 +62,24 @@ def dev_loss(
 
 
 def dev_bleu(
-  pairs: Sequence[tuple[str, str]], translate_fn: Translate, beam_size: int
+  pairs: Sequence[tuple[str, str]],
+  translate_fn: Translate,
+  beam_size: int,
+  protocol: str = "",
+  tgt_lang: str = "",
 ) -> dict[str, float]:
-  """sacreBLEU of (greedy, by default) translations of dev `pairs`: a cheap learning signal."""
+  """sacreBLEU of (greedy, by default) translations of dev `pairs`: a cheap learning signal;
+  with `protocol` ("multi30k"), also BLEU4 by that protocol as `dev_<protocol>_bleu` (the
+  learning curve a paper's figure is compared with)."""
   if not pairs:
     return {}
   hyps = translate_fn([s for s, _ in pairs], beam_size)
-  score, _ = sacrebleu_score(hyps, [r for _, r in pairs])
-  return {"dev_bleu": score}
+  refs = [r for _, r in pairs]
+  score, _ = sacrebleu_score(hyps, refs)
+  out = {"dev_bleu": score}
+  if protocol:
+    out[f"dev_{protocol}_bleu"] = protocol_bleu(hyps, refs, tgt_lang, protocol)[0]
+  return out
 
 
 def dev_figures(
@@ -77,6 +88,7 @@ def dev_figures(
   session: Session,
   bleu_sentences: int,
   bleu_beam: int,
+  protocol: str = "",
 ) -> dict[str, float]:
   """Dev loss and dev BLEU of `session`'s parameters (replicated: the train state's); a
   multilingual run's for each direction (`dev_bleu.en-de`, ...), with their mean under the
@@ -88,14 +100,16 @@ def dev_figures(
 
   if not data.directions:
     out = dev_loss(data.eval_batches("dev"), p_eval_step, params)
-    out.update(dev_bleu(data.pairs("dev")[:bleu_sentences], translate(None), bleu_beam))
+    pairs = data.pairs("dev")[:bleu_sentences]
+    tgt = session.config.data.tgt_lang if protocol else ""
+    out.update(dev_bleu(pairs, translate(None), bleu_beam, protocol, tgt))
     return out
   per: dict[str, dict[str, float]] = {}
   for direction in data.directions:
     figures = dev_loss(data.eval_batches("dev", direction), p_eval_step, params)
     target = direction.split("-", 1)[1]
     pairs = data.pairs("dev", direction)[:bleu_sentences]
-    figures.update(dev_bleu(pairs, translate(target), bleu_beam))
+    figures.update(dev_bleu(pairs, translate(target), bleu_beam, protocol, target))
     per[direction] = figures
   out = {k: float(np.mean([f[k] for f in per.values()])) for k in per[data.directions[0]]}
   for direction, figures in per.items():
@@ -118,6 +132,7 @@ def test_scores(
   out_dir: str,
   tag: str,
   languages: Sequence[str] = (),
+  protocol: str = "",
 ) -> dict[str, Any]:
   """Translates the test `pairs` greedily and with `beam_size`, and scores both both ways.
 
@@ -150,6 +165,7 @@ def test_scores(
       f"{test_set_id}_{tag}_{search_tag(beam, beam_style, alpha, max_len_offset)}",
       tgt_lang,
       compound_split=split,
+      protocol=protocol,
       write=parallel.is_main_process(),
     )
     logging.info(
@@ -170,6 +186,9 @@ def test_scores(
     out[f"test_chrf_{name}"] = scores["chrf"]
     out["sacrebleu_signature"] = scores["sacrebleu_signature"]
     out["chrf_signature"] = scores["chrf_signature"]
+    if protocol:
+      out[f"test_{protocol}_bleu_{name}"] = scores[f"{protocol}_bleu"]
+      out[f"{protocol}_bleu_signature"] = scores[f"{protocol}_bleu_signature"]
     rate = language_id.off_target_rate(hyps, tgt_lang, languages) if languages else None
     if rate is not None:
       out[f"off_target_rate_{name}"] = rate
@@ -264,6 +283,7 @@ def score_test_set(session: Session, data: Data, out_dir: str) -> dict[str, Any]
     compound_split=config.eval.compound_split,
     out_dir=out_dir,
     tag=session.tag,
+    protocol=config.eval.get("bleu_protocol", ""),
   )
   if not data.directions:
     pairs = test_pairs(config, data)
@@ -329,6 +349,7 @@ def constrained_test_scores(
   stem = os.path.splitext(os.path.basename(terms_path))[0]
   search = search_tag(d.beam_size, d.beam_style, d.alpha, d.max_len_offset)
   split = splits_compounds(config.eval.compound_split, config.data.tgt_lang)
+  protocol = config.eval.get("bleu_protocol", "")
   scores = score_and_write(
     [h[0].text for h in hyps],
     [r for _, r in pairs],
@@ -336,6 +357,7 @@ def constrained_test_scores(
     f"{scored_set_id(config, pairs, extra=terms)}_{tag}_{search}_constrained-{stem}",
     config.data.tgt_lang,
     compound_split=split,
+    protocol=protocol,
     write=parallel.is_main_process(),
   )
   name = f"beam{d.beam_size}_constrained"
@@ -361,6 +383,12 @@ def constrained_test_scores(
     f"test_chrf_{name}": scores["chrf"],
     "sacrebleu_signature": scores["sacrebleu_signature"],
     "chrf_signature": scores["chrf_signature"],
+    **(
+      {f"test_{protocol}_bleu_{name}": scores[f"{protocol}_bleu"]}
+      | {f"{protocol}_bleu_signature": scores[f"{protocol}_bleu_signature"]}
+      if protocol
+      else {}
+    ),
     "constraints": figures,
     "decode_seconds": seconds,
   }

@@ -260,6 +260,7 @@ class Trainer:
       session,
       c.eval.dev_bleu_sentences,
       c.eval.dev_bleu_beam_size,
+      c.eval.get("bleu_protocol", ""),
     )
 
   def evaluate(self) -> dict[str, float]:

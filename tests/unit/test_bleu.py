@@ -146,3 +146,45 @@ def test_score_and_write(tmp_path):
   assert lines[:3] == HYPS[:3] and lines[3] == "Zwei Zeilen" and lines[4] == ""
   on_disk = json.loads((tmp_path / "out" / "test.scores.json").read_text(encoding="utf-8"))
   assert on_disk == scores
+
+
+def test_the_multi30k_protocol_lowercases_normalizes_and_moses_tokenizes():
+  """task1-tokenize.sh's lowercase.perl | normalize-punctuation.perl -l de | tokenizer.perl -l de
+  (escaping on, no -a): German quotes become ", then &quot;; hyphenated words stay whole."""
+  assert bleu.tokenize_lowercased("„Ein Hund“ & eine Katze, 3,5 m groß...", "de") == (
+    "&quot; ein hund &quot; &amp; eine katze , 3,5 m groß ..."
+  )
+  assert bleu.tokenize_lowercased("Ein saftig-grünes Gras.", "de") == "ein saftig-grünes gras ."
+
+
+def test_the_multi30k_protocol_by_hand_and_on_the_reference_itself():
+  """BLEU4 on the protocol's tokens: a reference scored against itself is 100; one sentence of
+  7 tokens with 6/7, 4/6, 2/5 and 1/4 n-gram matches and no brevity penalty is their geometric
+  mean, computed here by hand. The hypothesis' case and spacing do not count."""
+  ref = "ein mann läuft über eine straße ."
+  score, signature = bleu.protocol_bleu(["Ein Mann läuft über die Straße."], [ref], "de")
+  assert score == pytest.approx(100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25, abs=1e-9)
+  assert signature.endswith(
+    "|tok:none|smooth:none|version:" + sacrebleu.__version__ + "|pre:lc+norm-punct+moses-de"
+  )
+  refs = ["Zwei Hunde spielen im Schnee.", "Ein Kind mit einem „roten“ Ball."]
+  assert bleu.protocol_bleu(refs, refs, "de")[0] == pytest.approx(100.0)
+  with pytest.raises(ValueError, match="Unknown BLEU protocol 'wmt'"):
+    bleu.protocol_bleu(refs, refs, "de", "wmt")
+
+
+def test_score_and_write_adds_the_protocols_bleu(tmp_path):
+  scores = bleu.score_and_write(
+    ["Ein Mann läuft über die Straße."],
+    ["Ein Mann läuft über eine Straße."],
+    str(tmp_path),
+    "x",
+    "de",
+    compound_split=False,
+    protocol="multi30k",
+  )
+  assert scores["multi30k_bleu"] == pytest.approx(100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25)
+  assert scores["multi30k_bleu_signature"].endswith("pre:lc+norm-punct+moses-de")
+  assert (
+    json.loads((tmp_path / "x.scores.json").read_text())["multi30k_bleu"] == scores["multi30k_bleu"]
+  )

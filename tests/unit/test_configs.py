@@ -66,7 +66,7 @@ def test_wmt14_configs_follow_the_paper(name, size, tfds, tgt, vocab, dropout, s
     load(name, "tsv")
 
 
-@pytest.mark.parametrize("name", ["demo", "multi30k", "multi30k_multilingual"])
+@pytest.mark.parametrize("name", ["demo", "multi30k", "multi30k_multilingual", "multi30k_tiny"])
 def test_small_configs_load(name):
   c = load(name)
   assert c.model.size in config_lib.SIZES
@@ -108,6 +108,7 @@ def test_unknown_size_or_pair_is_one_clear_error():
     ("model.dtype", "fp8", "config.model.dtype must be one of"),
     ("decode.beam_style", "marian", "config.decode.beam_style must be one of"),
     ("eval.compound_split", "yes", "config.eval.compound_split must be one of"),
+    ("eval.bleu_protocol", "wmt", "config.eval.bleu_protocol must be one of"),
     ("optim.accumulate_steps", 0, "config.optim.accumulate_steps must be >= 1"),
     ("optim.lr_scale", 0.0, "config.optim.lr_scale must be > 0"),
     ("data.source", "web", "config.data.source must be one of ['demo', 'tfds', 'files', 'none']"),
@@ -162,3 +163,22 @@ def test_table3_config_rows_change_one_thing_each():
   assert files.data.source == "files" and files.data.test_prefix == "newstest2013"
   with pytest.raises(errors.ConfigError, match="Unknown Table 3 row 'B3'"):
     load("wmt14_table3", "B3")
+
+
+def test_multi30k_tiny_is_wu_et_al_2021s_transformer_tiny_recipe():
+  """fairseq's transformer_tiny (4+4 layers, d_model 128, FFN 256, 4 heads, dropout 0.3, shared
+  embeddings, post-LN), Adam (0.9, 0.98, 1e-8), lr 0.005 reached at warmup's end (2,000 updates)
+  on our schedule, 8,000 updates, beam 5, and the Multi30k protocol's BLEU reported."""
+  from flaxformer_nmt.training import optim  # pylint: disable=g-import-not-at-top
+
+  c = load("multi30k_tiny")
+  m = c.model
+  assert (m.num_layers, m.d_model, m.d_ff, m.num_heads, m.num_decoder_layers) == (4, 128, 256, 4, 0)
+  assert (m.dropout_rate, m.attention_dropout_rate, m.relu_dropout_rate) == (0.3, 0.0, 0.0)
+  assert m.share_embeddings and not m.pre_ln
+  assert (c.optim.beta1, c.optim.beta2, c.optim.eps, c.label_smoothing) == (0.9, 0.98, 1e-8, 0.1)
+  lr = optim.paper_schedule(m.d_model, c.optim.warmup_steps, c.optim.lr_scale)
+  assert float(lr(1999)) == pytest.approx(0.005, rel=1e-6)  # count 1999 is update 2,000
+  assert float(lr(7999)) == pytest.approx(0.005 * (2000 / 8000) ** 0.5, rel=1e-6)
+  assert (c.num_train_steps, c.decode.beam_size, c.keep_checkpoints) == (8_000, 5, 10)
+  assert (c.eval.bleu_protocol, c.eval.compound_split) == ("multi30k", "off")

@@ -96,3 +96,14 @@ def test_max_test_sentences_scores_the_first_n(tmp_path):
   assert hyps.read_text(encoding="utf-8").splitlines() == [
     f"the own line number {i} ends here" for i in range(7)
   ]
+
+
+def test_a_runs_bleu_protocol_is_reported_beside_the_other_figures(tmp_path):
+  """eval.bleu_protocol="multi30k": each search also gets the Multi30k papers' BLEU4, with its
+  signature; the echoing model's output is its reference, so 100."""
+  out = tmp_path / "eval"
+  result = _score(_config("/run/data", **{"eval.bleu_protocol": "multi30k"}), _pairs(9, "own"), out)
+  assert result["test_multi30k_bleu_greedy"] == pytest.approx(100.0)
+  assert result["multi30k_bleu_signature"].endswith("|pre:lc+norm-punct+moses-en")
+  plain = _score(_config("/run/data"), _pairs(9, "own"), tmp_path / "plain")
+  assert not [k for k in plain if "multi30k" in k]
