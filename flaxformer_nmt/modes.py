@@ -1,9 +1,10 @@
 """What each `--mode` does, in terms of the stages: every mode reads downward from here.
 
-Each mode starts the same way (`open_command`: the config's rules, the workdir, the accelerator
-check), asks the `Workdir` which checkpoint and files it will use and checks its outputs before any
-expensive work, builds the command's one `Components`, reads only the data it needs, ends by
-writing its figures into the workdir, and returns them (for `api.py`).
+Each mode but import starts the same way (`open_command`: the config's rules, the workdir, the
+accelerator check), asks the `Workdir` which checkpoint and files it will use and checks its
+outputs before any expensive work, builds the command's one `Components` (a decoding mode: its
+one `Session`), reads only the data it needs, ends by writing its figures into the workdir, and
+returns them (for `api.py`).
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def export(
 
 def import_model(source: str, workdir: str) -> dict[str, Any]:
   """Makes a run in `workdir` from a transformers Marian model folder or Hub id (OPUS-MT); see
-  importing/imported_run.py (which leaves nothing behind when it refuses)."""
+  importing/imported_run.py (which leaves nothing behind when it refuses). The one mode that
+  opens no existing run: its door is run/command.py's open_new_run."""
   from flaxformer_nmt.importing import imported_run  # safetensors and the Marian reader
 
   return imported_run.import_run(source, workdir)

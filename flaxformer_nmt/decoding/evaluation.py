@@ -181,14 +181,7 @@ def test_scores(
       len(hyps),
       time.monotonic() - start,
     )
-    out[f"test_sacrebleu_{name}"] = scores["sacrebleu"]
-    out[f"test_tokenized_bleu_{name}"] = scores["tokenized_bleu"]
-    out[f"test_chrf_{name}"] = scores["chrf"]
-    out["sacrebleu_signature"] = scores["sacrebleu_signature"]
-    out["chrf_signature"] = scores["chrf_signature"]
-    if protocol:
-      out[f"test_{protocol}_bleu_{name}"] = scores[f"{protocol}_bleu"]
-      out[f"{protocol}_bleu_signature"] = scores[f"{protocol}_bleu_signature"]
+    out.update(_test_figures(name, scores, protocol))
     rate = language_id.off_target_rate(hyps, tgt_lang, languages) if languages else None
     if rate is not None:
       out[f"off_target_rate_{name}"] = rate
@@ -197,6 +190,21 @@ def test_scores(
     out["reference_off_target_rate"] = rate
   elif languages:
     logging.warning("No off-target rate into %r: py3langid does not know it.", tgt_lang)
+  return out
+
+
+def _test_figures(name: str, scores: dict[str, Any], protocol: str) -> dict[str, Any]:
+  """One search's (`name`: greedy, beam4) test figures as a result names them."""
+  out = {
+    f"test_sacrebleu_{name}": scores["sacrebleu"],
+    f"test_tokenized_bleu_{name}": scores["tokenized_bleu"],
+    f"test_chrf_{name}": scores["chrf"],
+    "sacrebleu_signature": scores["sacrebleu_signature"],
+    "chrf_signature": scores["chrf_signature"],
+  }
+  if protocol:
+    out[f"test_{protocol}_bleu_{name}"] = scores[f"{protocol}_bleu"]
+    out[f"{protocol}_bleu_signature"] = scores[f"{protocol}_bleu_signature"]
   return out
 
 
@@ -378,17 +386,7 @@ def constrained_test_scores(
     "beam_style": d.beam_style,
     "tokenized_bleu_method": tokenized_bleu_method(config.data.tgt_lang, split),
     "constraints_file": terms_path,
-    f"test_sacrebleu_{name}": scores["sacrebleu"],
-    f"test_tokenized_bleu_{name}": scores["tokenized_bleu"],
-    f"test_chrf_{name}": scores["chrf"],
-    "sacrebleu_signature": scores["sacrebleu_signature"],
-    "chrf_signature": scores["chrf_signature"],
-    **(
-      {f"test_{protocol}_bleu_{name}": scores[f"{protocol}_bleu"]}
-      | {f"{protocol}_bleu_signature": scores[f"{protocol}_bleu_signature"]}
-      if protocol
-      else {}
-    ),
+    **_test_figures(name, scores, protocol),
     "constraints": figures,
     "decode_seconds": seconds,
   }

@@ -128,16 +128,19 @@ class Session:
     """This model as the server decodes with it: no per-call progress lines, its batches of
     `rows_per_shard` sentences per device (None: translate's). It keeps none of this session's
     searches, and shares its parameters."""
-    return Session(
+    quiet = Session(
       self.components,
-      self._replicated if self._replicated is not None else self.params,
+      self.params,
       description=self.description,
       tag=self.tag,
       step=self.step,
       folder=self.folder,
-      replicated=self._replicated is not None,
       options=_Options(False, None if rows_per_shard is None else tuple(rows_per_shard)),
     )
+    on_devices = self.__dict__.get("replicated", self._replicated)
+    if on_devices is not None:  # already on the devices: put there once
+      quiet._replicated = on_devices  # pylint: disable=protected-access
+    return quiet
 
   @property
   def config(self) -> Any:

@@ -105,11 +105,11 @@ def check_output(output: str, quantization: str, model: Any = None) -> None:
   import_ctranslate2()
 
 
-def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
+def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str, Any]:
   """--mode=export's call (modes.export): the loaded model (decoding/session.Session) to
   `output`."""
-  c = loaded.components
-  params = jax.device_get(loaded.params)
+  c = session.components
+  params = jax.device_get(session.params)
   return export_ctranslate2(c.model_cfg, params, c.tokenizer, output, quantization)
 
 

@@ -221,15 +221,15 @@ def model_card(
   return "\n".join(lines)
 
 
-def write(loaded: Any, run: Any, output: str, quantization: str) -> dict[str, Any]:
-  """--mode=export's call (modes.export): the loaded model (decoding/session.Session) of `run`
+def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str, Any]:
+  """--mode=export's call (modes.export): the loaded model (decoding/session.Session) of `folder`
   (its recorded train and eval figures go into the model card) to `output`."""
   del quantization  # float32: check_output
-  c = loaded.components
-  results = {m: run.read_result(m) or {} for m in ("train", "eval")}
-  params = jax.device_get(loaded.params)
+  c = session.components
+  results = {m: folder.read_result(m) or {} for m in ("train", "eval")}
+  params = jax.device_get(session.params)
   return export_huggingface(
-    c.model_cfg, c.config, params, c.tokenizer, output, loaded.description, results
+    c.model_cfg, c.config, params, c.tokenizer, output, session.description, results
   )
 
 

@@ -36,22 +36,22 @@ from flaxformer_nmt.runtime import files
 def import_run(source: str, workdir: str) -> dict[str, Any]:
   """Makes the run in `workdir` from the Marian model `source`; returns import's figures (also
   written to the run's import_result.json). Every check comes before the folder is made."""
-  run = command.open_new_run(workdir, "import")
-  folder = model_folder.locate(source)
-  model = marian_config.read_marian(folder, source)
+  folder = command.open_new_run(workdir, "import")
+  model_dir = model_folder.locate(source)
+  model = marian_config.read_marian(model_dir, source)
   config = model.config
-  with making.new_run(run):
-    run.copy_vocabulary(folder)
+  with making.new_run(folder):
+    folder.copy_vocabulary(model_dir)
     record = {
       "source": source,
-      "folder": os.path.abspath(folder),
-      "files_sha256": model_folder.digests(folder),
+      "folder": os.path.abspath(model_dir),
+      "files_sha256": model_folder.digests(model_dir),
       "transformers_config": model.transformers_config,
     }
-    files.write_text(run.import_record, json.dumps(record, indent=2) + "\n")
-    selection.save_imported(run, model.params, source)
-    run.write_run_record("", {"kind": "imported", "source": source})
-    run.write_config(config)  # last: a folder with config.json is a complete run
+    files.write_text(folder.import_record, json.dumps(record, indent=2) + "\n")
+    selection.save_imported(folder, model.params, source)
+    folder.write_run_record("", {"kind": "imported", "source": source})
+    folder.write_config(config)  # last: a folder with config.json is a complete run
   result = {
     "mode": "import",
     "source": source,
@@ -62,5 +62,5 @@ def import_run(source: str, workdir: str) -> dict[str, Any]:
     "activation": config.model.activation,
     "target_languages": directions_lib.target_languages(config.data) or [config.data.tgt_lang],
   }
-  run.write_result(result)
+  folder.write_result(result)
   return result
