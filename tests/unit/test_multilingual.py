@@ -7,6 +7,7 @@ vocabulary and in front of every source, per-direction data and figures, and the
 from __future__ import annotations
 
 import pathlib
+import types
 
 import jax
 import ml_collections
@@ -259,16 +260,7 @@ def test_tags_come_from_the_runs_vocabulary_and_leave_no_stray_piece(tmp_path):
   symbols = ["<2en>", "<2de>", "<2fr>"]
   sentences = _sentences("en", 60, 0) + _sentences("de", 60, 1)
   tok = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "v"), 80, user_symbols=symbols)
-  narrowed = Components.around(
-    tok,
-    None,
-    ml_collections.ConfigDict({"batch_size": 4}),
-    32,
-    ml_collections.ConfigDict(
-      {"directions": "en-de", "tgt_lang": "", "train_prefix": "train", "corpora": ""}
-    ),
-  )
-  ids = translate.reserved_ids(narrowed)
+  ids = translate.reserved_ids(_parts(tok, "en-de"))
   assert sorted(tok.id_to_piece(i) for i in ids) == sorted(symbols)
   decoder = _EchoDecoder()
   tag = tok.piece_id("<2de>")
@@ -320,16 +312,15 @@ def test_dev_figures_per_direction_and_their_mean(tmp_path, monkeypatch):
     tokens = float(np.sum(np.asarray(batch["targets"]) > 0))
     return {"loss_sum": losses[lang] * tokens, "nll_sum": tokens, "correct": 0.0, "tokens": tokens}
 
-  class Session:  # a decoding session's surface dev_figures uses
-    replicated = None
+  def translate_with(sources, beam_size, target_lang=None):
+    asked.append(target_lang)
+    return ["x"] * len(sources)
 
-    def translate_with(self, sources, beam_size, target_lang=None):
-      asked.append(target_lang)
-      return ["x"] * len(sources)
-
+  # A decoding session's surface dev_figures uses.
+  session = types.SimpleNamespace(replicated=None, translate_with=translate_with)
   monkeypatch.setattr(evaluation.parallel, "local_replica", lambda x: x)
   monkeypatch.setattr(evaluation.parallel, "shard", lambda x: x)
-  got = evaluation.dev_figures(data, eval_step, Session(), 5, 1)
+  got = evaluation.dev_figures(data, eval_step, session, 5, 1)
   assert asked == ["de", "fr"]
   assert got["dev_loss.en-de"] == pytest.approx(2.0) and got["dev_loss.en-fr"] == pytest.approx(4)
   assert got["dev_loss"] == pytest.approx(3.0)  # the mean of the directions
@@ -384,20 +375,17 @@ def test_a_default_request_of_a_multilingual_model_gets_its_one_targets_tag(tmp_
   sentences = _sentences("en", 60, 0) + _sentences("de", 60, 1)
   tok = tokenizer_lib.train_tokenizer(sentences, str(tmp_path / "v"), 80, user_symbols=symbols)
 
-  def parts(directions: str):
-    return Components.around(
-      tok,
-      None,
-      ml_collections.ConfigDict({"batch_size": 4}),
-      32,
-      ml_collections.ConfigDict(
-        {"directions": directions, "tgt_lang": "", "train_prefix": "train", "corpora": ""}
-      ),
-    )
-
-  one = parts("en-de")
+  one = _parts(tok, "en-de")
   assert translate.target_prefix(one, "de") == [tok.piece_id("<2de>")]
   assert translate.target_prefix(one, "") == [tok.piece_id("<2de>")]
   assert translate.target_prefix(one, None) == [tok.piece_id("<2de>")]
   with pytest.raises(errors.ConfigError, match="target"):
-    translate.target_prefix(parts("en-de,de-en"), "")
+    translate.target_prefix(_parts(tok, "en-de,de-en"), "")
+
+
+def _parts(tok, directions: str) -> Components:
+  """A multilingual model's Components of `directions` around the vocabulary `tok` (no model)."""
+  data = {"directions": directions, "tgt_lang": "", "train_prefix": "train", "corpora": ""}
+  return Components.around(
+    tok, None, ml_collections.ConfigDict({"batch_size": 4}), 32, ml_collections.ConfigDict(data)
+  )
