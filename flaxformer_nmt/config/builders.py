@@ -77,7 +77,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       attention_dropout_rate=0.0,
       relu_dropout_rate=0.0,
       pre_ln=False,  # The paper is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
-      positional="sinusoidal",  # or "learned" (Table 3 row E)
+      positional="sinusoidal",  # or "learned" (Table 3 row E), "m2m100" (M2M100's table)
       share_embeddings=True,  # source, target and pre-softmax share one matrix
       max_len=256,  # longest sequence a learned positional table (or decode) supports
       # Matrix products in "bfloat16", "float16" (with a dynamic loss scale: optim.loss_scale_*)
@@ -102,6 +102,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       layer_norm_epsilon=1e-6,  # transformers' Marian: 1e-5
       num_decoder_layers=0,  # the decoder's depth; 0 = num_layers
       logits_bias=False,  # a learned bias on the logits (Marian's final_logits_bias)
+      decoder_start="pad",  # the decoder's first input: "pad" (ours), "eos" (M2M100's </s>)
     )
   )
 

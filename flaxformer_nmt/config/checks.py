@@ -18,6 +18,7 @@ from flaxformer_nmt.config.choices import (
   BLEU_PROTOCOLS,
   COMPOUND_SPLITS,
   DECODE_METHODS,
+  DECODER_STARTS,
   DROPOUT_RNGS,
   DTYPES,
   POSITIONALS,
@@ -149,6 +150,7 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   for path in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
     _in_unit(config, f"model.{path}")
   _one_of(config, "model.positional", POSITIONALS)
+  _one_of(config, "model.decoder_start", DECODER_STARTS)
   _one_of(config, "model.dropout_rng", DROPOUT_RNGS)
   _one_of(config, "model.attention", ATTENTIONS)
   if m.attention == "jax" and m.attention_dropout_rate:

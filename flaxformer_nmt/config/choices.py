@@ -7,7 +7,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # fine-tuning name theirs (data.source=files, data.dir).
 SOURCES = ("demo", "tfds", "files", "none")
 VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
-POSITIONALS = ("sinusoidal", "learned")
+# "m2m100": M2M100 / NLLB's table ([sin | cos] halves, positions from 2: model/layers.py).
+POSITIONALS = ("sinusoidal", "learned", "m2m100")
+# The decoder's first input: "pad" (ours: no BOS, as the flax WMT example), "eos" (fairseq's and
+# M2M100's `</s>`, model/transformer.py).
+DECODER_STARTS = ("pad", "eos")
 ACTIVATIONS = ("relu", "swish", "silu", "gelu", "gelu_new")  # model/layers.ACTIVATIONS
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # model/layers.dropout_keep_mask
 ATTENTIONS = ("ours", "jax")  # model/attention.dot_product_attention, or jax.nn's

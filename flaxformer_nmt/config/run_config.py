@@ -59,6 +59,7 @@ ADDED_FIELDS: dict[str, object] = {
   "model.layer_norm_epsilon": 1e-6,
   "model.num_decoder_layers": 0,
   "model.logits_bias": False,
+  "model.decoder_start": "pad",
   "data.lang_tag_format": "<2{}>",
   "compile_cache": "auto",
   # Many directions (config/directions.py): a run saved before them is bilingual.
@@ -91,6 +92,7 @@ ARCHITECTURE = (
   "layer_norm_epsilon",
   "num_decoder_layers",
   "logits_bias",
+  "decoder_start",
 )
 
 # Each field's kind, by dotted path; a group's entry ("decode") covers every field in it unless a

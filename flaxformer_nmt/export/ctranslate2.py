@@ -160,6 +160,8 @@ def position_table(cfg: TransformerConfig, params: dict[str, Any], which: str) -
   """[max_len, d_model]: what our model adds at positions 0 .. max_len - 1."""
   if cfg.positional == "learned":
     return _np(params[f"{which}_positions"]["pos_embedding"])
+  if cfg.positional == "m2m100":
+    return _np(layers.m2m100_encoding(np.arange(cfg.max_len), cfg.d_model))
   return _np(layers.sinusoidal_encoding(np.arange(cfg.max_len), cfg.d_model))
 
 
@@ -218,7 +220,8 @@ def build_spec(cfg: TransformerConfig, params: dict[str, Any], vocabulary: list[
   spec.config.unk_token = vocabulary[UNK_ID]
   spec.config.eos_token = vocabulary[EOS_ID]
   spec.config.bos_token = vocabulary[PAD_ID]  # we have no BOS; never added (add_source_bos)
-  spec.config.decoder_start_token = vocabulary[PAD_ID]  # model.shift_right puts 0 first
+  # model.shift_right puts 0 (PAD) first, which the model reads as EOS for decoder_start="eos".
+  spec.config.decoder_start_token = vocabulary[EOS_ID if cfg.decoder_start == "eos" else PAD_ID]
   spec.config.add_source_bos = False
   spec.config.add_source_eos = True
   spec.validate()

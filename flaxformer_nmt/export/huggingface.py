@@ -66,6 +66,8 @@ def check_output(output: str, quantization: str, model: ml_collections.ConfigDic
     what = "model.pre_ln=True (Marian is post-LN)"
   elif model.positional != "sinusoidal":
     what = f"model.positional={model.positional!r} (Marian's positions are sinusoidal)"
+  elif model.get("decoder_start", "pad") != "pad":
+    what = f"model.decoder_start={model.decoder_start!r} (Marian's decoder starts from <pad>)"
   elif not model.share_embeddings:
     what = "model.share_embeddings=False (the export ties one embedding matrix)"
   elif model.d_k and model.d_k != model.d_model // model.num_heads:

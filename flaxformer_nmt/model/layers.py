@@ -203,8 +203,32 @@ def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
   return pe.reshape(*positions.shape, d_model)
 
 
+# M2M100's positions start after fairseq's padding index (1): the first token's is 2
+# (modeling_m2m_100.py create_position_ids_from_input_ids: the non-pad mask's cumsum + padding_idx).
+M2M100_OFFSET = 2
+
+
+def m2m100_encoding(positions: Array, d_model: int) -> Array:
+  """transformers' M2M100SinusoidalPositionalEmbedding (also NLLB-200's), at our 0-based
+  `positions`: row `position + 2` of its table, whose features are all the sines, then all the
+  cosines, of frequencies exp(-k log(10000) / (d_model / 2 - 1)) (`get_embedding`: tensor2tensor's
+  spacing, not the paper's 10000^(-2k / d_model)).
+
+  Args:
+    positions: [..., length] integer positions from 0 (per segment when packed).
+    d_model: feature size (even; checks.py refuses odd).
+
+  Returns:
+    [..., length, d_model] float32.
+  """
+  half = d_model // 2
+  inv_freq = np.exp(np.arange(half, dtype=np.float32) * -(np.log(10000.0) / (half - 1)))
+  angles = (positions[..., None] + M2M100_OFFSET).astype(jnp.float32) * jnp.asarray(inv_freq)
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., length, d_model]
+
+
 class PositionalEncoding(Module):
-  """Adds sinusoidal (the paper) or learned (Table 3, row E) position encodings.
+  """Adds sinusoidal (the paper), learned (Table 3, row E) or M2M100's position encodings.
 
   In decode mode the position is the number of tokens fed so far, kept in the cache, so the
   incremental decoder sees the same encodings as the full forward pass.
@@ -212,7 +236,7 @@ class PositionalEncoding(Module):
 
   d_model: int
   max_len: int
-  kind: str = "sinusoidal"  # "sinusoidal" | "learned"
+  kind: str = "sinusoidal"  # choices.POSITIONALS: "sinusoidal" | "learned" | "m2m100"
 
   @nn.compact
   def __call__(self, x: Array, positions: Array | None = None, decode: bool = False) -> Array:
@@ -227,6 +251,8 @@ class PositionalEncoding(Module):
       positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])  # [B, T]
     if self.kind == "sinusoidal":
       pe = sinusoidal_encoding(positions, self.d_model)
+    elif self.kind == "m2m100":
+      pe = m2m100_encoding(positions, self.d_model)
     else:  # "learned" (config.checks allows no other)
       table = self.param(
         "pos_embedding", nn.initializers.normal(stddev=0.02), (self.max_len, self.d_model)

@@ -29,6 +29,7 @@ import ml_collections
 
 from flaxformer_nmt.model import attention as attention_layers
 from flaxformer_nmt.model import layers
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 
 Array = jax.Array
 
@@ -65,6 +66,9 @@ class TransformerConfig:
   layer_norm_epsilon: float = 1e-6
   num_decoder_layers: int = 0
   logits_bias: bool = False
+  # The decoder's first input (choices.DECODER_STARTS): "pad" (PAD_ID, the paper runs'), or "eos"
+  # (EOS_ID: fairseq's and M2M100's `</s>`, transformers' decoder_start_token_id).
+  decoder_start: str = "pad"
 
   @property
   def decoder_depth(self) -> int:
@@ -302,6 +306,10 @@ class Transformer(nn.Module):
       if targets_segmentation is not None:
         self_mask &= attention_layers.segment_mask(targets_segmentation, targets_segmentation)
         cross_mask &= attention_layers.segment_mask(targets_segmentation, inputs_segmentation)
+    if cfg.decoder_start == "eos":
+      # PAD in the decoder's input is the start symbol (shift_right's, the search's first step)
+      # or padding, which no real position attends to: the start becomes `</s>`.
+      decoder_input = jnp.where(decoder_input == PAD_ID, EOS_ID, decoder_input)
     table = self.embedding if cfg.share_embeddings else self.target_embedding
     y = self.decoder_positions(self._embed(table, decoder_input), targets_position, decode=decode)
     y = self.dropout(y, deterministic=deterministic)

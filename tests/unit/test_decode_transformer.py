@@ -106,6 +106,25 @@ def test_narrow_keys_decode_as_they_train():
   _assert_cached_decoding_matches_full_forward_pass(model, params)
 
 
+def test_m2m100s_options_decode_as_they_train():
+  """M2M100's layout (issue 62): pre-LN with final norms, its position table (from 2), the
+  decoder started from `</s>`, attention biases: cached decoding gives the full pass's logits."""
+  cfg = TransformerConfig(
+    vocab_size=_VOCAB,
+    num_layers=1,
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    pre_ln=True,
+    positional="m2m100",
+    decoder_start="eos",
+    attention_bias=True,
+  )
+  _assert_cached_decoding_matches_full_forward_pass(
+    Transformer(cfg), init_params(cfg, jax.random.PRNGKey(4))
+  )
+
+
 def _assert_cached_decoding_matches_full_forward_pass(model: Transformer, params) -> None:
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, _VOCAB, size=(3, 7)).astype(np.int32)
