@@ -192,10 +192,12 @@ def translate_nbest(
     nbest, alignments, _members(ensemble), target_lang, "constraints" if terms is not None else ""
   )
   run, request = _modes().decoding_request(config, workdir, outputs)  # checked once
-  from flaxformer_nmt.decoding.session import Session  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.decoding import session as session_lib  # pylint: disable=g-import-not-at-top
 
-  session = Session.of_run(run, checkpoint, outputs.members)
-  return session.translator(request).translate_nbest(list(lines), constraints=terms)
+  session = session_lib.Session.of_run(run, checkpoint, outputs.members)
+  hyps = session.translator(request).translate_nbest(list(lines), constraints=terms)
+  session_lib.warn_empty(lines, hyps, stacklevel=3)
+  return hyps
 
 
 def _term(term: Any) -> str:

@@ -189,7 +189,7 @@ def main(argv: list[str]) -> None:
     if flags.FLAGS.mode == "prepare":
       modes.prepare(config, workdir)
     elif flags.FLAGS.mode == "train":
-      modes.train(config, workdir, _given_config_name())
+      modes.train(config, workdir, _given_config_name(), typed_fields(sys.argv))
     elif flags.FLAGS.mode == "eval":
       f = flags.FLAGS
       modes.evaluate(config, workdir, f.checkpoint, tuple(f.ensemble), f.constraints)
@@ -233,6 +233,19 @@ def main(argv: list[str]) -> None:
     # A mistake the user can fix: one clear line, no traceback, nothing saved is touched.
     # Anything else is a bug and keeps its traceback.
     _user_error(e)
+
+
+def typed_fields(argv: list[str]) -> set[str]:
+  """The config fields the command line sets itself: `model.num_heads` for
+  --config.model.num_heads=8 (or `--config.model.num_heads 8`), `model.pre_ln` for
+  --config.model.pre_ln and --noconfig.model.pre_ln."""
+  out = set()
+  for arg in argv[1:]:
+    name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+    name = name[2:] if name.startswith("noconfig.") else name
+    if name.startswith("config."):
+      out.add(name.split(".", 1)[1])
+  return out
 
 
 def _given_config_name() -> str:

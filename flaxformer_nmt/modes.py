@@ -10,7 +10,7 @@ returns them (for `api.py`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -28,13 +28,15 @@ from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import console, files, parallel
 
 
-def open_command(config: ml_collections.ConfigDict | None, workdir: str, mode: str) -> command.Run:
+def open_command(
+  config: ml_collections.ConfigDict | None, workdir: str, mode: str, typed: Collection[str] = ()
+) -> command.Run:
   """The run a `mode` command works on, opened once (run/command.py open_run: the run's saved
   config read once, what this command may change of it, its paths and data checked), then the
   one warning line when a GPU or TPU is visible but JAX runs on the CPU. Every mode starts here
   and hands the Run (its folder, config and saved config) downward. Nothing is written but a
   new training run's folder."""
-  run = command.open_run(config, workdir, mode)
+  run = command.open_run(config, workdir, mode, typed)
   if mode == "eval" and run.saved is not None:
     from flaxformer_nmt.decoding import evaluation  # pylint: disable=g-import-not-at-top
 
@@ -44,15 +46,19 @@ def open_command(config: ml_collections.ConfigDict | None, workdir: str, mode: s
 
 
 def train(
-  config: ml_collections.ConfigDict | None, workdir: str, config_name: str = ""
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  config_name: str = "",
+  typed: Collection[str] = (),
 ) -> dict[str, Any]:
   """Trains (or resumes, or returns a finished run's saved figures); see training/loop.py.
-  `config_name`: what --config named (`demo`), recorded for messages about the run."""
+  `config_name`: what --config named (`demo`), recorded for messages about the run; `typed`: the
+  fields the command line set (--config.model.num_heads=8: a fine-tune keeps them or refuses)."""
   from flaxformer_nmt.training import loop  # the training loop: this mode only
 
   made = Workdir(workdir).first_missing()  # the folders a refused start must not leave
   try:
-    return _train(config, workdir, config_name, loop)
+    return _train(config, workdir, config_name, loop, typed)
   except errors.UserError:
     if made and parallel.is_main_process():  # refused before any work: no empty folder left
       Workdir(workdir).remove_if_empty(made)
@@ -60,9 +66,13 @@ def train(
 
 
 def _train(
-  config: ml_collections.ConfigDict | None, workdir: str, config_name: str, loop: Any
+  config: ml_collections.ConfigDict | None,
+  workdir: str,
+  config_name: str,
+  loop: Any,
+  typed: Collection[str],
 ) -> dict[str, Any]:
-  run = open_command(config, workdir, "train")
+  run = open_command(config, workdir, "train", typed)
   config, folder = run.config, run.folder
   saved = loop.finished_result(config, folder)
   if saved is not None:

@@ -23,6 +23,7 @@ from error_setups import (
   member_with_other_heads,
   member_with_other_vocabulary,
   no_checkpoint,
+  transformers_folder_as,
   translate_bad_utf8,
   translating,
   vocabulary_changed_in_place,
@@ -135,6 +136,24 @@ CASES = [
     "import of a folder that is not a Marian model",
     importing(model_type="bart"),
     "model_type is 'bart'; --mode=import reads Marian models",
+    trained=False,
+  ),
+  Case(
+    "import of one of our runs",
+    transformers_folder_as("import_run"),
+    "is a flaxformer_nmt run, not a transformers model: fine-tune it with --config.init_from=",
+    trained=False,
+  ),
+  Case(
+    "a transformers model used as a run",
+    transformers_folder_as("workdir"),
+    "opus-mt-en-de is a transformers model (model_type 'marian'), not a run: import it first",
+    trained=False,
+  ),
+  Case(
+    "fine-tuning from a transformers model",
+    transformers_folder_as("init_from"),
+    "is a transformers model (model_type 'marian'), not a run: import it first",
     trained=False,
   ),
   Case(
@@ -341,6 +360,7 @@ CASES = [
 # Mistakes in the flags themselves: main.py's flag parsing prints the line and exits.
 FLAG_CASES = {
   "no --config for a run that saved none",
+  "a transformers model used as a run",
   "n-best list asked of eval",
   "a server flag given to another mode",
   "mistyped config field",

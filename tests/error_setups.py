@@ -241,6 +241,36 @@ def importing(**config: object) -> Callable[[pathlib.Path, pathlib.Path], list[s
   return setup
 
 
+def transformers_folder(base: pathlib.Path) -> pathlib.Path:
+  """A transformers model folder as a user has one (an export, an OPUS-MT download): its
+  config.json is a MarianConfig's."""
+  folder = base / "opus-mt-en-de"
+  folder.mkdir(exist_ok=True)
+  (folder / "config.json").write_text(json.dumps({"model_type": "marian", "d_model": 512}))
+  return folder
+
+
+def transformers_folder_as(how: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """A transformers model folder given where a run belongs: `--workdir` of a translate
+  ("workdir"), `config.init_from` of a fine-tune ("init_from"), or one of our runs given to
+  --mode=import as if it were a transformers model ("import_run")."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    if how == "import_run":
+      run = copy_trained(base, trained)
+      return [f"--workdir={base / 'imported'}", "--mode=import", f"--input={run}"]
+    folder = transformers_folder(base)
+    if how == "workdir":
+      return [f"--workdir={folder}", "--mode=translate"]
+    return [
+      f"--workdir={base / 'fine'}",
+      "--config=configs/demo.py",
+      f"--config.init_from={folder}",
+    ]
+
+  return setup
+
+
 def importing_into_a_users_folder(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
   """--mode=import into an existing folder of the user's (a glossary in its vocabulary/): it
   must stay as it was."""

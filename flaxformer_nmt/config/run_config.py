@@ -223,6 +223,12 @@ def from_json(text: str, source: str = CONFIG_FILE) -> ml_collections.ConfigDict
     saved = json.loads(text)
   except ValueError as e:
     raise errors.ConfigError(f"{source}: not JSON ({e}).") from None
+  if isinstance(saved, dict) and "model_type" in saved and "model" not in saved:
+    folder = os.path.dirname(source) or "."
+    raise errors.ConfigError(
+      f"{folder} is a transformers model (model_type {saved['model_type']!r}), not a run: import "
+      f"it first (--mode=import --input={folder} --workdir=NEW), then use NEW."
+    )
   if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
     raise errors.ConfigError(f"{source}: not a saved flaxformer_nmt config (no 'model' group).")
   size = saved["model"].get("size")

@@ -79,6 +79,17 @@ def digest(path: str) -> str:
   return hashlib.sha256(parts.encode()).hexdigest()
 
 
+def model_type(path: str) -> str:
+  """How the SentencePiece model at `path` was trained ("unigram", OPUS-MT's; "bpe", ...), read
+  from its trainer spec: an imported run's `data.vocab_model_type` says what its vocabulary is."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(path, "rb") as f:
+    proto.ParseFromString(f.read())
+  return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+
+
 def _load_spm(path: str) -> spm.SentencePieceProcessor:
   try:
     return spm.SentencePieceProcessor(model_file=path)
@@ -137,7 +148,13 @@ class PairVocabulary:
     return [self._encode(self._target, t) for t in texts]
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Target text of `ids` up to the first EOS; PAD and language codes are dropped."""
+    """Target text of `ids` up to the first EOS; PAD and language codes are dropped.
+
+    As MarianTokenizer.convert_tokens_to_string: SentencePiece joins the pieces, then any "\u2581"
+    left is a space. A piece of vocab.json that target.spm lacks (OPUS-MT vocabularies hold both
+    sides' pieces) reaches SentencePiece as an unknown string, whose word boundaries it keeps as
+    "\u2581": `\u2581newspaper\u2581newspaper` must read `newspaper newspaper`.
+    """
     pieces = []
     for i in ids:
       i = int(i)
@@ -145,7 +162,7 @@ class PairVocabulary:
         break
       if i != PAD_ID and not LANGUAGE_CODE.fullmatch(self._pieces[i]):
         pieces.append(self._pieces[i])
-    return self._target.decode_pieces(pieces)
+    return self._target.decode_pieces(pieces).replace("\u2581", " ").strip()
 
   def id_to_piece(self, i: int) -> str:
     return self._pieces[int(i)]

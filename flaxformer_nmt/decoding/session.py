@@ -23,6 +23,7 @@ import hashlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -232,13 +233,27 @@ class Session:
   ) -> list[list[translator_lib.Hypothesis]]:
     """`nbest` hypotheses per line, best first (translator.Hypothesis: text, score, alignment);
     with `constraints`, each line's terms its hypotheses must contain (beam search)."""
+    return self._translate_nbest(lines, nbest, alignments, target_lang, constraints, stacklevel=3)
+
+  def _translate_nbest(
+    self,
+    lines: Sequence[str],
+    nbest: int,
+    alignments: bool,
+    target_lang: str | None,
+    constraints: Sequence[Sequence[str]] | None,
+    stacklevel: int,
+  ) -> list[list[translator_lib.Hypothesis]]:
     _check_lines(lines)
     request = self.request(nbest, alignments, target_lang, constraints is not None)
-    return self.translator(request).translate_nbest(list(lines), constraints=constraints)
+    hyps = self.translator(request).translate_nbest(list(lines), constraints=constraints)
+    warn_empty(lines, hyps, stacklevel + 1)
+    return hyps
 
   def translate(self, lines: Sequence[str], target_lang: str | None = None) -> list[str]:
     """The best translation of each line, with config.decode's search."""
-    return [h[0].text for h in self.translate_nbest(lines, 1, target_lang=target_lang)]
+    hyps = self._translate_nbest(lines, 1, False, target_lang, None, stacklevel=3)
+    return [h[0].text for h in hyps]
 
   def score_checked(
     self, lang: str | None, sources: Sequence[str], targets: Sequence[str]
@@ -304,6 +319,23 @@ def ensemble_tag(which: str, parts: Sequence[str]) -> str:
   member loaded (its checkpoint's path and step), so two ensembles never share file names."""
   digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
   return f"ensemble{len(parts)}_{which}_{digest[:8]}"
+
+
+def warn_empty(
+  lines: Sequence[str], hyps: Sequence[Sequence[translator_lib.Hypothesis]], stacklevel: int
+) -> None:
+  """An empty string among an API call's translations, said once (a Python warning, which a
+  script or notebook shows): the command line counts blank lines in its figures (num_empty), and
+  an API caller gets nothing but the strings."""
+  blank = sum(1 for line in lines if not line.strip())
+  nothing = sum(1 for line, h in zip(lines, hyps, strict=True) if line.strip() and not h[0].text)
+  said = []
+  if blank:
+    said.append(f"{blank} of {len(lines)} lines are blank (their translations are empty)")
+  if nothing:
+    said.append(f"{nothing} non-blank lines translated to nothing (the model ended at once)")
+  if said:
+    warnings.warn("; ".join(said) + ".", stacklevel=stacklevel)
 
 
 def _check_lines(lines: Sequence[str]) -> None:

@@ -20,9 +20,12 @@ docs/pretrained.md. It holds:
   model has not).
 - source.spm, target.spm, vocab.json, tokenizer_config.json: MarianTokenizer's files. A run with
   one shared SentencePiece model writes it as both .spm files; vocab.json maps its pieces to the
-  Marian ids (`</s>` 0, `<unk>` 1, the others in order, `<pad>` last). An imported run writes its
-  own three files back.
-- README.md: a model card with the run's recorded figures and config.
+  Marian ids (`</s>` 0, `<unk>` 1, the others in order, `<pad>` last), a multilingual run's
+  language tags spelled as Marian's codes (`>>de<<`, which MarianTokenizer keeps whole). An
+  imported run writes its own three files back.
+- README.md: a model card: where the model came from (trained, imported, fine-tuned from which
+  run), the run's recorded figures (four decimals), how to call it, and its config without local
+  paths.
 
 What transformers computes differently: the layer norms' epsilon is 1e-5 in MarianEncoderLayer
 (nn.LayerNorm's default; transformers has no config key for it), where our paper runs use 1e-6.
@@ -77,15 +80,37 @@ def check_output(output: str, quantization: str, model: ml_collections.ConfigDic
   check_output_dir(output)
 
 
-def marian_vocab(tokenizer: Vocabulary) -> dict[str, int]:
+MARIAN_CODE = ">>{}<<"  # how MarianTokenizer spells a language code (remove_language_code)
+
+
+def marian_language_codes(data: ml_collections.ConfigDict) -> list[str]:
+  """A multilingual run's target languages as Marian's codes (`>>de<<`), [] for a bilingual one."""
+  if not directions.is_multilingual(data):
+    return []
+  return [MARIAN_CODE.format(lang) for lang in directions.target_languages(data)]
+
+
+def marian_vocab(tokenizer: Vocabulary, data: ml_collections.ConfigDict) -> dict[str, int]:
   """vocab.json of a run's vocabulary: piece -> Marian id (an imported run's own; for ours,
-  `</s>` 0, `<unk>` 1, the other pieces in our order, `<pad>` last)."""
+  `</s>` 0, `<unk>` 1, the other pieces in our order, `<pad>` last).
+
+  A multilingual run's language tags are written as Marian's codes (`<2en>` as `>>en<<`, the same
+  id): MarianTokenizer cuts a leading `>>en<<` off the text as one token, where it would hand
+  `<2en>` to SentencePiece, which puts a stray "\u2581" piece before it that training never saw.
+  """
   if isinstance(tokenizer, pair_vocabulary.PairVocabulary):
     order = tokenizer.marian_ids
   else:
     v = tokenizer.vocab_size
     order = np.concatenate([[v - 1, 0, 1], np.arange(2, v - 1)])
-  return {tokenizer.id_to_piece(j): int(order[j]) for j in range(tokenizer.vocab_size)}
+  renamed = {}
+  if directions.is_multilingual(data):
+    renamed = {
+      directions.lang_tag(lang, data): MARIAN_CODE.format(lang)
+      for lang in directions.languages(data)
+    }
+  pieces = [tokenizer.id_to_piece(j) for j in range(tokenizer.vocab_size)]
+  return {renamed.get(p, p): int(order[j]) for j, p in enumerate(pieces)}
 
 
 def marian_config(
@@ -127,7 +152,10 @@ def marian_config(
         "src_lang": data.src_lang,
         "tgt_lang": data.tgt_lang,
         "directions": data.directions,
-        "lang_tag_format": data.get("lang_tag_format", "<2{}>"),
+        # marian_vocab writes the tags as Marian's codes; an import spells them so again.
+        "lang_tag_format": MARIAN_CODE
+        if directions.is_multilingual(data)
+        else data.get("lang_tag_format", "<2{}>"),
       },
     },
   }
@@ -161,10 +189,67 @@ def tokenizer_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
   }
 
 
+def _figure(value: float) -> float | int:
+  """A recorded figure as the card shows it: four decimals at most (38.5612, not 17 digits)."""
+  return value if isinstance(value, int) else round(float(value), 4)
+
+
+def _portable(tree: Any) -> Any:
+  """The config as the card shows it: an absolute local path becomes its last part (the card
+  goes to the Hub; /home/me/runs/x means nothing there), a float has 6 significant digits."""
+  if isinstance(tree, dict):
+    return {k: _portable(v) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_portable(v) for v in tree]
+  if isinstance(tree, str) and os.path.isabs(tree):
+    return os.path.basename(tree.rstrip("/")) or tree
+  if isinstance(tree, float):
+    return float(f"{tree:.6g}")
+  return tree
+
+
+def provenance(folder: Any, config: ml_collections.ConfigDict) -> str:
+  """Where the model came from, in one sentence: trained here, imported (--mode=import: its
+  source), or fine-tuned from another run (config.init_from: that run, and its own source if it
+  was imported)."""
+
+  def imported_from(run: Any) -> str | None:
+    if not run.imported():
+      return None
+    record = read_json_file(run.import_record)
+    return str(record.get("source") or "a transformers model")
+
+  own = imported_from(folder)
+  if own:
+    return f"Imported from `{own}` (transformers' Marian format) with `--mode=import`."
+  if not config.get("init_from"):
+    return "Trained from scratch with flaxformer_nmt."
+  record = read_json_file(folder.init_from_record)
+  source = record.get("source_workdir") or config.init_from
+  line = f"Fine-tuned with flaxformer_nmt from the run `{os.path.basename(source.rstrip('/'))}`"
+  from flaxformer_nmt.run.folder import Workdir  # pylint: disable=g-import-not-at-top
+
+  above = imported_from(Workdir(source)) if os.path.isdir(source) else None
+  return line + (f", itself imported from `{above}`." if above else " (config.init_from).")
+
+
+def read_json_file(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return doc if isinstance(doc, dict) else {}
+
+
 def model_card(
-  config: ml_collections.ConfigDict, description: str, results: dict[str, dict[str, Any]]
+  config: ml_collections.ConfigDict,
+  description: str,
+  results: dict[str, dict[str, Any]],
+  origin: str = "",
 ) -> str:
-  """README.md: what the model is, its recorded figures, how to use it, its config."""
+  """README.md: what the model is, where it came from, its recorded figures, how to use it, its
+  config (no local paths)."""
   d = config.data
   langs = d.directions or f"{d.src_lang}-{d.tgt_lang}"
   lines = [
@@ -177,6 +262,7 @@ def model_card(
     "",
     f"Exported by flaxformer_nmt's `--mode=export --format=huggingface` from {description}.",
     "A post-LN Transformer (Vaswani et al., 2017) in transformers' Marian format.",
+    *([origin] if origin else []),
     "",
     "## Recorded figures",
     "",
@@ -184,19 +270,25 @@ def model_card(
   shown = False
   for mode, result in results.items():
     figures = {
-      k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)
+      k: _figure(v)
+      for k, v in result.items()
+      if isinstance(v, int | float) and not isinstance(v, bool)
     }
     if figures:
       shown = True
       lines.append(f"- `{mode}_result.json`: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
   if not shown:
     lines.append("None recorded in the run.")
-  tag = directions.lang_tag("xx", d).replace("xx", "<lang>")
-  usage = (
-    f"Multilingual: start each source with its target language's tag, `{tag}`.\n\n"
-    if directions.is_multilingual(d)
-    else ""
-  )
+  codes = marian_language_codes(d)
+  example = "A sentence."
+  usage = ""
+  if codes:
+    example = f"{codes[0]} A sentence."
+    usage = (
+      "Multilingual: start each source with its target language's code, one of "
+      + ", ".join(f"`{c}`" for c in codes)
+      + " (MarianTokenizer keeps a leading `>>xx<<` as one token).\n\n"
+    )
   lines += [
     "",
     "## Use",
@@ -205,18 +297,23 @@ def model_card(
     "from transformers import MarianMTModel, MarianTokenizer",
     "tokenizer = MarianTokenizer.from_pretrained(PATH)",
     "model = MarianMTModel.from_pretrained(PATH)",
-    'batch = tokenizer(["A sentence."], return_tensors="pt")',
+    f'batch = tokenizer([{example!r}], return_tensors="pt")',
     "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
     "```",
     "",
-    "transformers' layer norms use epsilon 1e-5; this model's config says "
-    f"{config.model.layer_norm_epsilon}, so its scores there may differ slightly from "
-    "flaxformer_nmt's.",
-    "",
+  ]
+  epsilon = float(config.model.layer_norm_epsilon)
+  if epsilon != TRANSFORMERS_EPSILON:
+    lines += [
+      f"transformers' layer norms use epsilon {TRANSFORMERS_EPSILON:g}; this model was trained "
+      f"with {epsilon:g}, so its scores there may differ slightly from flaxformer_nmt's.",
+      "",
+    ]
+  lines += [
     "## Config",
     "",
     "```json",
-    config.to_json_best_effort(indent=2),
+    json.dumps(_portable(config.to_dict()), indent=2, sort_keys=True, default=str),
     "```",
     "",
   ]
@@ -230,8 +327,19 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
   c = session.components
   results = {m: folder.read_result(m) or {} for m in ("train", "eval")}
   params = jax.device_get(session.params)
+  # The description names the checkpoint's folder: the card says the run's name, not its path.
+  description = session.description
+  for path in {os.path.realpath(folder.path), os.path.abspath(folder.path)}:
+    description = description.replace(path, os.path.basename(path))
   return export_huggingface(
-    c.model_cfg, c.config, params, c.tokenizer, output, session.description, results
+    c.model_cfg,
+    c.config,
+    params,
+    c.tokenizer,
+    output,
+    description,
+    results,
+    provenance(folder, c.config),
   )
 
 
@@ -243,12 +351,13 @@ def export_huggingface(
   output: str,
   description: str,
   results: dict[str, dict[str, Any]],
+  origin: str = "",
 ) -> dict[str, Any]:
   """Writes the folder (into a scratch folder beside `output`, renamed when complete); returns
   the figures of the export."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
-  vocab = marian_vocab(tokenizer)
+  vocab = marian_vocab(tokenizer, config.data)
   order = pair_vocabulary.marian_order(vocab)
   state = marian.to_marian(params, order, cfg.num_layers, cfg.decoder_depth)
   with files.staged_folder(output) as staging:
@@ -270,7 +379,7 @@ def export_huggingface(
     for name, path in sources.items():
       shutil.copyfile(path, os.path.join(staging, name))
     with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
-      f.write(model_card(config, description, results))
+      f.write(model_card(config, description, results, origin))
   return {
     "format": "huggingface",
     "output": os.path.abspath(output),

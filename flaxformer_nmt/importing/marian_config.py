@@ -43,7 +43,13 @@ def _get(hf: dict[str, Any], key: str) -> Any:
   return hf.get(key, _DEFAULTS.get(key))
 
 
-_OPUS_NAME = re.compile(r"opus-mt-(?:tc-[a-z]+-)?([a-z]{2,3})-([a-z]{2,3})$")
+# OPUS-MT names: opus-mt-en-de, opus-mt-tc-big-en-de, and the group models' opus-mt-gem-gem,
+# opus-mt-ROMANCE-en, opus-mt-en-ROMANCE.
+_OPUS_NAME = re.compile(r"opus-mt-(?:tc-[a-z]+-)?([A-Za-z]{2,})-([A-Za-z]{2,})$")
+# What transformers' convert_marian_to_pytorch.py puts before a source language in
+# tokenizer_config.json ("-".join of the folder name's parts but the last: "opus-mt-en").
+_OPUS_PREFIX = re.compile(r"^opus-mt-(?:tc-[a-z]+-)?")
+MANY = "mul"  # ISO 639-2's "multiple languages": a group model's source (ROMANCE, de+nl+fy)
 
 
 def check_marian(hf: dict[str, Any], where: str) -> None:
@@ -87,7 +93,9 @@ def check_marian(hf: dict[str, Any], where: str) -> None:
 
 def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
   """(source, target) languages: tokenizer_config.json's, else an OPUS-MT name's
-  (opus-mt-en-de), else "src" and "tgt"."""
+  (opus-mt-en-de), else "src" and "tgt". A group (ROMANCE, de+nl+fy; a multi-source model) or
+  anything else that is not one language code reads as MANY; the convert script's "opus-mt-"
+  before the source language is dropped."""
   extra = hf.get(huggingface.EXTRA_KEY, {}).get("data", {})
   tok = read_json(os.path.join(folder, "tokenizer_config.json"))
   src = extra.get("src_lang") or tok.get("source_lang")
@@ -96,7 +104,34 @@ def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
     match = _OPUS_NAME.search(source.rstrip("/").split("/")[-1])
     if match:
       src, tgt = src or match.group(1), tgt or match.group(2)
-  return str(src or "src"), str(tgt or "tgt")
+
+  def language(name: Any, unknown: str) -> str:
+    if not name:
+      return unknown
+    name = _OPUS_PREFIX.sub("", str(name).strip())
+    return name if directions_lib.is_language(name) else MANY
+
+  return language(src, "src"), language(tgt, "tgt")
+
+
+def _target_codes(d: ml_collections.ConfigDict, vocab: dict[str, int], where: str) -> None:
+  """A multi-target model's `>>xx<<` codes as its directions (from its one source, which may be
+  a group), `data.tgt_lang` one of them; ConfigError naming the model's own files when which
+  language it writes cannot be told."""
+  code = pair_vocabulary.LANGUAGE_CODE
+  codes = [p[2:-2] for p in sorted(vocab, key=vocab.get) if code.fullmatch(p)]
+  valid = [c for c in codes if directions_lib.is_language(c) and c != d.src_lang]
+  if valid:
+    d.directions = ",".join(f"{d.src_lang}-{c}" for c in valid)
+    d.lang_tag_format = ">>{}<<"
+    if d.tgt_lang not in valid:
+      d.tgt_lang = valid[0]
+  elif d.tgt_lang in (d.src_lang, MANY):
+    raise errors.ConfigError(
+      f"{where}/tokenizer_config.json: target_lang is {d.tgt_lang!r} (source_lang "
+      f"{d.src_lang!r}), and vocab.json has no >>xx<< target-language codes: which language "
+      "this model writes cannot be told."
+    )
 
 
 def make_config(
@@ -129,17 +164,16 @@ def make_config(
   d.source = "none"
   d.src_lang, d.tgt_lang = languages(folder, source, hf)
   d.vocab_size = len(vocab)
+  spm_file = os.path.join(folder, "target.spm")
+  if os.path.isfile(spm_file):  # PairVocabulary has read it: a SentencePiece model
+    d.vocab_model_type = pair_vocabulary.model_type(spm_file)
   d.max_len = min(int(d.max_len), m.max_len)
-  code = pair_vocabulary.LANGUAGE_CODE
-  codes = [p[2:-2] for p in sorted(vocab, key=vocab.get) if code.fullmatch(p)]
   data_extra = extra.get("data", {})
   if data_extra.get("directions"):
     d.directions = data_extra["directions"]
     d.lang_tag_format = data_extra.get("lang_tag_format", "<2{}>")
-  elif codes:
-    valid = [c for c in codes if directions_lib.is_language(c) and c != d.src_lang]
-    d.directions = ",".join(f"{d.src_lang}-{c}" for c in valid)
-    d.lang_tag_format = ">>{}<<"
+  else:
+    _target_codes(d, vocab, folder)
   gen = read_json(os.path.join(folder, "generation_config.json"))
   if gen.get("num_beams"):
     config.decode.beam_size = int(gen["num_beams"])

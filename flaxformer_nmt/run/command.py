@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Collection
 from typing import Any
 
 import ml_collections
@@ -41,12 +42,15 @@ class Run:
   saved: ml_collections.ConfigDict | None
 
 
-def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) -> Run:
+def open_run(
+  config: ml_collections.ConfigDict | None, workdir: str, mode: str, typed: Collection[str] = ()
+) -> Run:
   """The run a `mode` command works on, before any expensive work: the folder's own checks, the
   run's saved config read once (paths made absolute), reconciled with the command's `config`
   (None = the run's own; config/run_config.py says what a command may change), the vocabulary
   and a resume's training data checked by content, the config's rules. ConfigError (one line)
-  for the first problem. Nothing is written, but a training run's folder is made."""
+  for the first problem. Nothing is written, but a training run's folder is made. `typed`: the
+  fields the command line set itself (a fine-tune refuses to replace them with its source's)."""
   folder = Workdir(workdir)
   folder.check()
   text = folder.saved_config_text()  # config.json, read once for the whole command
@@ -65,7 +69,7 @@ def open_run(config: ml_collections.ConfigDict | None, workdir: str, mode: str) 
   if mode == "train" and config is not None and config.get("init_from"):
     # Before the reconcile, which compares them. A resume takes them from its own config.json
     # (the source is not read again: it may have moved).
-    selection.adopt_architecture(config, saved.to_dict() if resuming and saved else None)
+    selection.adopt_architecture(config, saved.to_dict() if resuming and saved else None, typed)
   if saved is not None and (config is None or mode != "train" or resuming):
     recorded = folder.training_data() if resuming else None
     try:

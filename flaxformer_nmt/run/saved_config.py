@@ -19,12 +19,18 @@ from flaxformer_nmt.run.folder import Workdir
 
 
 def get_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's saved config. The command line checks first that there is one (cli.py, naming
+  --config); the API (api.load, api.load_run_config) has no --config, so its messages name what it
+  has instead."""
   folder = Workdir(workdir)
   text = folder.saved_config_text()
   if text is None:
+    if not os.path.isdir(workdir):
+      raise errors.ConfigError(f"{workdir}: no such folder (a trained or imported run's workdir).")
     raise errors.ConfigError(
-      f"--workdir={workdir} has no {run_config.CONFIG_FILE}; pass --config=... (the config it "
-      "was trained with)."
+      f"{workdir} has no {run_config.CONFIG_FILE}: no run was trained or imported there (a run "
+      "trained before runs saved their config: api.load_config(<its config>), then "
+      "api.translate(config, workdir, lines))."
     )
   return run_config.from_json(text, folder.config_path)
 

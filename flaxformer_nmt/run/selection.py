@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import ml_collections
@@ -74,20 +74,27 @@ def architecture_difference(theirs: Workdir, config: ml_collections.ConfigDict) 
 
 # What a fine-tuning run takes from its init_from source's config.json rather than from its own
 # config (docs/pretrained.md): the architecture (and model.size, its name), the positions' table
-# size, and how its vocabulary spells a language tag. Dropout, the data, the schedule and the
-# decoding settings stay the command's.
+# size, how its vocabulary spells a language tag, and what that vocabulary is (its size and model
+# type: the run copies the source's, so the config must not record another). Dropout, the data,
+# the schedule and the decoding settings stay the command's.
 ADOPTED = tuple(f"model.{f}" for f in (*ARCHITECTURE, "size", "max_len")) + (
   "data.lang_tag_format",
+  "data.vocab_size",
+  "data.vocab_model_type",
 )
 
 
 def adopt_architecture(
-  config: ml_collections.ConfigDict, saved: dict[str, Any] | None = None
+  config: ml_collections.ConfigDict,
+  saved: dict[str, Any] | None = None,
+  typed: Collection[str] = (),
 ) -> list[str]:
   """Sets the ADOPTED fields of `config` to those of `saved` (a resumed run's own config), else
   of the run config.init_from names (its folder, or the run above its checkpoints/, averaged/ or
   best/), so an imported model's architecture need not be restated; returns the fields that
-  changed, which are logged."""
+  changed, which are logged. `typed`: the fields the command line set itself (`model.num_heads`
+  for --config.model.num_heads=8): one of them that differs from the source is a ConfigError
+  naming both values, not replaced behind the user's back."""
   where = "this run's own config.json (a resume)"
   if saved is None:
     path = os.path.normpath(config.init_from)
@@ -101,6 +108,11 @@ def adopt_architecture(
     if name in saved.get(group, {}) and name in config[group]:
       value = saved[group][name]
       if config[group][name] != value:
+        if field in typed:
+          raise errors.ConfigError(
+            f"--config.{field}={config[group][name]!r}: {where} has {field}={value!r}, and a "
+            "fine-tuned model keeps its source's architecture and vocabulary; leave it out."
+          )
         config[group][name] = value
         changed.append(f"{field}={value!r}")
   if changed:

@@ -55,6 +55,13 @@ def _split(setting: str) -> tuple[Workdir, str]:
   source = Workdir(path)
   if os.path.isdir(source.checkpoints) or os.path.isdir(source.averaged):
     return source, "auto"
+  model_type = source.saved_config().get("model_type")
+  if model_type:  # a transformers model folder (config.json of a MarianConfig, ...)
+    raise errors.CheckpointError(
+      f"config.init_from={setting} is a transformers model (model_type {model_type!r}), not a "
+      f"run: import it first (--mode=import --input={setting} --workdir=NEW), then "
+      "--config.init_from=NEW."
+    )
   raise errors.CheckpointError(
     f"config.init_from={setting}: not a trained workdir (no checkpoints/ or averaged/ folder in "
     "it), nor such a folder (or its best/)."

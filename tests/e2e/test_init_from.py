@@ -103,3 +103,25 @@ def test_a_fine_tuning_run_trains_and_then_resumes_its_own_checkpoints(
   assert train.train_and_evaluate(config, Workdir(str(work)))["step"] == 10
   record = json.loads((work / "init_from.json").read_text())
   assert record["source_workdir"] == str(source)
+
+
+def test_a_typed_architecture_field_that_differs_from_the_source_is_one_line(
+  trained_demo, tmp_path
+):
+  """Issue 62: the command line's --config.model.num_heads=8 was replaced by the source's with a
+  generic warning, exit 0; now one line names both values, before any work."""
+  _, trained = trained_demo
+  work = tmp_path / "fine"
+  proc = helpers.run_main(
+    "--config=demo",
+    f"--workdir={work}",
+    f"--config.init_from={trained}",
+    "--config.model.num_heads=8",
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+    f"error: --config.model.num_heads=8: config.init_from={trained}'s config.json has "
+    "model.num_heads=4, and a fine-tuned model keeps its source's architecture and vocabulary; "
+    "leave it out."
+  )
+  assert not work.exists()

@@ -60,6 +60,11 @@ def test_evaluate_translate_average_attention_export_on_a_trained_model(saved_ru
   kept = model.translator()
   assert model.translate(lines) == hyps and model.translator() is kept
   assert model.kept_translators() == 1  # made once
+  # Issue 62: a blank line's empty translation was silent in the API (the command line counts it).
+  with pytest.warns(UserWarning, match=r"1 of 3 lines are blank \(their translations are empty"):
+    assert model.translate([*lines, "  "])[:2] == hyps
+  with pytest.warns(UserWarning, match=r"1 of 3 lines are blank"):
+    assert api.translate(config, str(work), [*lines, ""])[2] == ""
   two = model.translate_nbest(lines, nbest=2)
   assert [len(h) for h in two] == [2, 2] and [h[0].text for h in two] == hyps
   scored = model.score(lines, ["Wir brauchen zweiundvierzig Stühle.", "dreihundertfünf"])

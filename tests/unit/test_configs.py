@@ -73,6 +73,18 @@ def test_small_configs_load(name):
   config_lib.validate(c)
 
 
+def test_the_fine_tuning_config_asks_for_the_users_folder_and_holds_its_rate():
+  c = load("finetune")
+  with pytest.raises(errors.ConfigError, match="config.data.dir is empty"):
+    config_lib.validate(c)
+  c.data.dir = "data/mine"
+  config_lib.validate(c)
+  assert (c.data.train_prefix, c.data.dev_prefix, c.data.test_prefix) == ("train", "val", "test")
+  # The constant schedule's rate for OPUS-MT's d_model 512: 1e-4.
+  rate = c.optim.lr_scale * 512**-0.5 * c.optim.warmup_steps**-0.5
+  assert rate == pytest.approx(1e-4, rel=0.02)
+
+
 def test_the_multilingual_config_is_the_bilingual_one_with_directions():
   bilingual, multi = load("multi30k"), load("multi30k_multilingual")
   assert multi.data.directions == "en-de,de-en,en-fr,fr-en,en-cs,cs-en"

@@ -57,6 +57,25 @@ def test_a_fine_tuning_config_takes_its_sources_architecture(tmp_path):
   assert selection.adopt_architecture(config) == []  # nothing left to take
 
 
+def test_a_typed_field_is_kept_or_refused_and_the_vocabulary_is_the_sources(tmp_path):
+  """Issue 62: --config.model.num_heads=8 (typed) was replaced by the source's with a generic
+  warning, and config.json saved the command's data.vocab_size / vocab_model_type, which describe
+  a vocabulary the run does not have (the exported card showed the demo's 400 and bpe)."""
+  config = _fine_tune_config(str(helpers.SAVED_RUN), **{"model.num_heads": 4})
+  with pytest.raises(errors.ConfigError) as info:
+    selection.adopt_architecture(config, typed={"model.num_heads"})
+  assert str(info.value) == (
+    f"--config.model.num_heads=4: config.init_from={helpers.SAVED_RUN}'s config.json has "
+    "model.num_heads=2, and a fine-tuned model keeps its source's architecture and vocabulary; "
+    "leave it out."
+  )
+  config.data.vocab_size, config.data.vocab_model_type = 8000, "unigram"
+  changed = selection.adopt_architecture(config, typed={"model.d_model", "data.src_lang"})
+  source = Workdir(str(helpers.SAVED_RUN)).saved_config()["data"]
+  assert "data.vocab_size=8000" not in changed and config.data.vocab_size == source["vocab_size"]
+  assert config.data.vocab_model_type == source["vocab_model_type"] == "bpe"
+
+
 def test_the_constant_schedule_warms_up_as_the_papers_then_holds():
   paper = optim.paper_schedule(512, 4000, 0.5)
   constant = optim.constant_schedule(512, 4000, 0.5)

@@ -96,6 +96,26 @@ def test_a_marian_vocabulary_renumbers_the_special_pieces_and_keeps_the_rest(mar
   assert v.encode(">>fr<< three")[0] == v.piece_id(">>fr<<")
 
 
+def test_a_piece_only_vocab_json_holds_decodes_as_marian_tokenizer_does(marian_folder, tmp_path):
+  """Issue 62: a piece in vocab.json but not in target.spm decoded as
+  `\u2581newspaper\u2581newspaper`, where MarianTokenizer (convert_tokens_to_string: "\u2581"
+  -> " ", stripped) gives `newspaper newspaper`."""
+  import json  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  folder, vocab = marian_folder
+  for name in pair_vocabulary.FILES:
+    shutil.copy(folder / name, tmp_path / name)
+  extra = dict(vocab)
+  extra["\u2581newspaper\u2581newspaper"] = extra.pop("<pad>")
+  extra["<pad>"] = len(extra)
+  (tmp_path / "vocab.json").write_text(json.dumps(extra, ensure_ascii=False))
+  v = pair_vocabulary.PairVocabulary(str(tmp_path))
+  piece = v.piece_id("\u2581newspaper\u2581newspaper")
+  assert v.decode([piece, EOS_ID]) == "newspaper newspaper"
+  assert v.decode([*v.encode_target("Ich habe"), piece, EOS_ID]) == "Ich habe newspaper newspaper"
+
+
 def test_a_folder_that_is_not_a_marian_vocabulary_is_one_line(tmp_path):
   (tmp_path / "vocab.json").write_text("{}")
   with pytest.raises(errors.DataError, match="not a Marian vocabulary"):
@@ -224,3 +244,96 @@ def test_an_imported_run_asked_for_training_checkpoints_says_to_fine_tune(tmp_pa
       f"imported parameters (--checkpoint=auto). To train it, fine-tune it into a new workdir "
       f"with --config.init_from={run.path}."
     )
+
+
+def test_a_transformers_folder_given_as_a_run_says_import_it_first(tmp_path, tiny_config):
+  """Issue 62: api.load and config.init_from on a transformers model folder (an export, an
+  OPUS-MT download) said "not a saved flaxformer_nmt config" and "not a trained workdir"."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt import api  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.run.folder import Workdir  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.training import init_from  # pylint: disable=g-import-not-at-top
+
+  hf = tmp_path / "opus-mt-en-de"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"model_type": "marian", "d_model": 32}))
+  with pytest.raises(errors.ConfigError) as info:
+    api.load(str(hf))
+  assert str(info.value) == (
+    f"{hf} is a transformers model (model_type 'marian'), not a run: import it first "
+    f"(--mode=import --input={hf} --workdir=NEW), then use NEW."
+  )
+  tiny_config.init_from = str(hf)
+  with pytest.raises(errors.CheckpointError) as info:
+    init_from.check(tiny_config, Workdir(str(tmp_path / "new")))
+  assert str(info.value) == (
+    f"config.init_from={hf} is a transformers model (model_type 'marian'), not a run: import "
+    f"it first (--mode=import --input={hf} --workdir=NEW), then --config.init_from=NEW."
+  )
+
+
+@pytest.mark.parametrize(
+  "name,tokenizer_langs,codes,want",
+  [
+    # transformers' convert script writes source_lang as the folder name's start: "opus-mt-en".
+    ("opus-mt-en-de", ("opus-mt-en", "de"), "", ("en", "de", "")),
+    (
+      "opus-mt-gem-gem",
+      ("opus-mt-gem", "gem"),
+      "deu,eng,nld",
+      ("gem", "deu", "gem-deu,gem-eng,gem-nld"),
+    ),
+    ("opus-mt-sla-sla", None, "ces,pol,rus", ("sla", "ces", "sla-ces,sla-pol,sla-rus")),
+    ("opus-mt-ROMANCE-en", ("opus-mt-ROMANCE", "en"), "", ("mul", "en", "")),
+    ("opus-mt-en-ROMANCE", None, "es,fr,it", ("en", "es", "en-es,en-fr,en-it")),
+  ],
+)
+def test_opus_mt_group_models_are_read_as_many_sources_and_targets(
+  tmp_path, name, tokenizer_langs, codes, want
+):
+  """Issue 62: group models were refused with lines about fields the user never set
+  ("config.data.src_lang and config.data.tgt_lang are both 'gem'", "'ROMANCE-de,...' is not a
+  direction")."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.config import checks  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.importing import marian_config  # pylint: disable=g-import-not-at-top
+
+  folder = tmp_path / name
+  folder.mkdir()
+  if tokenizer_langs:
+    src, tgt = tokenizer_langs
+    (folder / "tokenizer_config.json").write_text(
+      json.dumps({"source_lang": src, "target_lang": tgt})
+    )
+  vocab = {"</s>": 0, "<unk>": 1, **{f"▁{w}": 2 + i for i, w in enumerate("abcdefgh")}}
+  for code in filter(None, codes.split(",")):
+    vocab[f">>{code}<<"] = len(vocab)
+  vocab["<pad>"] = len(vocab)
+  hf = {"model_type": "marian", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1}
+  hf.update(encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=len(vocab))
+  config = marian_config.make_config(str(folder), f"Helsinki-NLP/{name}", hf, vocab)
+  checks.validate(config)
+  d = config.data
+  assert (d.src_lang, d.tgt_lang, d.directions) == want
+
+
+def test_a_model_whose_target_language_cannot_be_told_names_its_own_files(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.importing import marian_config  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / "tokenizer_config.json").write_text(
+    json.dumps({"source_lang": "opus-mt-gem", "target_lang": "gem"})
+  )
+  vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}
+  hf = {"model_type": "marian", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1}
+  hf.update(encoder_ffn_dim=64, vocab_size=3)
+  with pytest.raises(errors.ConfigError) as info:
+    marian_config.make_config(str(tmp_path), "x", hf, vocab)
+  assert str(info.value) == (
+    f"{tmp_path}/tokenizer_config.json: target_lang is 'gem' (source_lang 'gem'), and "
+    "vocab.json has no >>xx<< target-language codes: which language this model writes cannot "
+    "be told."
+  )

@@ -203,5 +203,8 @@ def test_the_api_loads_a_runs_config_with_overrides(saved_run, tmp_path):
   loaded = api.load_run_config(str(work), {"decode.beam_size": 3})
   assert loaded.decode.beam_size == 3 and loaded.model.num_heads == config.model.num_heads
   assert api.evaluate(loaded, str(work), checkpoint="latest")["test_sentences"] == 8
-  with pytest.raises(errors.ConfigError, match="has no config.json; pass --config"):
+  # Issue 62: the API has no --config, so its messages do not ask for one.
+  with pytest.raises(errors.ConfigError, match="has no config.json: no run was trained or"):
     api.load_run_config(str(tmp_path))
+  with pytest.raises(errors.ConfigError, match=r"^\S+/missing: no such folder \(a trained or"):
+    api.load(str(tmp_path / "missing"))
