@@ -37,4 +37,4 @@ echo "hf: venv $venv, $(du -sh "$venv" | cut -f1)"
 # agreement) in the summary, which xdist would otherwise drop. transformers' and
 # huggingface_hub's progress bars stay off.
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-python -m pytest -q -rP -n 2 -m hf tests/e2e/test_pretrained.py "$@"
+python -m pytest -q -rP -n 2 -m hf tests/e2e/test_pretrained.py tests/e2e/test_m2m100.py "$@"

@@ -78,12 +78,18 @@ def _norm_to_ours(sd: dict[str, np.ndarray], name: str, src: np.ndarray) -> PyTr
 
 
 def to_ours(
-  sd: dict[str, np.ndarray], order: np.ndarray, encoder_layers: int, decoder_layers: int
+  sd: dict[str, np.ndarray],
+  order: np.ndarray,
+  encoder_layers: int,
+  decoder_layers: int,
+  features: np.ndarray | None = None,
 ) -> PyTree:
   """Our parameter tree (attention biases and logits_bias included) from a MarianMTModel state
-  dict `sd` (float32 numpy); `order` is pair_vocabulary.marian_order of its vocab.json."""
+  dict `sd` (float32 numpy); `order` is pair_vocabulary.marian_order of its vocab.json.
+  `features`: our feature f is theirs features[f] (default `feature_order`, Marian's sinusoid;
+  the identity for a model whose position table is taken as it is: export/m2m100.py)."""
   shared = sd["model.shared.weight"]  # [V, D]
-  src = feature_order(shared.shape[1])
+  src = feature_order(shared.shape[1]) if features is None else features
   params: dict[str, Any] = {"embedding": {"embedding": shared[order][:, src]}}
   for i in range(encoder_layers):
     p = f"model.encoder.layers.{i}"
@@ -143,13 +149,17 @@ def _norm_to_marian(p: PyTree, name: str, inv: np.ndarray) -> dict[str, np.ndarr
 
 
 def to_marian(
-  params: PyTree, order: np.ndarray, encoder_layers: int, decoder_layers: int
+  params: PyTree,
+  order: np.ndarray,
+  encoder_layers: int,
+  decoder_layers: int,
+  features: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
   """A MarianMTModel state dict (the keys `save_pretrained` writes: the tied embeddings once, as
   model.shared.weight) from our parameters; zeros where ours have no attention biases or
-  logits_bias. `order[j]` is the Marian id of our id j."""
+  logits_bias. `order[j]` is the Marian id of our id j; `features` as `to_ours`'s."""
   table = np.asarray(params["embedding"]["embedding"])  # [V, D]
-  inv = np.argsort(feature_order(table.shape[1]))
+  inv = np.argsort(feature_order(table.shape[1]) if features is None else features)
   rows = np.argsort(order)  # Marian id -> ours
   sd: dict[str, np.ndarray] = {"model.shared.weight": table[rows][:, inv]}
   for i in range(encoder_layers):

@@ -66,3 +66,30 @@ def test_the_decoder_starts_from_eos_and_reads_no_pad_row():
   assert np.abs(logits(eos_cfg, other_eos)[0] - base[0]).max() > 1e-3
   # The paper's start (PAD) reads the PAD row.
   assert np.abs(logits(cfg, other_pad)[0, real] - logits(cfg, table)[0, real]).max() > 1e-3
+
+
+def test_weights_to_m2m100_and_back_are_bitwise_and_every_weight_is_used():
+  from flaxformer_nmt.export import m2m100  # pylint: disable=g-import-not-at-top
+
+  cfg = TransformerConfig(
+    vocab_size=30,
+    num_layers=2,
+    num_decoder_layers=1,
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    pre_ln=True,
+    positional="m2m100",
+    decoder_start="eos",
+    attention_bias=True,
+  )
+  params = jax.device_get(init_params(cfg, jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+  order = np.concatenate([[1, 2, 3, 0], np.arange(4, 30)])  # fairseq: <s> 0, <pad> 1, </s> 2
+  sd = m2m100.to_m2m100(params, order, 2, 1)
+  assert "final_logits_bias" not in sd and "model.encoder.layer_norm.weight" in sd
+  assert sum(v.size for v in sd.values()) == sum(np.size(v) for v in jax.tree.leaves(params))
+  np.testing.assert_array_equal(sd["model.shared.weight"][1], params["embedding"]["embedding"][0])
+  back = m2m100.to_ours(sd, order, 2, 1)
+  jax.tree.map(np.testing.assert_array_equal, params, back)

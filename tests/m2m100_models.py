@@ -1,0 +1,114 @@
+"""Tiny transformers M2M100 models built in the test, laid out as facebook/m2m100_418M's (the `hf`
+extra): a random M2M100ForConditionalGeneration of a few layers, saved with `save_pretrained`,
+and M2M100Tokenizer's files (a SentencePiece model trained on the demo corpus's two sides,
+fairseq's vocab.json, tokenizer_config.json). The model's vocabulary is, as the real one's, the
+dictionary, then the 100 language tokens, then fairseq's padding rows (`madeupword`s). Weights are
+drawn wider than transformers' init, so that a wrong norm, bias, position or permutation changes
+the scores far beyond the 1e-4 the tests allow; the pad row stays zero, as fairseq keeps it."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+from typing import Any
+
+import sentencepiece as spm
+
+from flaxformer_nmt.data import demo
+
+
+def m2m100_vocabulary(folder: pathlib.Path, vocab_size: int = 200) -> dict[str, int]:
+  folder.mkdir(parents=True, exist_ok=True)
+  pairs = demo.make_demo_split("train", 3000, 0)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter([s for s, _ in pairs] + [t for _, t in pairs]),
+    model_writer=model,
+    vocab_size=vocab_size,
+    model_type="bpe",
+    hard_vocab_limit=False,
+    minloglevel=2,
+  )
+  (folder / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+  sp = spm.SentencePieceProcessor(model_file=str(folder / "sentencepiece.bpe.model"))
+  vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+  for i in range(sp.get_piece_size()):
+    if not (sp.is_control(i) or sp.is_unknown(i)):
+      vocab.setdefault(sp.id_to_piece(i), len(vocab))
+  (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+  return vocab
+
+
+def tiny_m2m100(
+  folder: pathlib.Path, *, encoder_layers: int = 2, decoder_layers: int = 1, seed: int = 0
+) -> Any:
+  """A random M2M100ForConditionalGeneration (float32, eval mode) saved in `folder` with its
+  tokenizer (source en, target de)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import (  # pylint: disable=g-import-not-at-top
+    M2M100Config,
+    M2M100ForConditionalGeneration,
+    M2M100Tokenizer,
+  )
+
+  vocab = m2m100_vocabulary(folder)
+  tokenizer = M2M100Tokenizer(
+    str(folder / "vocab.json"),
+    str(folder / "sentencepiece.bpe.model"),
+    src_lang="en",
+    tgt_lang="de",
+  )
+  tokenizer.save_pretrained(str(folder))
+  size = len(vocab) + 100
+  size += -size % 8  # fairseq pads its dictionary to a multiple of 8
+  config = M2M100Config(
+    vocab_size=size,
+    d_model=32,
+    encoder_layers=encoder_layers,
+    decoder_layers=decoder_layers,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=128,
+    dropout=0.0,
+    attention_dropout=0.0,
+    encoder_layerdrop=0.0,
+    decoder_layerdrop=0.0,
+    init_std=0.3,
+  )
+  torch.manual_seed(seed)
+  model = M2M100ForConditionalGeneration(config)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "embed_positions" not in name:
+        p.add_(0.2 * torch.randn_like(p))
+    model.model.shared.weight[config.pad_token_id].zero_()
+  model.eval()
+  model.save_pretrained(folder)
+  return model
+
+
+def teacher_forced_log_probs(
+  folder: pathlib.Path, sources: list[str], targets: list[str], src: str, tgt: str
+) -> list[float]:
+  """transformers' own sum of log-probabilities of each target (its language token and EOS
+  included), one pair at a time."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import (  # pylint: disable=g-import-not-at-top
+    M2M100ForConditionalGeneration,
+    M2M100Tokenizer,
+  )
+
+  model = M2M100ForConditionalGeneration.from_pretrained(folder).eval()
+  tokenizer = M2M100Tokenizer.from_pretrained(folder, src_lang=src, tgt_lang=tgt)
+  out = []
+  with torch.no_grad():
+    for s, t in zip(sources, targets, strict=True):
+      batch = tokenizer([s], text_target=[t], return_tensors="pt")
+      logits = model(**batch).logits  # decoder input: labels shifted right after </s>
+      logp = torch.log_softmax(logits.double(), dim=-1)
+      labels = batch["labels"]
+      out.append(float(logp[0].gather(-1, labels[0][:, None]).sum()))
+  return out
