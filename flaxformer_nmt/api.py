@@ -178,6 +178,7 @@ def translate_nbest(
   """
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
+  lines = list(lines)  # a generator is read once
   terms = None
   if constraints is not None:
     if isinstance(constraints, str) or any(not isinstance(r, list | tuple) for r in constraints):

@@ -241,7 +241,7 @@ def typed_fields(argv: list[str]) -> set[str]:
   --config.model.pre_ln and --noconfig.model.pre_ln."""
   out = set()
   for arg in argv[1:]:
-    name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+    name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else ""
     name = name[2:] if name.startswith("noconfig.") else name
     if name.startswith("config."):
       out.add(name.split(".", 1)[1])

@@ -245,6 +245,7 @@ class Session:
     stacklevel: int,
   ) -> list[list[translator_lib.Hypothesis]]:
     _check_lines(lines)
+    lines = list(lines)  # a generator is read once
     request = self.request(nbest, alignments, target_lang, constraints is not None)
     hyps = self.translator(request).translate_nbest(list(lines), constraints=constraints)
     warn_empty(lines, hyps, stacklevel + 1)

@@ -216,8 +216,8 @@ def provenance(folder: Any, config: ml_collections.ConfigDict) -> str:
   def imported_from(run: Any) -> str | None:
     if not run.imported():
       return None
-    record = read_json_file(run.import_record)
-    return str(record.get("source") or "a transformers model")
+    source = str(read_json_file(run.import_record).get("source") or "a transformers model")
+    return os.path.basename(source.rstrip("/")) if os.path.isabs(source) else source
 
   own = imported_from(folder)
   if own:

@@ -44,8 +44,10 @@ def _get(hf: dict[str, Any], key: str) -> Any:
 
 
 # OPUS-MT names: opus-mt-en-de, opus-mt-tc-big-en-de, and the group models' opus-mt-gem-gem,
-# opus-mt-ROMANCE-en, opus-mt-en-ROMANCE.
-_OPUS_NAME = re.compile(r"opus-mt-(?:tc-[a-z]+-)?([A-Za-z]{2,})-([A-Za-z]{2,})$")
+# opus-mt-ROMANCE-en, opus-mt-de+nl+fy-en. Each part is a language code, a "+"-joined list of
+# them, or an upper-case group; anything else (opus-mt-en-medical) is not read as languages.
+_PART = r"([a-z]{2,3}(?:\+[a-z]{2,3})*|[A-Z]{2,})"
+_OPUS_NAME = re.compile(rf"opus-mt-(?:tc-[a-z]+-)?{_PART}-{_PART}$")
 # What transformers' convert_marian_to_pytorch.py puts before a source language in
 # tokenizer_config.json ("-".join of the folder name's parts but the last: "opus-mt-en").
 _OPUS_PREFIX = re.compile(r"^opus-mt-(?:tc-[a-z]+-)?")
@@ -91,8 +93,15 @@ def check_marian(hf: dict[str, Any], where: str) -> None:
     refuse("d_model is odd")
 
 
-def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
-  """(source, target) languages: tokenizer_config.json's, else an OPUS-MT name's
+@dataclasses.dataclass(frozen=True)
+class Languages:
+  src: str
+  tgt: str
+  said: str  # where the target language was read, as given: for a message
+
+
+def languages(folder: str, source: str, hf: dict[str, Any]) -> Languages:
+  """The source and target languages: tokenizer_config.json's, else an OPUS-MT name's
   (opus-mt-en-de), else "src" and "tgt". A group (ROMANCE, de+nl+fy; a multi-source model) or
   anything else that is not one language code reads as MANY; the convert script's "opus-mt-"
   before the source language is dropped."""
@@ -100,9 +109,12 @@ def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
   tok = read_json(os.path.join(folder, "tokenizer_config.json"))
   src = extra.get("src_lang") or tok.get("source_lang")
   tgt = extra.get("tgt_lang") or tok.get("target_lang")
+  said = f"tokenizer_config.json's target_lang {tgt!r}" if tgt else "nothing"
   if not (src and tgt):
-    match = _OPUS_NAME.search(source.rstrip("/").split("/")[-1])
+    name = source.rstrip("/").split("/")[-1]
+    match = _OPUS_NAME.search(name)
     if match:
+      said = said if tgt else f"the name {name!r}"
       src, tgt = src or match.group(1), tgt or match.group(2)
 
   def language(name: Any, unknown: str) -> str:
@@ -111,13 +123,15 @@ def languages(folder: str, source: str, hf: dict[str, Any]) -> tuple[str, str]:
     name = _OPUS_PREFIX.sub("", str(name).strip())
     return name if directions_lib.is_language(name) else MANY
 
-  return language(src, "src"), language(tgt, "tgt")
+  return Languages(language(src, "src"), language(tgt, "tgt"), said)
 
 
-def _target_codes(d: ml_collections.ConfigDict, vocab: dict[str, int], where: str) -> None:
+def _target_codes(
+  d: ml_collections.ConfigDict, vocab: dict[str, int], where: str, said: str
+) -> None:
   """A multi-target model's `>>xx<<` codes as its directions (from its one source, which may be
-  a group), `data.tgt_lang` one of them; ConfigError naming the model's own files when which
-  language it writes cannot be told."""
+  a group), `data.tgt_lang` one of them; ConfigError naming what the target language was read
+  from when which language the model writes cannot be told."""
   code = pair_vocabulary.LANGUAGE_CODE
   codes = [p[2:-2] for p in sorted(vocab, key=vocab.get) if code.fullmatch(p)]
   valid = [c for c in codes if directions_lib.is_language(c) and c != d.src_lang]
@@ -127,10 +141,10 @@ def _target_codes(d: ml_collections.ConfigDict, vocab: dict[str, int], where: st
     if d.tgt_lang not in valid:
       d.tgt_lang = valid[0]
   elif d.tgt_lang in (d.src_lang, MANY):
+    what = "a group" if d.tgt_lang == MANY else f"its source's ({d.src_lang!r})"
     raise errors.ConfigError(
-      f"{where}/tokenizer_config.json: target_lang is {d.tgt_lang!r} (source_lang "
-      f"{d.src_lang!r}), and vocab.json has no >>xx<< target-language codes: which language "
-      "this model writes cannot be told."
+      f"{where}: which language this model writes cannot be told: its target language, from "
+      f"{said}, is {what}, and vocab.json has no >>xx<< target-language codes."
     )
 
 
@@ -162,7 +176,8 @@ def make_config(
       m[key] = type(m[key])(value) if m[key] is not None else value
   d = config.data
   d.source = "none"
-  d.src_lang, d.tgt_lang = languages(folder, source, hf)
+  langs = languages(folder, source, hf)
+  d.src_lang, d.tgt_lang = langs.src, langs.tgt
   d.vocab_size = len(vocab)
   spm_file = os.path.join(folder, "target.spm")
   if os.path.isfile(spm_file):  # PairVocabulary has read it: a SentencePiece model
@@ -173,7 +188,7 @@ def make_config(
     d.directions = data_extra["directions"]
     d.lang_tag_format = data_extra.get("lang_tag_format", "<2{}>")
   else:
-    _target_codes(d, vocab, folder)
+    _target_codes(d, vocab, folder, langs.said)
   gen = read_json(os.path.join(folder, "generation_config.json"))
   if gen.get("num_beams"):
     config.decode.beam_size = int(gen["num_beams"])

@@ -66,10 +66,16 @@ def open_run(
       f"it into a new workdir with --config.init_from={workdir}."
     )
   resuming = mode == "train" and bool(folder.training_steps())
+  # Before the reconcile, which compares them. A fine-tuned run's architecture and vocabulary are
+  # its source's at its first start, then its own config.json's (the source is not read again:
+  # it may have moved), whatever config file a later command names. The command line's typed
+  # values are held to them, except on a resume (runs from before typed values were refused
+  # took the source's silently, and their rerun must resume).
   if mode == "train" and config is not None and config.get("init_from"):
-    # Before the reconcile, which compares them. A resume takes them from its own config.json
-    # (the source is not read again: it may have moved).
-    selection.adopt_architecture(config, saved.to_dict() if resuming and saved else None, typed)
+    own = saved.to_dict() if resuming and saved is not None else None
+    selection.adopt_architecture(config, own, () if resuming else typed)
+  elif mode != "train" and config is not None and saved is not None and saved.get("init_from"):
+    selection.adopt_architecture(config, saved.to_dict(), typed)
   if saved is not None and (config is None or mode != "train" or resuming):
     recorded = folder.training_data() if resuming else None
     try:

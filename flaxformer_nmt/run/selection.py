@@ -30,6 +30,7 @@ from absl import logging
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.checkpoints.params import EMA_PATH, PARAMS_PATH, Location
+from flaxformer_nmt.config import run_config
 from flaxformer_nmt.config.choices import CHECKPOINTS
 from flaxformer_nmt.config.run_config import ARCHITECTURE
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
@@ -95,12 +96,16 @@ def adopt_architecture(
   changed, which are logged. `typed`: the fields the command line set itself (`model.num_heads`
   for --config.model.num_heads=8): one of them that differs from the source is a ConfigError
   naming both values, not replaced behind the user's back."""
-  where = "this run's own config.json (a resume)"
+  where = "this fine-tuned run's own config.json"
   if saved is None:
     path = os.path.normpath(config.init_from)
     if os.path.basename(path) in ("checkpoints", "averaged", "best"):
       path = os.path.dirname(path) or "."
-    saved = Workdir(path).saved_config()
+    source = Workdir(path)
+    saved = source.saved_config()
+    if isinstance(saved.get("model"), dict):  # ours (not a transformers folder: init_from says)
+      # With its types, and the fields it predates at their defaults (what it computes).
+      saved = run_config.from_json(source.saved_config_text() or "", source.config_path).to_dict()
     where = f"config.init_from={config.init_from}'s config.json"
   changed = []
   for field in ADOPTED:

@@ -256,6 +256,12 @@ def test_a_multilingual_export_used_as_its_card_says_translates_as_ours(tmp_path
     mine = [s.log_prob for s in session.score(sources, ours, target_lang=lang)]
     their_scores = marian_models.teacher_forced_log_probs(out, tagged, ours)
     largest = max(largest, float(np.abs(np.asarray(mine) - np.asarray(their_scores)).max()))
+  # Imported again, the codes are its tags: the same translations into each language.
+  back = modes.import_model(str(out), str(tmp_path / "back"))
+  assert back["target_languages"] == ["de", "en", "fr"]
+  again = api.load(str(tmp_path / "back"))
+  for lang in ("de", "fr"):
+    assert again.translate_with(sources, 1, lang) == session.translate_with(sources, 1, lang)
   print(f"greedy agreement {np.mean(agree):.3f} on {len(agree)} lines; largest {largest:.3g}")
   assert np.mean(agree) >= 0.95
   assert len(set(outputs)) > len(outputs) // 4  # varied translations, not one string repeated

@@ -72,7 +72,8 @@ def test_a_typed_field_is_kept_or_refused_and_the_vocabulary_is_the_sources(tmp_
   config.data.vocab_size, config.data.vocab_model_type = 8000, "unigram"
   changed = selection.adopt_architecture(config, typed={"model.d_model", "data.src_lang"})
   source = Workdir(str(helpers.SAVED_RUN)).saved_config()["data"]
-  assert "data.vocab_size=8000" not in changed and config.data.vocab_size == source["vocab_size"]
+  assert f"data.vocab_size={source['vocab_size']}" in changed
+  assert config.data.vocab_size == source["vocab_size"]
   assert config.data.vocab_model_type == source["vocab_model_type"] == "bpe"
 
 
@@ -112,3 +113,30 @@ def test_an_imported_run_is_not_trained_in_place(tmp_path):
   config = api.load_config("demo", helpers.saved_run_overrides())
   with pytest.raises(errors.ConfigError, match="holds an imported model, which is not trained"):
     command.open_run(config, str(work), "train")
+
+
+def test_later_commands_keep_a_fine_tuned_runs_own_architecture_and_vocabulary(tmp_path):
+  """A fine-tuned run's config.json holds its source's fields: eval naming a config file keeps
+  them (not refused for the file's vocab_size), and a resume with a typed value that its first
+  start took silently (runs from before typed values were refused) still resumes."""
+  import json  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.run import command  # pylint: disable=g-import-not-at-top
+
+  work = tmp_path / "fine"
+  shutil.copytree(helpers.SAVED_RUN, work)
+  saved = json.loads((work / "config.json").read_text())
+  saved["init_from"] = str(tmp_path / "source")
+  saved["data"]["vocab_size"] = 123  # the source's, not the config file's
+  (work / "config.json").write_text(json.dumps(saved))
+  config = api.load_config("demo", helpers.saved_run_overrides())
+  run = command.open_run(config, str(work), "eval")
+  assert run.config.data.vocab_size == 123
+  with pytest.raises(errors.ConfigError, match="--config.model.num_heads=4: this fine-tuned run"):
+    command.open_run(
+      _fine_tune_config("x", **{"model.num_heads": 4}), str(work), "eval", {"model.num_heads"}
+    )
+  resumed = _fine_tune_config(str(tmp_path / "moved"), **{"model.num_heads": 4})
+  run = command.open_run(resumed, str(work), "train", {"model.num_heads"})
+  assert run.config.model.num_heads == 2

@@ -333,7 +333,13 @@ def test_a_model_whose_target_language_cannot_be_told_names_its_own_files(tmp_pa
   with pytest.raises(errors.ConfigError) as info:
     marian_config.make_config(str(tmp_path), "x", hf, vocab)
   assert str(info.value) == (
-    f"{tmp_path}/tokenizer_config.json: target_lang is 'gem' (source_lang 'gem'), and "
-    "vocab.json has no >>xx<< target-language codes: which language this model writes cannot "
-    "be told."
+    f"{tmp_path}: which language this model writes cannot be told: its target language, from "
+    "tokenizer_config.json's target_lang 'gem', is its source's ('gem'), and vocab.json has no "
+    ">>xx<< target-language codes."
   )
+  (tmp_path / "tokenizer_config.json").unlink()
+  with pytest.raises(errors.ConfigError, match="from the name 'opus-mt-ROMANCE-ROMANCE', is a"):
+    marian_config.make_config(str(tmp_path), "Helsinki-NLP/opus-mt-ROMANCE-ROMANCE", hf, vocab)
+  # A name whose parts are not languages is not read as languages (the defaults stand).
+  config = marian_config.make_config(str(tmp_path), "me/opus-mt-en-medical", hf, vocab)
+  assert (config.data.src_lang, config.data.tgt_lang) == ("src", "tgt")
