@@ -19,15 +19,14 @@ import dataclasses
 import os
 from typing import Any
 
-import jax
 import ml_collections
-import numpy as np
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import builders, checks
 from flaxformer_nmt.config.choices import ACTIVATIONS
 from flaxformer_nmt.data import fairseq_vocabulary, pair_vocabulary
 from flaxformer_nmt.export import m2m100
+from flaxformer_nmt.importing import marian_config
 from flaxformer_nmt.importing.model_folder import read_json, state_dict
 from flaxformer_nmt.run.components import Components
 
@@ -151,16 +150,5 @@ def read_m2m100(folder: str) -> M2M100Model:
     params = m2m100.to_ours(sd, vocabulary.fairseq_ids, *layers)
   except KeyError as e:
     raise errors.DataError(f"{folder}: has no weight {e.args[0]}.") from None
-  template = Components(config, vocabulary).abstract_params
-  want = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in _leaves(template)}
-  got = {jax.tree_util.keystr(k): np.shape(v) for k, v in _leaves(params)}
-  for name in sorted(set(got) | set(want)):
-    if got.get(name) != want.get(name):
-      raise errors.CheckpointMismatchError(
-        f"{folder}: the weight {name} is {got.get(name)} where the model needs {want.get(name)}."
-      )
+  marian_config.check_shapes(params, Components(config, vocabulary).abstract_params, folder)
   return M2M100Model(config, vocabulary, params, hf)
-
-
-def _leaves(tree: Any) -> list[tuple[Any, Any]]:
-  return jax.tree_util.tree_leaves_with_path(tree)

@@ -209,7 +209,9 @@ def _shared_embedding(sd: dict[str, np.ndarray], where: str) -> None:
   sd["model.shared.weight"] = found[0]
 
 
-def _check_shapes(params: Any, template: Any, where: str) -> None:
+def check_shapes(params: Any, template: Any, where: str) -> None:
+  """CheckpointMismatchError naming the first weight whose shape is not the model's (M2M100's
+  reading shares it)."""
   leaves = jax.tree_util.tree_leaves_with_path(params)
   got = {jax.tree_util.keystr(k): np.shape(v) for k, v in leaves}
   want = {
@@ -272,7 +274,7 @@ def read_marian(folder: str, source: str) -> MarianModel:
     params = marian.to_ours(sd, vocabulary.marian_ids, *layers)
   except KeyError as e:
     raise errors.DataError(f"{folder}: has no weight {e.args[0]}.") from None
-  _check_shapes(params, Components(config, vocabulary).abstract_params, folder)
+  check_shapes(params, Components(config, vocabulary).abstract_params, folder)
   return MarianModel(config, vocabulary, params, hf)
 
 
