@@ -20,7 +20,6 @@ Ids are renumbered to this package's (model/tokens.py): `<pad>` (1) becomes 0, `
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 
@@ -67,19 +66,6 @@ def digest(path: str) -> str:
   return hashlib.sha256(parts.encode()).hexdigest()
 
 
-def _read_json(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      doc = json.load(f)
-  except FileNotFoundError:
-    return {}
-  except (OSError, ValueError) as e:
-    raise errors.DataError(f"{path}: not JSON ({e}).") from None
-  if not isinstance(doc, dict):
-    raise errors.DataError(f"{path}: holds a JSON {type(doc).__name__}, not an object.")
-  return doc
-
-
 class FairseqVocabulary:
   """Text <-> our ids with an M2M100 folder's SentencePiece model, dictionary and language tokens
   (the methods of data/tokenizer.Tokenizer that the stages use)."""
@@ -96,13 +82,13 @@ class FairseqVocabulary:
     except (OSError, RuntimeError) as e:
       raise errors.DataError(f"{path}: not a SentencePiece model ({e}).") from None
     vocab_path = os.path.join(folder, "vocab.json")
-    vocab = _read_json(vocab_path)
+    vocab = files.read_json_object(vocab_path)
     if not vocab or not all(isinstance(i, int) for i in vocab.values()):
       raise errors.DataError(f"{vocab_path}: not a vocab.json (a map from pieces to ids).")
     for piece, want in ((BOS, 0), (PAD, 1), (EOS, 2), (UNK, 3)):
       if vocab.get(piece) != want:
         raise errors.DataError(f"{vocab_path}: {piece!r} is not id {want}, as fairseq's are.")
-    tok = _read_json(os.path.join(folder, "tokenizer_config.json"))
+    tok = files.read_json_object(os.path.join(folder, "tokenizer_config.json"))
     codes = str(tok.get("language_codes", "m2m100"))
     if codes not in LANGUAGE_CODES:
       raise errors.DataError(

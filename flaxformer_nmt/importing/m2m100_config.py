@@ -139,11 +139,7 @@ def read_m2m100(folder: str) -> M2M100Model:
   config = make_config(folder, hf, vocabulary)
   checks.validate(config)
   sd = state_dict(folder)
-  if "model.shared.weight" not in sd:
-    for alias in ("model.encoder.embed_tokens.weight", "lm_head.weight"):
-      if alias in sd:
-        sd["model.shared.weight"] = sd[alias]
-        break
+  marian_config.shared_embedding(sd, folder)
   m = config.model
   layers = (m.num_layers, m.num_decoder_layers or m.num_layers)
   try:

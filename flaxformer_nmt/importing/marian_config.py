@@ -195,8 +195,9 @@ def make_config(
   return config
 
 
-def _shared_embedding(sd: dict[str, np.ndarray], where: str) -> None:
-  """Older checkpoints name the tied table by its users; one name is kept (model.shared)."""
+def shared_embedding(sd: dict[str, np.ndarray], where: str) -> None:
+  """Older checkpoints name the tied table by its users; one name is kept (model.shared). BART's
+  layout, so M2M100's reading calls it too."""
   names = ("model.shared.weight", "model.encoder.embed_tokens.weight", "lm_head.weight")
   found = [sd[n] for n in names if n in sd]
   if not found:
@@ -267,7 +268,7 @@ def read_marian(folder: str, source: str) -> MarianModel:
   config = make_config(folder, source, hf, vocab)
   checks.validate(config)
   sd = state_dict(folder)
-  _shared_embedding(sd, folder)
+  shared_embedding(sd, folder)
   m = config.model
   layers = (m.num_layers, m.num_decoder_layers or m.num_layers)
   try:

@@ -7,7 +7,6 @@ Marian family's reading of what these return).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -48,18 +47,8 @@ def locate(source: str) -> str:
 
 
 def read_json(path: str) -> dict[str, Any]:
-  try:
-    with open(path, encoding="utf-8") as f:
-      doc = json.load(f)
-  except FileNotFoundError:
-    return {}
-  except (OSError, ValueError) as e:
-    raise errors.DataError(f"{path}: not JSON ({e}).") from None
-  if not isinstance(doc, dict):
-    raise errors.DataError(
-      f"{path}: holds a JSON {type(doc).__name__}, not a transformers model's config (an object)."
-    )
-  return doc
+  """A model folder's JSON file ({} if missing); DataError if it is not a JSON object."""
+  return files.read_json_object(path, "a transformers model's config (an object)")
 
 
 def state_dict(folder: str) -> dict[str, np.ndarray]:

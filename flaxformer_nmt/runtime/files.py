@@ -350,3 +350,18 @@ def _process_index() -> int:
   import jax  # pylint: disable=g-import-not-at-top
 
   return jax.process_index()
+
+
+def read_json_object(path: str, what: str = "an object") -> dict[str, Any]:
+  """The JSON object in the file at `path` ({} if there is none); DataError naming the file if it
+  is not JSON or holds something other than an object (`what` says what was expected)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = json.load(f)
+  except FileNotFoundError:
+    return {}
+  except (OSError, ValueError) as e:
+    raise errors.DataError(f"{path}: not JSON ({e}).") from None
+  if not isinstance(doc, dict):
+    raise errors.DataError(f"{path}: holds a JSON {type(doc).__name__}, not {what}.")
+  return doc
