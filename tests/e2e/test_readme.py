@@ -246,6 +246,8 @@ def test_files_chain(tmp_path):
     + ["--config.data.directions=en-de,de-en,en-fr", "--config.data.zero_shot=de-fr"],
   }
   overrides.update(_BENCHMARKS)
+  # 20 steps keep 5 checkpoints; multi30k_best averages 10 unless told (the others' default is 5).
+  overrides["experiments"] = ["--average=5"]
   ran_script = prepared = False
   try:
     for command, proc, box in run_chain("files", tmp_path, overrides):
@@ -286,6 +288,13 @@ def test_files_chain(tmp_path):
         # Even a 20-step model meets every term: the search guarantees them, not the model.
         assert last["terms"]["met"]["term_rate"] == 1.0 and last["terms"]["terms"] > 0
         assert last["timing"]["ratio"] > 0 and last["with_terms"]["test_sentences"] == 1000
+      elif "--experiment=multi30k_best" in command.text:
+        last = readme_checks.last_json(proc)
+        record = json.loads((box.repo / "benchmarks/results/multi30k_best.json").read_text())
+        assert record["result"] == last and last["workdir"] == "runs/multi30k_tiny_120m"
+        assert last["step"] == 20 and len(last["averaged_steps"]) == 5
+        assert "test_multi30k_bleu_beam5" in last["averaged"]
+        assert last["curve"] and (box.repo / last["workdir"] / "learning_curve.png").is_file()
       elif "--experiment=multi30k" in command.text:
         work = box.repo / "runs" / "multi30k_60m"  # the script's default: runs/ did not exist
         last = readme_checks.last_json(proc)
