@@ -57,6 +57,10 @@ def test_time_budget_stops_early_with_a_checkpoint(tmp_path, tiny_config):
   result = train.train_and_evaluate(c, Workdir(str(tmp_path)))
   assert result["step"] == 1
   assert os.listdir(tmp_path / "checkpoints") == ["1"]
+  # Rerun (as benchmarks/experiments.py reruns a finished experiment): the budget is spent, so
+  # no step past it (one more was trained before the loop asked first).
+  again = train.train_and_evaluate(c, Workdir(str(tmp_path)))
+  assert again["step"] == 1 and os.listdir(tmp_path / "checkpoints") == ["1"]
 
 
 def test_bfloat16_demo_trains_close_to_float32_with_float32_state(
