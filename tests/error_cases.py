@@ -235,6 +235,34 @@ CASES = [
     "config.optim.ema_decay=0, but the checkpoints in",
   ),
   Case(
+    "LoRA without a model to adapt",
+    in_trained("--config=configs/demo.py", "--config.optim.lora_rank=8"),
+    "config.optim.lora_rank=8 adapts a trained model, but config.init_from is empty",
+  ),
+  Case(
+    "unknown LoRA target",
+    in_trained(
+      "--config=configs/demo.py", "--config.optim.lora_rank=8", "--config.optim.lora_targets=q,wq"
+    ),
+    "'wq' is not a LoRA target",
+  ),
+  Case(
+    "LoRA with a parameter average",
+    fine_tuning("{trained}", "--config.optim.lora_rank=8", "--config.optim.ema_decay=0.9"),
+    "a parameter average of the adapters is not the average of the merged models",
+    trained=False,
+  ),
+  Case(
+    "LoRA turned on in a run under way",
+    in_trained(
+      "--config=configs/demo.py",
+      "--config.optim.lora_rank=8",
+      "--config.init_from={base}/workdir",
+      "--config.optim.ema_decay=0.0",  # the trained run keeps one, which LoRA refuses
+    ),
+    "a run under way keeps what it trains",
+  ),
+  Case(
     "unknown best metric",
     in_trained("--config=configs/demo.py", "--config.best_metric=bleu"),
     "config.best_metric must be one of ['', 'dev_bleu', 'dev_loss'], got 'bleu'",

@@ -21,6 +21,7 @@ from flaxformer_nmt.config.choices import (
   DECODER_STARTS,
   DROPOUT_RNGS,
   DTYPES,
+  LORA_TARGETS,
   POSITIONALS,
   SCHEDULES,
   SEED_LIMIT,
@@ -186,6 +187,35 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
   for path in ("eps", "lr_scale"):
     if _get(config, f"optim.{path}") <= 0:
       _fail(f"config.optim.{path} must be > 0, got {_get(config, f'optim.{path}')!r}.")
+  if "lora_rank" in config.optim:  # absent from configs saved before LoRA existed
+    _check_lora(config)
+
+
+def _check_lora(config: ml_collections.ConfigDict) -> None:
+  """config.optim.lora_*: a rank, a positive alpha, known targets, a model to adapt, no EMA."""
+  o = config.optim
+  _at_least(config, "optim.lora_rank", 0)
+  if not o.lora_rank:
+    return
+  if _get(config, "optim.lora_alpha") <= 0:
+    _fail(f"config.optim.lora_alpha must be > 0, got {o.lora_alpha!r}.")
+  targets = [t.strip() for t in str(o.lora_targets).split(",") if t.strip()]
+  unknown = [t for t in targets if t not in LORA_TARGETS] or ([] if targets else [""])
+  if unknown:
+    _fail(
+      f"config.optim.lora_targets={o.lora_targets!r}: {unknown[0]!r} is not a LoRA target; "
+      f"choose among {', '.join(LORA_TARGETS)} (comma-separated)."
+    )
+  if not config.init_from:
+    _fail(
+      f"config.optim.lora_rank={o.lora_rank} adapts a trained model, but config.init_from is "
+      "empty: name the run (or import) to fine-tune."
+    )
+  if o.ema_decay:
+    _fail(
+      f"config.optim.lora_rank={o.lora_rank} and config.optim.ema_decay={o.ema_decay:g}: a "
+      "parameter average of the adapters is not the average of the merged models; use one."
+    )
 
 
 def _check_data(config: ml_collections.ConfigDict) -> None:

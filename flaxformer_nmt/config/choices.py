@@ -29,3 +29,6 @@ BEST_METRICS = ("", "dev_bleu", "dev_loss")  # training/best.Tracker
 CHECKPOINTS = ("auto", "latest", "averaged", "best", "ema")
 # JAX's default PRNG keys hold 32 bits: a seed outside [0, 2**32) would silently alias another.
 SEED_LIMIT = 1 << 32
+
+# config.optim.lora_targets (training/lora.py): the kernels LoRA adapts.
+LORA_TARGETS = ("q", "k", "v", "o", "ffn_in", "ffn_out")

@@ -33,6 +33,13 @@ def optim_config() -> ml_collections.ConfigDict:
       # loss_scale_period finite steps in a row (training/loss_scale.py).
       loss_scale_init=2.0**15,
       loss_scale_period=2000,
+      # > 0: fine-tune low-rank adapters of this rank instead of every parameter (LoRA,
+      # training/lora.py): each targeted kernel W trains as W0 + (lora_alpha / lora_rank) * A @ B
+      # with W0 frozen; needs config.init_from (the model to adapt). lora_targets: which kernels,
+      # of q, k, v, o (every attention's projections) and ffn_in, ffn_out.
+      lora_rank=0,
+      lora_alpha=16.0,
+      lora_targets="q,k,v,o",
     )
   )
 

@@ -8,6 +8,8 @@ a resume restores into (`abstract_state`, allocating nothing: the real initial s
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -18,7 +20,7 @@ from flaxformer_nmt.checkpoints import reader
 from flaxformer_nmt.model.transformer import init_params
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
-from flaxformer_nmt.training import loss_scale, optim
+from flaxformer_nmt.training import lora, loss_scale, optim
 from flaxformer_nmt.training.steps import TrainState, create_train_state
 
 
@@ -31,25 +33,44 @@ class TrainSetup:
     self.tx, self.schedule = optim.make_optimizer(self.config.optim, components.model_cfg.d_model)
     # float16 activations need a dynamic loss scale (training/loss_scale.py); others have none.
     self.scales_loss = components.model_cfg.dtype == jnp.float16
+    o = self.config.optim
+    self.lora_rank = int(o.get("lora_rank", 0))  # 0: every parameter trains
+    self.lora_targets = lora.parse_targets(o.lora_targets) if self.lora_rank else ()
+    self.lora_scale = lora.scale(self.lora_rank, o.lora_alpha) if self.lora_rank else 1.0
 
   def _initial_loss_scale(self) -> loss_scale.LossScale | None:
     return loss_scale.initial(self.config.optim) if self.scales_loss else None
 
-  def _make_initial_state(self) -> TrainState:
+  def _keys(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(parameter init, dropout, adapter init) keys, all from config.seed."""
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(self.config.seed))
-    params = jax.jit(init_params, static_argnums=0)(self.components.model_cfg, init_rng)
-    return create_train_state(params, self.tx, dropout_rng, self._initial_loss_scale())
+    return init_rng, dropout_rng, jax.random.fold_in(init_rng, 1)
+
+  def _state_from(self, params: Any, dropout_rng: jax.Array, lora_rng: jax.Array) -> TrainState:
+    adapters = None
+    if self.lora_rank:
+      adapters = lora.init(params, self.lora_rank, self.lora_targets, lora_rng)
+    return create_train_state(params, self.tx, dropout_rng, self._initial_loss_scale(), adapters)
 
   def initial_state(self) -> TrainState:
     """The state at step 0: freshly initialised parameters, Adam's zeros (host arrays)."""
-    return jax.device_get(self._make_initial_state())
+    init_rng, dropout_rng, lora_rng = self._keys()
+    params = jax.jit(init_params, static_argnums=0)(self.components.model_cfg, init_rng)
+    return jax.device_get(self._state_from(params, dropout_rng, lora_rng))
+
+  def start_from(self, state: TrainState, params: Any) -> TrainState:
+    """`state` (step 0) restarted from `params` (config.init_from): fresh Adam moments and a
+    parameter average that starts at them, or, for LoRA, W0 = `params` and fresh adapters."""
+    _, dropout_rng, lora_rng = self._keys()
+    fresh = jax.device_get(self._state_from(params, dropout_rng, lora_rng))
+    return state.replace(params=fresh.params, opt_state=fresh.opt_state, lora=fresh.lora)
 
   def abstract_state(self) -> TrainState:
     """The train state's structure, shapes and dtypes: the template a resume restores into,
     built on the Components' abstract parameters (the model is not traced again)."""
-    key = jax.random.PRNGKey(0)  # the shape and dtype of the dropout key split from the seed's
+    _, dropout_rng, lora_rng = self._keys()
     return jax.eval_shape(
-      lambda params: create_train_state(params, self.tx, key, self._initial_loss_scale()),
+      lambda params: self._state_from(params, dropout_rng, lora_rng),
       self.components.abstract_params,
     )
 
@@ -64,7 +85,10 @@ def check_resume_fits(
   params_lib.check_fits(workdir.checkpoints, components.abstract_params)
   _check_precision_fits(workdir, components)
   saved = workdir.saved_config().get("optim", {})
-  if "ema_decay" not in saved or not workdir.training_steps():
+  if not workdir.training_steps():
+    return
+  _check_lora_fits(config, saved, workdir)
+  if "ema_decay" not in saved:
     return
   was, now = float(saved["ema_decay"]), float(config.optim.ema_decay)
   if bool(was) != bool(now):
@@ -74,6 +98,26 @@ def check_resume_fits(
       f"with ema_decay={was:g}: a run under way cannot turn its parameter average {turn} (start "
       f"another workdir, with config.init_from={workdir.path} to keep the parameters)."
     )
+
+
+def _check_lora_fits(
+  config: ml_collections.ConfigDict, saved: dict[str, Any], workdir: Workdir
+) -> None:
+  """CheckpointMismatchError if a run under way would change what it trains: LoRA on or off,
+  another rank or other targets (its checkpoints hold adapters of one shape, or none)."""
+  now = (int(config.optim.get("lora_rank", 0)), str(config.optim.get("lora_targets", "")))
+  was = (int(saved.get("lora_rank", 0)), str(saved.get("lora_targets", "")))
+  if not now[0] and not was[0] or now == was:
+    return
+
+  def describe(rank: int, targets: str) -> str:
+    return f"lora_rank={rank}, lora_targets={targets!r}" if rank else "lora_rank=0 (no adapters)"
+
+  raise errors.CheckpointMismatchError(
+    f"config.optim: {describe(*now)}, but the checkpoints in {workdir.checkpoints} were saved "
+    f"with {describe(*was)}: a run under way keeps what it trains (start another workdir, with "
+    f"config.init_from={workdir.path} to keep the parameters)."
+  )
 
 
 def _check_precision_fits(workdir: Workdir, components: Components) -> None:

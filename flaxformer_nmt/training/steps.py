@@ -17,6 +17,7 @@ import optax
 
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.transformer import Transformer
+from flaxformer_nmt.training import lora as lora_lib
 from flaxformer_nmt.training import loss_scale as loss_scale_lib
 
 Array = jax.Array
@@ -28,11 +29,13 @@ class TrainState:
   """Everything that determines the rest of a training run (saved in each checkpoint)."""
 
   step: Array  # int32 scalar: updates applied so far
-  params: Any
-  opt_state: Any
+  params: Any  # the model's parameters (a LoRA run's merged: W0 + s * A @ B where adapted)
+  opt_state: Any  # of `trainable(state)`: the params, or a LoRA run's adapters only
   rng: Array  # base dropout key; step t on device d uses fold_in(fold_in(rng, t), d)
   # float16 runs only (training/loss_scale.py); None otherwise, and then not in checkpoints.
   loss_scale: loss_scale_lib.LossScale | None = None
+  # LoRA runs only (training/lora.py: the frozen W0 and the adapters); None otherwise.
+  lora: lora_lib.LoraState | None = None
 
 
 def create_train_state(
@@ -40,14 +43,26 @@ def create_train_state(
   tx: optax.GradientTransformation,
   rng: Array,
   loss_scale: loss_scale_lib.LossScale | None = None,
+  lora: lora_lib.LoraState | None = None,
 ) -> TrainState:
-  return TrainState(
-    step=jnp.array(0, jnp.int32),
-    params=params,
-    opt_state=tx.init(params),
-    rng=rng,
-    loss_scale=loss_scale,
+  state = TrainState(
+    step=jnp.array(0, jnp.int32), params=params, opt_state=None, rng=rng, loss_scale=loss_scale
   )
+  state = state.replace(lora=lora)
+  return state.replace(opt_state=tx.init(trainable(state)))
+
+
+def trainable(state: TrainState) -> Any:
+  """What the optimizer updates: the parameters, or a LoRA run's adapters alone."""
+  return state.params if state.lora is None else state.lora.adapters
+
+
+def _with_trainable(state: TrainState, new: Any, lora_scale: float) -> TrainState:
+  """`state` with `new` as its trainable part; a LoRA run's params re-merged from it."""
+  if state.lora is None:
+    return state.replace(params=new)
+  lora = state.lora.replace(adapters=new)
+  return state.replace(params=lora_lib.merged(state.params, lora, lora_scale), lora=lora)
 
 
 def _forward(model: Transformer, params: Any, batch: Batch, train: bool, rngs=None) -> Array:
@@ -105,6 +120,7 @@ def train_step(
   accumulate_steps: int = 1,
   skip_nonfinite: bool = False,
   loss_scale_period: int = 2000,
+  lora_scale: float = 1.0,
 ) -> tuple[TrainState, dict[str, Array]]:
   """One update on the global batch, of which this device holds a shard.
 
@@ -123,6 +139,9 @@ def train_step(
   A float16 run (`state.loss_scale` set) differentiates the loss times the scale, divides the
   summed gradient by it, and on a non-finite summed gradient skips the update whatever
   `skip_nonfinite` says (training/loss_scale.py); `loss_scale_period` finite steps double it.
+
+  A LoRA run (`state.lora` set) differentiates with respect to the adapters only, through the
+  merged kernels W0 + lora_scale * A @ B (training/lora.py); grad_norm is then the adapters'.
   """
   scaling = state.loss_scale
   weights = (batch["targets"] > 0).astype(jnp.float32)  # [rows, tgt_len]
@@ -135,7 +154,10 @@ def train_step(
     """Gradient of micro-batch loss sum / global tokens; (loss sum, nll sum) as aux."""
     micro_weights = (micro["targets"] > 0).astype(jnp.float32)
 
-    def loss_fn(params):
+    def loss_fn(weights):
+      params = weights
+      if state.lora is not None:
+        params = lora_lib.merged(state.params, state.lora.replace(adapters=weights), lora_scale)
       logits = _forward(model, params, micro, train=True, rngs={"dropout": rng})
       loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
         logits, micro["targets"], micro_weights, label_smoothing
@@ -145,7 +167,7 @@ def train_step(
         loss = loss * scaling.scale
       return loss, (loss_sum, nll_sum)
 
-    return jax.grad(loss_fn, has_aux=True)(state.params)
+    return jax.grad(loss_fn, has_aux=True)(trainable(state))
 
   if accumulate_steps == 1:
     grads, (loss_sum, nll_sum) = grads_of(batch, dropout_rng)
@@ -157,7 +179,7 @@ def train_step(
       g, (micro_loss, micro_nll) = grads_of(micro, jax.random.fold_in(dropout_rng, index))
       return (jax.tree.map(jnp.add, grads, g), loss_sum + micro_loss, nll_sum + micro_nll), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = jax.tree.map(jnp.zeros_like, trainable(state))
     (grads, loss_sum, nll_sum), _ = jax.lax.scan(
       accumulate,
       (zeros, jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32)),
@@ -167,20 +189,24 @@ def train_step(
   if scaling is not None:
     grads = loss_scale_lib.unscale(grads, scaling)
   grad_norm = _global_norm(grads)
-  updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
+  updates, new_opt_state = tx.update(grads, state.opt_state, trainable(state))
+  updated = _with_trainable(
+    state, optax.apply_updates(trainable(state), updates), lora_scale
+  ).replace(opt_state=new_opt_state)
 
   loss_finite = jnp.isfinite(jax.lax.psum(loss_sum, axis_name))
   finite = loss_finite & jnp.isfinite(grad_norm)
   if skip_nonfinite or scaling is not None:
-    # Keep the old parameters and moments; the step counter still advances so the data and the
-    # dropout keys move on past the bad batch.
-    def keep(new: Any, old: Any) -> Any:
-      return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-
-    new_params = keep(new_params, state.params)
-    new_opt_state = keep(new_opt_state, state.opt_state)
-  new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt_state)
+    # Keep the old parameters and moments (a LoRA run's adapters too); the step counter still
+    # advances so the data and the dropout keys move on past the bad batch.
+    updated = updated.replace(
+      params=jax.tree.map(lambda n, o: jnp.where(finite, n, o), updated.params, state.params),
+      opt_state=jax.tree.map(
+        lambda n, o: jnp.where(finite, n, o), updated.opt_state, state.opt_state
+      ),
+      lora=jax.tree.map(lambda n, o: jnp.where(finite, n, o), updated.lora, state.lora),
+    )
+  new_state = updated.replace(step=state.step + 1)
   overflow = jnp.zeros([], bool)
   if scaling is not None:
     overflow = loss_scale_lib.overflowed(scaling, loss_finite, jnp.isfinite(grad_norm))
@@ -199,7 +225,7 @@ def train_step(
   metrics = jax.lax.psum(metrics, axis_name)
   metrics.update(
     grad_norm=grad_norm,
-    param_norm=_global_norm(new_params),
+    param_norm=_global_norm(new_state.params),
     learning_rate=schedule(applied_count(state)),  # the rate this update applied
     nonfinite=nonfinite,
   )

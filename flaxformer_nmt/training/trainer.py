@@ -31,7 +31,7 @@ from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import console, files, parallel
-from flaxformer_nmt.training import best, init_from, metrics, optim, steps
+from flaxformer_nmt.training import best, init_from, lora, metrics, optim, steps
 from flaxformer_nmt.training.lock import WorkdirLock
 from flaxformer_nmt.training.state import TrainSetup
 
@@ -127,14 +127,24 @@ class Trainer:
       state = setup.initial_state()
       if source is not None:  # fine-tuning: step 0, fresh Adam moments and data position
         params = init_from.load_params(source, self.components.abstract_params, workdir)
-        params = jax.device_get(params)
-        # Fresh Adam moments, and a parameter average (EMA) that starts at the source's.
-        state = state.replace(params=params, opt_state=setup.tx.init(params))
+        # Fresh Adam moments (or adapters), and a parameter average that starts at the source's.
+        state = setup.start_from(state, jax.device_get(params))
     else:
       state, data_state, step = restored
       _restore_data_state(data.train, data_state)
       trained_seconds = float(data_state.get("train_seconds", 0.0))
       logging.info("Resumed from step %d in %s.", step, self.checkpoints.directory)
+    if state.lora is not None:
+      logging.info(
+        "LoRA: %d adapter parameters train (%.3f%% of the model's %d; rank %d on %s, scale %g); "
+        "the other weights are frozen.",
+        lora.count(state.lora.adapters),
+        100 * lora.count(state.lora.adapters) / lora.count(state.params),
+        lora.count(state.params),
+        setup.lora_rank,
+        ",".join(setup.lora_targets),
+        setup.lora_scale,
+      )
     self.start_step = self.step = int(state.step)
     self.p_train_step = parallel.pmap_train_step(
       steps.train_step,
@@ -145,6 +155,7 @@ class Trainer:
       accumulate_steps=config.optim.accumulate_steps,
       skip_nonfinite=config.skip_nonfinite,
       loss_scale_period=int(config.optim.get("loss_scale_period", 2000)),
+      lora_scale=setup.lora_scale,
     )
     self.p_eval_step = parallel.pmap_eval_step(
       steps.eval_step, model=model, label_smoothing=config.label_smoothing
