@@ -246,7 +246,8 @@ def export(
   fmt: str = "ctranslate2",
 ) -> dict[str, Any]:
   """A CTranslate2 model directory in `output` (needs `pip install -e ".[export]"`), or with
-  `fmt="huggingface"` a transformers Marian model folder (docs/pretrained.md)."""
+  `fmt="huggingface"` a transformers Marian model folder (docs/pretrained.md), `fmt="peft"` a
+  LoRA run's adapters (docs/fine-tuning.md)."""
   return _modes().export(config, workdir, checkpoint, fmt, output, quantization)
 
 

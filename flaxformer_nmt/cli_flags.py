@@ -66,8 +66,9 @@ flags.DEFINE_string(
 flags.DEFINE_enum(
   "format",
   "ctranslate2",
-  ["ctranslate2", "huggingface"],
-  "export: the target engine: CTranslate2, or transformers' Marian format (MarianMTModel).",
+  ["ctranslate2", "huggingface", "peft"],
+  "export: the target engine: CTranslate2, or transformers' Marian format (MarianMTModel); peft: "
+  "a LoRA run's adapters, for peft.PeftModel.from_pretrained.",
   module_name=_CLI,
 )
 flags.DEFINE_string(

@@ -296,15 +296,17 @@ def export(
 ) -> dict[str, Any]:
   """Converts the inference parameters and the vocabulary for another engine into the directory
   `output`: CTranslate2 (export/ctranslate2.py), or transformers' Marian format
-  (export/huggingface.py)."""
-  from flaxformer_nmt.export import ctranslate2, huggingface  # their libraries load lazily
+  (export/huggingface.py); or a LoRA run's adapters for PEFT (export/peft.py)."""
+  from flaxformer_nmt.export import ctranslate2, huggingface, peft  # libraries load lazily
 
-  exporters = {"ctranslate2": ctranslate2, "huggingface": huggingface}
+  exporters = {"ctranslate2": ctranslate2, "huggingface": huggingface, "peft": peft}
   if fmt not in exporters:  # the flag allows no other; the API may
     raise errors.ConfigError(f"--format={fmt}: choose one of {', '.join(exporters)}.")
   exporter = exporters[fmt]
   run = open_command(config, workdir, "export")
   exporter.check_output(output, quantization, run.config.model)  # before any work
+  if exporter is peft:
+    peft.check_run(run.config, run.folder, which)
   session = Session.of_run(run, which)
   result = exporter.write(session, run.folder, output, quantization)
   logging.info("Exported %s to %s (%s).", session.description, output, quantization)

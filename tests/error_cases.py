@@ -263,6 +263,11 @@ CASES = [
     "a run under way keeps what it trains",
   ),
   Case(
+    "PEFT export of a run without adapters",
+    in_trained("--config=configs/demo.py", "--mode=export", "--format=peft", "--output={base}/o"),
+    "was not trained with config.optim.lora_rank > 0, so it has no adapters",
+  ),
+  Case(
     "unknown best metric",
     in_trained("--config=configs/demo.py", "--config.best_metric=bleu"),
     "config.best_metric must be one of ['', 'dev_bleu', 'dev_loss'], got 'bleu'",

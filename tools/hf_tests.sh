@@ -28,13 +28,15 @@ if ! install_venv; then
 fi
 . "$venv/bin/activate"
 python - <<'PY'
-import sys, jax, torch, transformers, safetensors
+import sys, jax, torch, transformers, safetensors, peft
 print(f"hf: Python {sys.version.split()[0]}, jax {jax.__version__}, torch {torch.__version__}, "
-      f"transformers {transformers.__version__}, safetensors {safetensors.__version__}")
+      f"transformers {transformers.__version__}, safetensors {safetensors.__version__}, "
+      f"peft {peft.__version__}")
 PY
 echo "hf: venv $venv, $(du -sh "$venv" | cut -f1)"
 # Two workers; -rP prints what each passing test printed (its figures: score differences, greedy
 # agreement) in the summary, which xdist would otherwise drop. transformers' and
 # huggingface_hub's progress bars stay off.
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-python -m pytest -q -rP -n 2 -m hf tests/e2e/test_pretrained.py tests/e2e/test_m2m100.py "$@"
+python -m pytest -q -rP -n 2 -m hf tests/e2e/test_pretrained.py tests/e2e/test_m2m100.py \
+  tests/e2e/test_lora_peft.py "$@"

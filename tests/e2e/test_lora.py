@@ -12,8 +12,10 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 from flax import traverse_util
 
+from flaxformer_nmt import errors, modes
 from flaxformer_nmt.checkpoints import averaging, reader
 from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import Tokenizer
@@ -125,6 +127,14 @@ def test_averaging_lora_checkpoints_averages_the_merged_kernels(trained_demo, tm
     b_mean = np.mean([b for _, b in pairs], axis=0)
     assert np.abs(mean[path] - (w0 + s * a_mean @ b_mean)).max() > 1e-5
   assert a_mean is not None and b_mean is not None
+  # An average has no rank-r factors: --format=peft refuses it ("auto" resolves to it now),
+  # before anything is written.
+  modes.average(None, str(work), 3)
+  out = tmp_path / "adapters"
+  for which in ("auto", "averaged"):
+    with pytest.raises(errors.ConfigError, match="averaged parameters, merged"):
+      modes.export(None, str(work), which, "peft", str(out), "float32")
+  assert not out.exists()
 
 
 def test_a_stopped_and_resumed_lora_run_is_the_uninterrupted_run_bitwise(trained_demo, tmp_path):

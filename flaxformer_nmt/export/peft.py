@@ -1,0 +1,164 @@
+"""`--mode=export --format=peft`: a LoRA run's adapters as a PEFT adapter folder.
+
+`peft.PeftModel.from_pretrained(base, DIR)` loads it onto `base`, the transformers export of the
+run's frozen weights W0: its `config.init_from` source exported with `--format=huggingface` (the
+source's parameters are W0 bit for bit, training/lora.py). The folder holds:
+
+- adapter_config.json: LoRA's rank, alpha and targets under transformers' module names (q_proj,
+  k_proj, v_proj, out_proj, fc1, fc2: PEFT has no default target list for Marian or M2M100), no
+  dropout, `base_model_name_or_path` the source as the run recorded it;
+- adapter_model.safetensors: lora_A.weight [r, in] and lora_B.weight [out, r] per adapted module,
+  under PEFT's saved names (`base_model.model.` + the module's name in the model's state dict).
+  Our A [in, r] and B [r, out] are transposed, and their residual-stream side reordered exactly as
+  export/marian.py reorders the kernels they adapt, so PEFT's scaling * B @ A is the transposed
+  s * A @ B of our merged kernel;
+- README.md: how to load it.
+
+Only a training checkpoint holds adapters: an average or best/ holds merged parameters (a mean of
+products B.A has no rank-r factors), so --checkpoint must resolve to `latest`. Exporting the
+merged model for transformers or CTranslate2 is --format=huggingface or ctranslate2, as for any run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from flaxformer_nmt import errors
+from flaxformer_nmt.checkpoints import reader
+from flaxformer_nmt.export import huggingface, marian
+from flaxformer_nmt.run import selection
+from flaxformer_nmt.runtime import files
+from flaxformer_nmt.training import lora
+
+# Ours -> transformers' module of the same matrix, per layer (export/marian.py's names).
+_ENCODER_MODULES = {"self_attention": "self_attn"}
+_DECODER_MODULES = {"self_attention": "self_attn", "cross_attention": "encoder_attn"}
+_PROJECTION_MODULES = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
+_FFN_MODULES = {"wi": "fc1", "wo": "fc2"}
+# Which of a kernel's sides is the residual stream (reordered for Marian): its input side for
+# q, k, v and fc1, its output side for out_proj and fc2.
+_OUTPUT_IS_RESIDUAL = {"out_proj", "fc2"}
+
+
+def check_output(output: str, quantization: str, model: ml_collections.ConfigDict) -> None:
+  """As --format=huggingface's: the adapters fit only that export of the base."""
+  huggingface.check_output(output, quantization, model)
+
+
+def check_run(config: ml_collections.ConfigDict, folder: Any, which: str) -> None:
+  """ConfigError, before anything loads, for a run without adapters or parameters that are not a
+  training checkpoint's."""
+  if not int(config.optim.get("lora_rank", 0)):
+    raise errors.ConfigError(
+      f"--format=peft: {folder.path} was not trained with config.optim.lora_rank > 0, so it has "
+      "no adapters; export the model itself with --format=huggingface."
+    )
+  location = selection.resolve(folder, which)
+  if location.kind != "latest":
+    raise errors.ConfigError(
+      f"--format=peft --checkpoint={which}: that is the run's {location.kind} parameters, "
+      "merged (an average or best/ keeps no rank-r adapters); use --checkpoint=latest."
+    )
+
+
+def _module(path: tuple[str, ...]) -> str:
+  """Our kernel's path -> transformers' module name (model.encoder.layers.0.self_attn.q_proj)."""
+  stack, index = path[0].split("_")
+  names = _ENCODER_MODULES if stack == "encoder" else _DECODER_MODULES
+  if path[1] == "ffn":
+    return f"model.{stack}.layers.{index}.{_FFN_MODULES[path[2]]}"
+  return f"model.{stack}.layers.{index}.{names[path[1]]}.{_PROJECTION_MODULES[path[2]]}"
+
+
+def adapter_state_dict(adapters: Any, d_model: int) -> dict[str, np.ndarray]:
+  """PEFT's saved tensors for our adapters ({path: {"a", "b"}}, numpy): lora_A.weight = A^T and
+  lora_B.weight = B^T, the residual side in Marian's feature order."""
+  inv = np.argsort(marian.feature_order(d_model))
+  flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(adapters).items()}
+  out = {}
+  for path in sorted({k[:-1] for k in flat}):
+    a, b = flat[path + ("a",)], flat[path + ("b",)]  # [in, r], [r, out]
+    module = _module(path if path[-1] != "kernel" else path[:-1])
+    if module.rsplit(".", 1)[1] in _OUTPUT_IS_RESIDUAL:
+      b = b[:, inv]
+    else:
+      a = a[inv, :]
+    out[f"base_model.model.{module}.lora_A.weight"] = a.T
+    out[f"base_model.model.{module}.lora_B.weight"] = b.T
+  return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+
+
+def adapter_config(config: ml_collections.ConfigDict, base: str) -> dict[str, Any]:
+  """PEFT's LoraConfig as adapter_config.json (the fields its from_pretrained reads)."""
+  o = config.optim
+  targets = lora.parse_targets(o.lora_targets)
+  return {
+    "peft_type": "LORA",
+    "task_type": "SEQ_2_SEQ_LM",
+    "base_model_name_or_path": base,
+    "r": int(o.lora_rank),
+    "lora_alpha": float(o.lora_alpha),
+    "lora_dropout": 0.0,
+    "target_modules": sorted(lora.HF_MODULES[t] for t in targets),
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "use_rslora": False,
+    "inference_mode": True,
+    "init_lora_weights": True,
+    "modules_to_save": None,
+  }
+
+
+def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str, Any]:
+  """--mode=export's call (modes.export): the adapters of the checkpoint `session` loaded."""
+  del quantization  # float32: check_output
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  c = session.components
+  o = c.config.optim
+  targets = lora.parse_targets(o.lora_targets)
+  template = jax.eval_shape(
+    lambda p: lora.init(p, int(o.lora_rank), targets, jax.random.PRNGKey(0)), c.abstract_params
+  )
+  state, _ = reader.CheckpointDir(folder.checkpoints).read(
+    session.step, {"lora": {"adapters": reader.state_dict(template.adapters)}}
+  )
+  tensors = adapter_state_dict(state["lora"]["adapters"], c.model_cfg.d_model)
+  base = c.config.init_from
+  with files.staged_folder(output) as staging:
+    save_file(tensors, os.path.join(staging, "adapter_model.safetensors"), {"format": "pt"})
+    with open(os.path.join(staging, "adapter_config.json"), "w", encoding="utf-8") as f:
+      json.dump(adapter_config(c.config, base), f, indent=2)
+      f.write("\n")
+    with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
+      f.write(_card(c.config, base, session.step))
+  return {
+    "format": "peft",
+    "output": os.path.abspath(output),
+    "adapter_parameters": int(sum(v.size for v in tensors.values())),
+    "step": session.step,
+  }
+
+
+def _card(config: ml_collections.ConfigDict, base: str, step: int) -> str:
+  o = config.optim
+  name = os.path.basename(os.path.normpath(base)) or base
+  return (
+    f"# LoRA adapters (rank {o.lora_rank}, alpha {o.lora_alpha:g}, on {o.lora_targets})\n\n"
+    f"Step {step} of a flaxformer_nmt LoRA run fine-tuned from `{name}`. They load onto that "
+    "run's transformers export:\n\n"
+    "```python\n"
+    "from peft import PeftModel\n"
+    "from transformers import MarianMTModel\n\n"
+    f'base = MarianMTModel.from_pretrained("{name}-hf")  # flaxformer-nmt --mode=export '
+    f"--format=huggingface --workdir={name} --output={name}-hf\n"
+    'model = PeftModel.from_pretrained(base, "THIS_FOLDER")\n'
+    "```\n"
+  )
