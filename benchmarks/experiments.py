@@ -4,6 +4,7 @@ r"""The training runs behind the BLEU figures of the README and docs/, recorded.
   python benchmarks/experiments.py --experiment=demo_precisions   # float32, bfloat16, float16
   python benchmarks/experiments.py --experiment=fine_tune_demo      # docs/fine-tuning.md
   python benchmarks/experiments.py --experiment=finetune_imported   # docs/pretrained.md
+  python benchmarks/experiments.py --experiment=fine_tune_lora      # docs/fine-tuning.md
   python benchmarks/experiments.py --experiment=multi30k --data_dir=data/multi30k --minutes=60
   python benchmarks/experiments.py --experiment=multi30k_seeds --data_dir=data/multi30k --minutes=20
   python benchmarks/experiments.py --experiment=multi30k_best --data_dir=data/multi30k
@@ -29,6 +30,10 @@ then evaluates again; nothing already trained is lost to an interruption.
   (--mode=import), then fine-tuned on the shifted domain as `fine_tune_demo`'s best/EMA run is
   (no --config model fields: they come from the import), its best and EMA parameters scored on
   both test sets: beside fine_tune_demo.json.
+- `fine_tune_lora`: the demo model fine-tuned on fine_tune_demo's shifted domain three ways, the
+  same steps and data, best dev BLEU kept: every parameter (fine_tune_demo's rate, no EMA), LoRA
+  rank 8 on q, k, v, o at that rate, and at ten times it; each scored on both test sets, with its
+  trained parameters and steps per second.
 - `multi30k`: configs/multi30k.py within a training budget of --minutes (evaluation not counted),
   the last --average checkpoints averaged; test_2016_flickr scored for the average (both beam
   styles) and the last checkpoint; the dev BLEU curve (PNG beside the workdir's records).
@@ -81,6 +86,7 @@ _EXPERIMENT = flags.DEFINE_enum(
     "demo_precisions",
     "fine_tune_demo",
     "finetune_imported",
+    "fine_tune_lora",
     "multi30k",
     "multi30k_best",
     "multi30k_seeds",
@@ -201,6 +207,60 @@ def fine_tune_demo() -> dict[str, Any]:
       "original": score(original, mixed_dir, "latest"),
     },
   }
+
+
+def fine_tune_lora() -> dict[str, Any]:
+  source, root = _SOURCE.value, _WORKDIR.value or "runs/demo_lora"
+  demo_args = ["--config=configs/demo.py"]
+  shifted = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_large"]
+  original = [*demo_args, "--config.data.source=demo"]
+  main_py(*demo_args, f"--workdir={source}")  # trains the quick start's model, or returns it
+  _demo_text("data/demo_large", "--variant=large")
+  tune = [
+    f"--config.init_from={source}",
+    "--config.optim.schedule=constant",
+    f"--config.num_train_steps={_FT_STEPS.value}",
+    "--config.eval_every_steps=50",
+    "--config.checkpoint_every_steps=50",
+    "--config.best_metric=dev_bleu",
+  ]
+  lora = [
+    "--config.optim.lora_rank=8",
+    "--config.optim.lora_alpha=16",
+    "--config.optim.lora_targets=q,k,v,o",
+  ]
+  variants = {
+    "full": ["--config.optim.lr_scale=0.1"],
+    "lora": [*lora, "--config.optim.lr_scale=0.1"],
+    "lora_lr10x": [*lora, "--config.optim.lr_scale=1.0"],
+  }
+
+  def score(args: list[str], run: str, which: str) -> dict[str, Any]:
+    return scores(main_py(*args, f"--workdir={run}", "--mode=eval", f"--checkpoint={which}"))
+
+  out: dict[str, Any] = {
+    "source": source,
+    "before": {
+      "shifted": score(shifted, source, "auto"),
+      "original": score(original, source, "auto"),
+    },
+  }
+  for name, extra in variants.items():
+    workdir = f"{root}_{name}"
+    trained = main_py(*shifted, f"--workdir={workdir}", *tune, *extra)
+    out[name] = {
+      "workdir": workdir,
+      "settings": extra,
+      **_trained(trained),
+      "parameters": trained["parameters"],
+      "trained_parameters": trained["trained_parameters"],
+      "steps_per_s": trained["step"] / max(trained["train_minutes"] * 60.0, 1e-9),
+      "best": {
+        "shifted": score(shifted, workdir, "best"),
+        "original": score(original, workdir, "best"),
+      },
+    }
+  return out
 
 
 def finetune_imported() -> dict[str, Any]:
@@ -603,6 +663,7 @@ EXPERIMENTS: dict[str, Callable[[], dict[str, Any]]] = {
   "demo_precisions": demo_precisions,
   "fine_tune_demo": fine_tune_demo,
   "finetune_imported": finetune_imported,
+  "fine_tune_lora": fine_tune_lora,
   "multi30k": multi30k,
   "multi30k_best": multi30k_best,
   "multi30k_seeds": multi30k_seeds,

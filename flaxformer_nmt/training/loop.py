@@ -185,6 +185,7 @@ def _train(
         trainer.save(force=True, check_clock=False)
 
   result: dict[str, Any] = {"mode": "train", "step": trainer.step, **_final_dev_figures(trainer)}
+  result.update(parameters=trainer.parameters, trained_parameters=trainer.trained_parameters)
   if trainer.keeper is not None:
     result.update(trainer.keeper.tracker.summary(), stopped_early=stopped_early)
   # The training figures are on disk before the (long) test decoding starts.

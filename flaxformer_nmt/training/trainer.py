@@ -134,6 +134,9 @@ class Trainer:
       _restore_data_state(data.train, data_state)
       trained_seconds = float(data_state.get("train_seconds", 0.0))
       logging.info("Resumed from step %d in %s.", step, self.checkpoints.directory)
+    # What the result reports: every parameter, and those the optimizer updates (LoRA: adapters).
+    self.parameters = lora.count(state.params)
+    self.trained_parameters = lora.count(steps.trainable(state))
     if state.lora is not None:
       logging.info(
         "LoRA: %d adapter parameters train (%.3f%% of the model's %d; rank %d on %s, scale %g); "
