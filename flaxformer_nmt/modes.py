@@ -306,7 +306,7 @@ def export(
   run = open_command(config, workdir, "export")
   exporter.check_output(output, quantization, run.config.model)  # before any work
   if exporter is peft:
-    peft.check_run(run.config, run.folder, which)
+    peft.check_run(run.folder, which)
   session = Session.of_run(run, which)
   result = exporter.write(session, run.folder, output, quantization)
   logging.info("Exported %s to %s (%s).", session.description, output, quantization)

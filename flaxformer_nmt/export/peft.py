@@ -32,6 +32,7 @@ from flax import traverse_util
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import reader
+from flaxformer_nmt.config import run_config
 from flaxformer_nmt.export import huggingface, marian
 from flaxformer_nmt.run import selection
 from flaxformer_nmt.runtime import files
@@ -52,10 +53,18 @@ def check_output(output: str, quantization: str, model: ml_collections.ConfigDic
   huggingface.check_output(output, quantization, model)
 
 
-def check_run(config: ml_collections.ConfigDict, folder: Any, which: str) -> None:
+def lora_fields(folder: Any) -> ml_collections.ConfigDict:
+  """The run's own config.optim as it trained (its config.json; the defaults' if it saved none):
+  a --config given to the export command describes decoding, not what the checkpoints hold."""
+  text = folder.saved_config_text()
+  saved = run_config.from_json(text, folder.config_path) if text else None
+  return saved.optim if saved is not None else ml_collections.ConfigDict({"lora_rank": 0})
+
+
+def check_run(folder: Any, which: str) -> None:
   """ConfigError, before anything loads, for a run without adapters or parameters that are not a
   training checkpoint's."""
-  if not int(config.optim.get("lora_rank", 0)):
+  if not int(lora_fields(folder).get("lora_rank", 0)):
     raise errors.ConfigError(
       f"--format=peft: {folder.path} was not trained with config.optim.lora_rank > 0, so it has "
       "no adapters; export the model itself with --format=huggingface."
@@ -95,9 +104,9 @@ def adapter_state_dict(adapters: Any, d_model: int) -> dict[str, np.ndarray]:
   return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
 
 
-def adapter_config(config: ml_collections.ConfigDict, base: str) -> dict[str, Any]:
-  """PEFT's LoraConfig as adapter_config.json (the fields its from_pretrained reads)."""
-  o = config.optim
+def adapter_config(o: ml_collections.ConfigDict, base: str) -> dict[str, Any]:
+  """PEFT's LoraConfig as adapter_config.json (the fields its from_pretrained reads), from the
+  run's config.optim."""
   targets = lora.parse_targets(o.lora_targets)
   return {
     "peft_type": "LORA",
@@ -122,7 +131,7 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   c = session.components
-  o = c.config.optim
+  o = lora_fields(folder)
   targets = lora.parse_targets(o.lora_targets)
   template = jax.eval_shape(
     lambda p: lora.init(p, int(o.lora_rank), targets, jax.random.PRNGKey(0)), c.abstract_params
@@ -131,14 +140,14 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
     session.step, {"lora": {"adapters": reader.state_dict(template.adapters)}}
   )
   tensors = adapter_state_dict(state["lora"]["adapters"], c.model_cfg.d_model)
-  base = c.config.init_from
+  base = folder.saved_config().get("init_from", "")
   with files.staged_folder(output) as staging:
     save_file(tensors, os.path.join(staging, "adapter_model.safetensors"), {"format": "pt"})
     with open(os.path.join(staging, "adapter_config.json"), "w", encoding="utf-8") as f:
-      json.dump(adapter_config(c.config, base), f, indent=2)
+      json.dump(adapter_config(o, base), f, indent=2)
       f.write("\n")
     with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
-      f.write(_card(c.config, base, session.step))
+      f.write(_card(o, base, session.step))
   return {
     "format": "peft",
     "output": os.path.abspath(output),
@@ -147,8 +156,7 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
   }
 
 
-def _card(config: ml_collections.ConfigDict, base: str, step: int) -> str:
-  o = config.optim
+def _card(o: ml_collections.ConfigDict, base: str, step: int) -> str:
   name = os.path.basename(os.path.normpath(base)) or base
   return (
     f"# LoRA adapters (rank {o.lora_rank}, alpha {o.lora_alpha:g}, on {o.lora_targets})\n\n"

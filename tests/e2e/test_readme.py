@@ -145,7 +145,10 @@ def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
     assert (work / "attention" / "cross_attention.png").stat().st_size > 0
   elif "--mode=export" in command.text:
     out = re.search(r"--output=(\S+)", command.text).group(1)
-    if "--format=huggingface" in command.text:  # docs/pretrained.md
+    if "--format=peft" in command.text:  # docs/fine-tuning.md: the LoRA run's adapters
+      assert json.loads((box.repo / out / "adapter_config.json").read_text())["r"] == 8
+      assert (box.repo / out / "adapter_model.safetensors").is_file()
+    elif "--format=huggingface" in command.text:  # docs/pretrained.md
       assert (box.repo / out / "model.safetensors").is_file()
       assert (box.repo / out / "README.md").is_file()
     else:
@@ -159,7 +162,10 @@ def _check_demo_command(command, proc, box, trained: list[dict]) -> None:
   elif "--mode" not in command.text and ("main.py" in command.text or "nmt --" in command.text):
     result = readme_checks.last_json(proc)
     assert result["step"] == 30 and "test_sacrebleu_beam4" in result
-    if "--config.best_metric=dev_bleu" in command.text:  # docs/fine-tuning.md's run
+    if "--config.optim.lora_rank" in command.text:  # docs/fine-tuning.md's LoRA run
+      assert 0 < result["trained_parameters"] < result["parameters"] / 10
+      assert result["best_step"] == 30
+    elif "--config.best_metric=dev_bleu" in command.text:  # docs/fine-tuning.md's run
       assert result["best_step"] == 30 and "ema_dev_bleu" in result
       assert result["best_parameters"] in ("params", "ema")
     if "--workdir=runs/demo " in command.text + " ":
