@@ -192,7 +192,8 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_lora(config: ml_collections.ConfigDict) -> None:
-  """config.optim.lora_*: a rank, a positive alpha, known targets, a model to adapt, no EMA."""
+  """config.optim.lora_*: a rank, a positive alpha, known targets, no EMA. (That a new LoRA run
+  names a model to adapt is training/loop.py's check: a resumed one needs none.)"""
   o = config.optim
   _at_least(config, "optim.lora_rank", 0)
   if not o.lora_rank:
@@ -205,11 +206,6 @@ def _check_lora(config: ml_collections.ConfigDict) -> None:
     _fail(
       f"config.optim.lora_targets={o.lora_targets!r}: {unknown[0]!r} is not a LoRA target; "
       f"choose among {', '.join(LORA_TARGETS)} (comma-separated)."
-    )
-  if not config.init_from:
-    _fail(
-      f"config.optim.lora_rank={o.lora_rank} adapts a trained model, but config.init_from is "
-      "empty: name the run (or import) to fine-tune."
     )
   if o.ema_decay:
     _fail(

@@ -70,7 +70,10 @@ ADDED_FIELDS: dict[str, object] = {
   # float16's loss scale (training/loss_scale.py): used by float16 runs only, which came later.
   "optim.loss_scale_init": 2.0**15,
   "optim.loss_scale_period": 2000,
-  "optim.lora_rank": 0,  # LoRA fine-tuning (training/lora.py) came later
+  # LoRA fine-tuning (training/lora.py) came later.
+  "optim.lora_rank": 0,
+  "optim.lora_alpha": 16.0,
+  "optim.lora_targets": "q,k,v,o",
   "eval.max_test_sentences": 0,
   "eval.bleu_protocol": "",  # a published BLEU protocol beside the others (decoding/bleu.py)
 }

@@ -16,6 +16,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from flaxformer_nmt import errors
 from flaxformer_nmt.config import run_config
 from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import open_vocabulary
@@ -95,6 +96,12 @@ def _components_before_data(
     check_resume_fits(config, workdir, components)
     return components, None
   if not config.get("init_from"):
+    rank = int(config.optim.get("lora_rank", 0))
+    if rank:
+      raise errors.ConfigError(
+        f"config.optim.lora_rank={rank} adapts a trained model, but config.init_from is empty "
+        f"and {workdir.path} has no checkpoint to resume: name the run (or import) to fine-tune."
+      )
     return None, None
   source = init_from.check(config, workdir)
   components = Components(config, open_vocabulary(source.vocabulary))

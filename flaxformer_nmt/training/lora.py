@@ -42,7 +42,7 @@ TARGETS: dict[str, Path] = {
   "ffn_in": ("ffn", "wi", "kernel"),
   "ffn_out": ("ffn", "wo", "kernel"),
 }
-# transformers' module names for the same matrices (Marian, M2M100; PEFT's target_modules).
+# transformers' module names for the same matrices (Marian's; PEFT's target_modules).
 HF_MODULES = {
   "q": "q_proj",
   "k": "k_proj",

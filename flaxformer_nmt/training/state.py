@@ -104,14 +104,24 @@ def _check_lora_fits(
   config: ml_collections.ConfigDict, saved: dict[str, Any], workdir: Workdir
 ) -> None:
   """CheckpointMismatchError if a run under way would change what it trains: LoRA on or off,
-  another rank or other targets (its checkpoints hold adapters of one shape, or none)."""
-  now = (int(config.optim.get("lora_rank", 0)), str(config.optim.get("lora_targets", "")))
-  was = (int(saved.get("lora_rank", 0)), str(saved.get("lora_targets", "")))
-  if not now[0] and not was[0] or now == was:
+  another rank, alpha (the scale of the merged kernels) or set of targets."""
+
+  def what(o: Any) -> tuple[int, float, frozenset[str]]:
+    rank = int(o.get("lora_rank", 0))
+    if not rank:
+      return 0, 0.0, frozenset()
+    targets = frozenset(lora.parse_targets(str(o.get("lora_targets", "q,k,v,o"))))
+    return rank, float(o.get("lora_alpha", 16.0)), targets
+
+  now, was = what(config.optim), what(saved)
+  if now == was:
     return
 
-  def describe(rank: int, targets: str) -> str:
-    return f"lora_rank={rank}, lora_targets={targets!r}" if rank else "lora_rank=0 (no adapters)"
+  def describe(rank: int, alpha: float, targets: frozenset[str]) -> str:
+    if not rank:
+      return "lora_rank=0 (no adapters)"
+    names = ",".join(t for t in lora.TARGETS if t in targets)
+    return f"lora_rank={rank}, lora_alpha={alpha:g}, lora_targets={names!r}"
 
   raise errors.CheckpointMismatchError(
     f"config.optim: {describe(*now)}, but the checkpoints in {workdir.checkpoints} were saved "

@@ -128,6 +128,7 @@ def test_unknown_size_or_pair_is_one_clear_error():
     ("data.tgt_lang", "en", "config.data.src_lang and config.data.tgt_lang are both 'en'"),
     ("decode.beam_size", 0, "config.decode.beam_size must be >= 1"),
     ("decode.batch_size", 0, "config.decode.batch_size must be >= 1"),
+    ("optim.lora_rank", -1, "config.optim.lora_rank must be >= 0, got -1"),
   ],
 )
 def test_validate_names_the_field(field, value, message):
@@ -141,6 +142,23 @@ def test_validate_names_the_field(field, value, message):
   with pytest.raises(errors.ConfigError, match=re.escape(message)) as info:
     config_lib.validate(c)
   assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
+    ("lora_alpha", 0.0, "config.optim.lora_alpha must be > 0, got 0.0"),
+    ("lora_targets", "", "'' is not a LoRA target"),
+    ("lora_targets", "q,ffn", "'ffn' is not a LoRA target"),
+  ],
+)
+def test_validate_lora_fields_when_lora_is_on(field, value, message):
+  c = config_lib.base_config("tiny")
+  c.optim.lora_rank = 8
+  config_lib.validate(c)  # a rank with the default alpha and targets
+  c.optim[field] = value
+  with pytest.raises(errors.ConfigError, match=re.escape(message)):
+    config_lib.validate(c)
 
 
 def test_validate_files_source_needs_a_folder():
