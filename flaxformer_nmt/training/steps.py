@@ -45,10 +45,7 @@ def create_train_state(
   loss_scale: loss_scale_lib.LossScale | None = None,
   lora: lora_lib.LoraState | None = None,
 ) -> TrainState:
-  state = TrainState(
-    step=jnp.array(0, jnp.int32), params=params, opt_state=None, rng=rng, loss_scale=loss_scale
-  )
-  state = state.replace(lora=lora)
+  state = TrainState(jnp.array(0, jnp.int32), params, None, rng, loss_scale, lora)
   return state.replace(opt_state=tx.init(trainable(state)))
 
 
@@ -154,10 +151,10 @@ def train_step(
     """Gradient of micro-batch loss sum / global tokens; (loss sum, nll sum) as aux."""
     micro_weights = (micro["targets"] > 0).astype(jnp.float32)
 
-    def loss_fn(weights):
-      params = weights
+    def loss_fn(trained):  # the params, or a LoRA run's adapters
+      params = trained
       if state.lora is not None:
-        params = lora_lib.merged(state.params, state.lora.replace(adapters=weights), lora_scale)
+        params = lora_lib.merged(state.params, state.lora.replace(adapters=trained), lora_scale)
       logits = _forward(model, params, micro, train=True, rngs={"dropout": rng})
       loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
         logits, micro["targets"], micro_weights, label_smoothing
