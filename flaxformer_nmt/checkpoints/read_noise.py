@@ -3,7 +3,7 @@
 orbax reads a checkpoint's arrays as many asyncio tasks over tensorstore. When one read fails (a
 cut file), the others still in flight finish after orbax has closed its loop: Python reports each
 as an unraisable `RuntimeError: Event loop is closed`, and asyncio logs each sibling's own failure
-as "Task exception was never retrieved", each with a traceback. reader.py already names the fault
+as "Task (or Future) exception was never retrieved", each with a traceback. reader.py already names the fault
 in one warning line and falls back to an older checkpoint; the tracebacks are only noise.
 """
 
@@ -26,11 +26,12 @@ def _closed_loop(unraisable: Any) -> bool:
 
 
 class _UnretrievedReadFailures(logging_lib.Filter):
-  """Drops asyncio's "Task exception was never retrieved" records whose exception is about a
-  checkpoint this process read: the sibling reads of one that failed."""
+  """Drops asyncio's "Task (or Future) exception was never retrieved" records whose exception is
+  about a checkpoint this process read: the sibling reads of one that failed."""
 
   def filter(self, record: logging_lib.LogRecord) -> bool:
-    if not str(record.msg).startswith("Task exception was never retrieved"):
+    # asyncio names the object's class: "Task", "Future" or "_GatheringFuture exception was ...".
+    if not str(record.msg).split("\n", 1)[0].endswith("exception was never retrieved"):
       return True
     error = record.exc_info[1] if record.exc_info else None
     return not (error is not None and any(p in str(error) for p in _READ_PATHS))
