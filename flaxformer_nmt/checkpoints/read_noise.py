@@ -3,8 +3,9 @@
 orbax reads a checkpoint's arrays as many asyncio tasks over tensorstore. When one read fails (a
 cut file), the others still in flight finish after orbax has closed its loop: Python reports each
 as an unraisable `RuntimeError: Event loop is closed`, and asyncio logs each sibling's own failure
-as "Task (or Future) exception was never retrieved", each with a traceback. reader.py already names the fault
-in one warning line and falls back to an older checkpoint; the tracebacks are only noise.
+as "Task (or Future) exception was never retrieved", each with a traceback. reader.py already
+names the fault in one warning line and falls back to an older checkpoint; the tracebacks are only
+noise.
 """
 
 from __future__ import annotations
