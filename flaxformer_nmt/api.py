@@ -140,10 +140,11 @@ def translate(
   ensemble: Sequence[str] | str = (),
   target_lang: str | None = None,
   constraints: Sequence[Sequence[str]] | None = None,
+  source_lang: str | None = None,
 ) -> list[str]:
   """One translation per line, with config.decode's search (method, beam, sampling), into
-  `target_lang` for a multilingual model; `constraints`: each line's terms, which its
-  translation must contain (beam search)."""
+  `target_lang` for a multilingual model (from `source_lang` for an imported M2M100);
+  `constraints`: each line's terms, which its translation must contain (beam search)."""
   hyps = translate_nbest(
     config,
     workdir,
@@ -153,6 +154,7 @@ def translate(
     ensemble,
     target_lang=target_lang,
     constraints=constraints,
+    source_lang=source_lang,
   )
   return [h[0].text for h in hyps]
 
@@ -167,14 +169,17 @@ def translate_nbest(
   alignments: bool = False,
   target_lang: str | None = None,
   constraints: Sequence[Sequence[str]] | None = None,
+  source_lang: str | None = None,
 ) -> list[list[Any]]:
   """`nbest` hypotheses per line, best first: translator.Hypothesis(text, score, alignment).
 
   Beam search gives its n best (nbest <= config.decode.beam_size); config.decode.method="sample"
   gives n samples. `alignments` adds Pharaoh word alignments ("i-j" pairs, 0-based).
-  `target_lang`: a multilingual model's output language (its tag starts every source).
-  `constraints`: each line's terms (a list of strings per line, [] for none), which every
-  hypothesis must contain (beam search only; docs/decoding.md).
+  `target_lang`: a multilingual model's output language (its tag starts every source);
+  `source_lang`: an imported M2M100's input language (its token starts every source, and
+  `target_lang`'s is forced as the first output). `constraints`: each line's terms (a list of
+  strings per line, [] for none), which every hypothesis must contain (beam search only;
+  docs/decoding.md).
   """
   if isinstance(lines, str):
     raise TypeError("lines must be a list of sentences, not one string.")
@@ -190,7 +195,12 @@ def translate_nbest(
       )
   console.install_quiet()
   outputs = _modes().Outputs(
-    nbest, alignments, _members(ensemble), target_lang, "constraints" if terms is not None else ""
+    nbest,
+    alignments,
+    _members(ensemble),
+    target_lang,
+    "constraints" if terms is not None else "",
+    source_lang,
   )
   run, request = _modes().decoding_request(config, workdir, outputs)  # checked once
   from flaxformer_nmt.decoding import session as session_lib  # pylint: disable=g-import-not-at-top
@@ -216,12 +226,20 @@ def score(
   checkpoint: str = "auto",
   ensemble: Sequence[str] | str = (),
   target_lang: str | None = None,
+  source_lang: str | None = None,
 ) -> list[Any]:
   """The model's score of each (source, translation) pair: scoring.PairScore(score, log_prob,
   tokens), the score as the n-best list prints it (--mode=score)."""
   console.install_quiet()
   scores, _, _ = _modes().score_pairs(
-    config, workdir, checkpoint, list(sources), list(references), _members(ensemble), target_lang
+    config,
+    workdir,
+    checkpoint,
+    list(sources),
+    list(references),
+    _members(ensemble),
+    target_lang,
+    source_lang,
   )
   return scores
 
@@ -252,9 +270,9 @@ def export(
 
 
 def import_model(source: str, workdir: str) -> dict[str, Any]:
-  """A run in `workdir` made of a transformers Marian model: a folder, or a Hub id such as
-  "Helsinki-NLP/opus-mt-en-de" (downloaded with huggingface_hub). Translate with it, fine-tune
-  from it (`init_from`), export it: docs/pretrained.md."""
+  """A run in `workdir` made of a transformers Marian or M2M100 model: a folder, or a Hub id
+  such as "Helsinki-NLP/opus-mt-en-de" (downloaded with huggingface_hub). Translate with it,
+  fine-tune from it (`init_from`), export it: docs/pretrained.md."""
   return _modes().import_model(source, workdir)
 
 
@@ -265,7 +283,8 @@ def attention(
   output: str | None = None,
   checkpoint: str = "auto",
   target_lang: str | None = None,
+  source_lang: str | None = None,
 ) -> dict[str, Any]:
   """Attention heatmaps and the positional-encoding picture (PNG) in `output`
   (default <workdir>/attention); the result lists the files."""
-  return _modes().attention(config, workdir, checkpoint, text, output, target_lang)
+  return _modes().attention(config, workdir, checkpoint, text, output, target_lang, source_lang)

@@ -196,7 +196,12 @@ def main(argv: list[str]) -> None:
     elif flags.FLAGS.mode == "translate":
       f = flags.FLAGS
       outputs = modes.Outputs(
-        f.nbest, f.alignments, tuple(f.ensemble), f.target_lang or None, f.constraints
+        f.nbest,
+        f.alignments,
+        tuple(f.ensemble),
+        f.target_lang or None,
+        f.constraints,
+        f.source_lang or None,
       )
       modes.translate(config, workdir, f.checkpoint, f.input, f.output, outputs)
     elif flags.FLAGS.mode == "score":
@@ -212,12 +217,21 @@ def main(argv: list[str]) -> None:
         f.output,
         tuple(f.ensemble),
         f.target_lang or None,
+        f.source_lang or None,
       )
     elif flags.FLAGS.mode == "average":
       modes.average(config, workdir, flags.FLAGS.num_checkpoints, flags.FLAGS.checkpoint)
     elif flags.FLAGS.mode == "attention":
       f = flags.FLAGS
-      modes.attention(config, workdir, f.checkpoint, f.text, f.output, f.target_lang or None)
+      modes.attention(
+        config,
+        workdir,
+        f.checkpoint,
+        f.text,
+        f.output,
+        f.target_lang or None,
+        f.source_lang or None,
+      )
     elif flags.FLAGS.mode == "export":
       f = flags.FLAGS
       modes.export(config, workdir, f.checkpoint, f.format, f.output, f.quantization)
@@ -273,13 +287,20 @@ def _serve(config: Any, workdir: str) -> None:
     allowed_origins=tuple(f.allowed_origins),
     token=f.token,
     target_lang=f.target_lang,
+    source_lang=f.source_lang,
   )
 
   def load() -> Any:  # on the server's loader thread: JAX is imported here, not before listening
     from flaxformer_nmt import modes  # pylint: disable=g-import-not-at-top
 
     return modes.serving_model(
-      config, workdir, f.checkpoint, tuple(f.ensemble), f.distributed, f.target_lang
+      config,
+      workdir,
+      f.checkpoint,
+      tuple(f.ensemble),
+      f.distributed,
+      f.target_lang,
+      f.source_lang,
     )
 
   launch.run(workdir, load, options)

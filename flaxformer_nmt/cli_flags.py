@@ -94,7 +94,16 @@ flags.DEFINE_string(
   "",
   "translate/score/attention/serve: the language a multilingual model translates into (its tag, "
   "<2fr>, starts every source; the source language needs no flag); serve: the default of "
-  'requests without "target_lang". A bilingual model needs none.',
+  'requests without "target_lang". A bilingual model needs none. An imported M2M100 model: '
+  "its target-language token is forced as the first output (default: the import's).",
+  module_name=_CLI,
+)
+flags.DEFINE_string(
+  "source_lang",
+  "",
+  "translate/score/attention/serve: the language of the input, for a many-to-many model (an "
+  "imported M2M100: its token starts every source; default: the import's source language); "
+  'serve: the default of requests without "source_lang". Other models read their own.',
   module_name=_CLI,
 )
 flags.DEFINE_list(
@@ -139,6 +148,7 @@ MODE_ONLY_FLAGS = {
   "nbest": ("translate",),
   "alignments": ("translate",),
   "target_lang": ("translate", "score", "attention", "serve"),
+  "source_lang": ("translate", "score", "attention", "serve"),
   "ensemble": ("eval", "translate", "score", "serve"),
   "reference": ("score",),
   "constraints": ("translate", "eval"),

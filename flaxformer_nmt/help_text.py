@@ -49,6 +49,7 @@ FLAG_LINES = {
   "nbest": "translate: hypotheses per line (more than 1: TSV rows with scores)",
   "alignments": "translate: add word alignments (Pharaoh i-j) from the cross-attention",
   "target_lang": "translate, score, serve: a multilingual model's output language (fr)",
+  "source_lang": "translate, score, serve: an imported M2M100's input language (en)",
   "ensemble": "eval/translate/score: other workdirs decoding together with --workdir's",
   "num_checkpoints": "average: how many checkpoints (default 5)",
   "text": "attention: the sentence to draw",

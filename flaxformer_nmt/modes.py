@@ -215,6 +215,7 @@ def score_pairs(
   references: list[str],
   members: Sequence[str] = (),
   target_lang: str | None = None,
+  source_lang: str | None = None,
 ) -> tuple[list[Any], dict[str, Any], str]:
   """(each pair's scoring.PairScore, corpus figures, which parameters): the model's score of
   each given translation (decoding/scoring.py)."""
@@ -223,8 +224,9 @@ def score_pairs(
   scoring.check_pairs(sources, references, "sources", "references")
   run = open_command(config, workdir, "score")
   lang = directions.resolve_target(run.config.data, target_lang)  # once, before the model loads
+  source = directions.resolve_source(run.config.data, source_lang)
   session = Session.of_run(run, which, members)
-  return (*session.score_checked(lang, sources, references), session.description)
+  return (*session.score_checked(lang, sources, references, source), session.description)
 
 
 def score(
@@ -236,6 +238,7 @@ def score(
   output_path: str,
   members: Sequence[str] = (),
   target_lang: str | None = None,
+  source_lang: str | None = None,
 ) -> dict[str, Any]:
   """--mode=score: one TSV row per pair (scoring.score_rows: the score the n-best list prints,
   the log-probability, the tokens) to `output_path`; corpus figures to
@@ -244,12 +247,13 @@ def score(
 
   run = open_command(config, workdir, "score")
   lang = directions.resolve_target(run.config.data, target_lang)  # before the files are read
+  source = directions.resolve_source(run.config.data, source_lang)
   files.check_output_file(output_path, "--output")
   sources = files.read_lines(input_path)
   references = files.read_lines(reference_path)
   scoring.check_pairs(sources, references, f"--input={input_path}", f"--reference={reference_path}")
   session = Session.of_run(run, which, members)
-  scores, figures = session.score_checked(lang, sources, references)
+  scores, figures = session.score_checked(lang, sources, references, source)
   if parallel.is_main_process():
     files.write_lines(output_path, scoring.score_rows(scores))
   result = {
@@ -271,6 +275,7 @@ def serving_model(
   members: Sequence[str],
   distributed: str = "auto",
   target_lang: str = "",
+  source_lang: str = "",
 ) -> Session:
   """--mode=serve's model: the run checked as every mode checks it, in one process, loaded once
   (serving/launch.py calls this on its loader thread, while the server already listens)."""
@@ -278,6 +283,7 @@ def serving_model(
   run = open_command(config, workdir, "serve")
   if target_lang:
     directions.resolve_target(run.config.data, target_lang)  # one line, before the model loads
+  directions.resolve_source(run.config.data, source_lang or None)  # the same for the input's
   if jax.process_count() > 1:
     raise errors.ConfigError(
       f"--mode=serve runs as one process (this job has {jax.process_count()}); start it on "
@@ -296,14 +302,17 @@ def export(
 ) -> dict[str, Any]:
   """Converts the inference parameters and the vocabulary for another engine into the directory
   `output`: CTranslate2 (export/ctranslate2.py), or transformers' Marian format
-  (export/huggingface.py); or a LoRA run's adapters for PEFT (export/peft.py)."""
-  from flaxformer_nmt.export import ctranslate2, huggingface, peft  # libraries load lazily
+  (export/huggingface.py; a many-to-many run: M2M100's, export/m2m100_folder.py); or a LoRA
+  run's adapters for PEFT (export/peft.py)."""
+  from flaxformer_nmt.export import ctranslate2, huggingface, m2m100_folder, peft  # lazily
 
   exporters = {"ctranslate2": ctranslate2, "huggingface": huggingface, "peft": peft}
   if fmt not in exporters:  # the flag allows no other; the API may
     raise errors.ConfigError(f"--format={fmt}: choose one of {', '.join(exporters)}.")
-  exporter = exporters[fmt]
+  exporter: Any = exporters[fmt]
   run = open_command(config, workdir, "export")
+  if exporter is huggingface and m2m100_folder.is_m2m100(run.config):
+    exporter = m2m100_folder
   exporter.check_output(output, quantization, run.config.model)  # before any work
   if exporter is peft:
     peft.check_run(run.folder, which)
@@ -316,10 +325,10 @@ def export(
 
 
 def import_model(source: str, workdir: str) -> dict[str, Any]:
-  """Makes a run in `workdir` from a transformers Marian model folder or Hub id (OPUS-MT); see
+  """Makes a run in `workdir` from a transformers Marian or M2M100 model folder or Hub id; see
   importing/imported_run.py (which leaves nothing behind when it refuses). The one mode that
   opens no existing run: its door is run/command.py's open_new_run."""
-  from flaxformer_nmt.importing import imported_run  # safetensors and the Marian reader
+  from flaxformer_nmt.importing import imported_run  # safetensors and the readers
 
   return imported_run.import_run(source, workdir)
 
@@ -342,6 +351,7 @@ def attention(
   text: str,
   output: str | None,
   target_lang: str | None = None,
+  source_lang: str | None = None,
 ) -> dict[str, Any]:
   """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
   positional encoding, in `output` (default <workdir>/attention); see attention_pictures.py."""
@@ -350,9 +360,11 @@ def attention(
   if output and output != files.STDIO and os.path.exists(output) and not os.path.isdir(output):
     raise errors.ConfigError(f"--output={output} exists and is not a directory.")
   run = open_command(config, workdir, "attention")
+  languages = (target_lang, source_lang)
   directions.resolve_target(run.config.data, target_lang)  # one line, before the model loads
+  directions.resolve_source(run.config.data, source_lang)
   session = Session.of_run(run, which)
-  pictures = session.attention(text, output if output != files.STDIO else None, target_lang)
+  pictures = session.attention(text, None if output == files.STDIO else output, *languages)
   result = {"mode": "attention", "checkpoint": session.description, "text": text, **pictures}
   run.folder.write_result(result)
   return result

@@ -112,3 +112,77 @@ def teacher_forced_log_probs(
       labels = batch["labels"]
       out.append(float(logp[0].gather(-1, labels[0][:, None]).sum()))
   return out
+
+
+def handmade_m2m100(
+  folder: pathlib.Path,
+  *,
+  dummy_pieces: int = 0,
+  d_model: int = 16,
+  encoder_layers: int = 2,
+  decoder_layers: int = 1,
+  seed: int = 0,
+) -> dict[str, Any]:
+  """An M2M100 model folder made without torch or transformers (the unit and e2e tiers): the
+  vocabulary of `m2m100_vocabulary` (after `dummy_pieces` made-up pieces at fairseq ids 4.., so
+  that every real piece's id can lie above 65,535 as in NLLB's 256k vocabulary), config.json and
+  tokenizer_config.json as transformers writes them, and random weights of our model written by
+  export/m2m100.to_m2m100 (what transformers' save_pretrained names them). Returns config.json."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  from flaxformer_nmt.data import fairseq_vocabulary  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.export import m2m100  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.model.transformer import (  # pylint: disable=g-import-not-at-top
+    TransformerConfig,
+    init_params,
+  )
+
+  vocab = m2m100_vocabulary(folder)
+  if dummy_pieces:
+    special = {p: i for p, i in vocab.items() if i < 4}
+    rest = sorted((i, p) for p, i in vocab.items() if i >= 4)
+    vocab = {**special, **{f"dummy{k}": 4 + k for k in range(dummy_pieces)}}
+    for _, piece in rest:
+      vocab[piece] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+  (folder / "tokenizer_config.json").write_text(
+    json.dumps({"tokenizer_class": "M2M100Tokenizer", "src_lang": "en", "tgt_lang": "de"})
+  )
+  size = len(vocab) + 100
+  size += -size % 8  # fairseq pads its dictionary to a multiple of 8
+  hf = {
+    "architectures": ["M2M100ForConditionalGeneration"],
+    "model_type": "m2m_100",
+    "vocab_size": size,
+    "d_model": d_model,
+    "encoder_layers": encoder_layers,
+    "decoder_layers": decoder_layers,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 2 * d_model,
+    "decoder_ffn_dim": 2 * d_model,
+    "max_position_embeddings": 128,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+  }
+  (folder / "config.json").write_text(json.dumps(hf))
+  vocabulary = fairseq_vocabulary.FairseqVocabulary(str(folder), size)
+  cfg = TransformerConfig(
+    vocab_size=size,
+    num_layers=encoder_layers,
+    num_decoder_layers=decoder_layers if decoder_layers != encoder_layers else 0,
+    d_model=d_model,
+    d_ff=2 * d_model,
+    num_heads=2,
+    pre_ln=True,
+    positional="m2m100",
+    attention_bias=True,
+    layer_norm_epsilon=1e-5,
+    decoder_start="eos",
+    max_len=128,
+  )
+  params = jax.device_get(init_params(cfg, jax.random.PRNGKey(seed)))
+  state = m2m100.to_m2m100(params, vocabulary.fairseq_ids, encoder_layers, decoder_layers)
+  save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+  return hf

@@ -21,6 +21,7 @@ from flaxformer_nmt.config.choices import (
   DECODER_STARTS,
   DROPOUT_RNGS,
   DTYPES,
+  LANG_TOKENS,
   LORA_TARGETS,
   POSITIONALS,
   SCHEDULES,
@@ -71,6 +72,7 @@ def _multilingual(d: ml_collections.ConfigDict) -> None:
   """data.directions and its companions (config/directions.py parses them, one line each)."""
   trained = directions.parse_directions(str(d.get("directions", "")))
   zero = directions.zero_shot(d)
+  _language_tokens(d, bool(trained))
   if not trained:
     for field in ("zero_shot", "corpora"):
       if str(d.get(field, "")).strip():
@@ -94,6 +96,28 @@ def _multilingual(d: ml_collections.ConfigDict) -> None:
         f"{z.src!r} or none into {z.tgt!r} (sources trained: {', '.join(sorted(sources))}; "
         f"targets: {', '.join(sorted(targets))})."
       )
+
+
+def _language_tokens(d: ml_collections.ConfigDict, multilingual: bool) -> None:
+  """data.lang_tokens and data.languages: a many-to-many model's (config/directions.py)."""
+  style = str(d.get("lang_tokens", ""))
+  if style not in LANG_TOKENS:
+    _fail(f"config.data.lang_tokens must be one of {list(LANG_TOKENS)}, got {style!r}.")
+  langs = directions.many_to_many(d)
+  if not style:
+    if langs:
+      _fail('config.data.languages is set, but config.data.lang_tokens is ""; it is for "m2m100".')
+    return
+  if multilingual:
+    _fail(
+      f"config.data.lang_tokens={style!r} names its languages in data.languages, not in "
+      "data.directions."
+    )
+  if not langs:
+    _fail(f"config.data.lang_tokens={style!r} needs config.data.languages (comma-separated).")
+  for field in ("src_lang", "tgt_lang"):
+    if d[field] not in langs:
+      _fail(f"config.data.{field}={d[field]!r} is not one of config.data.languages.")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

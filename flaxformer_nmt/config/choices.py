@@ -12,6 +12,10 @@ POSITIONALS = ("sinusoidal", "learned", "m2m100")
 # The decoder's first input: "pad" (ours: no BOS, as the flax WMT example), "eos" (fairseq's and
 # M2M100's `</s>`, model/transformer.py).
 DECODER_STARTS = ("pad", "eos")
+# How a multilingual model's language tokens are used (config/directions.py): "" = the target's
+# tag in front of the source (ours, Johnson et al. 2017's); "m2m100" = the source's token in front
+# of the source, the target's forced as the first output (M2M100 / NLLB-200's).
+LANG_TOKENS = ("", "m2m100")
 ACTIVATIONS = ("relu", "swish", "silu", "gelu", "gelu_new")  # model/layers.ACTIVATIONS
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # model/layers.dropout_keep_mask
 ATTENTIONS = ("ours", "jax")  # model/attention.dot_product_attention, or jax.nn's

@@ -13,6 +13,7 @@ How training samples among them is data/direction_mix.py's. A bilingual config (
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 
@@ -164,12 +165,53 @@ def target_languages(data_config: ml_collections.ConfigDict) -> list[str]:
   return list(dict.fromkeys(d.tgt for d in trained(data_config) + zero_shot(data_config)))
 
 
+def many_to_many(data_config: ml_collections.ConfigDict) -> list[str]:
+  """A many-to-many model's languages (`data.languages`, with `data.lang_tokens="m2m100"`: an
+  imported M2M100's); [] for any other model."""
+  return [x for x in (s.strip() for s in str(data_config.get("languages", "")).split(",")) if x]
+
+
+def _pick(given: str, default: str, langs: list[str], flag: str) -> str:
+  """`given` (or `default`) checked against a many-to-many model's languages: one line naming
+  the closest it has when it has not that one."""
+  lang = given or default
+  if lang not in langs:
+    close = difflib.get_close_matches(lang, langs, n=1, cutoff=0.0)
+    hint = f" (closest: {close[0]})" if close else ""
+    raise errors.ConfigError(
+      f"--{flag}={lang}: this model has no such language{hint}; it has {len(langs)} "
+      f"({', '.join(langs[:8])}{', ...' if len(langs) > 8 else ''})."
+    )
+  return lang
+
+
+def resolve_source(data_config: ml_collections.ConfigDict, source_lang: str | None) -> str | None:
+  """The language a decoding command reads (`--source_lang`, the server's "source_lang"): a
+  many-to-many model's source token to put in front (default: its data.src_lang), else None
+  (the model reads its source language without a token). ConfigError, one line, for a language
+  the model does not read."""
+  source = (source_lang or "").strip()
+  langs = many_to_many(data_config)
+  if langs:
+    return _pick(source, str(data_config.src_lang), langs, "source_lang")
+  if source:
+    reads = list(dict.fromkeys(d.src for d in trained(data_config) + zero_shot(data_config)))
+    reads = reads or [str(data_config.src_lang)]
+    if source not in reads:
+      raise errors.ConfigError(f"--source_lang={source}: this model reads {', '.join(reads)} only.")
+  return None
+
+
 def resolve_target(data_config: ml_collections.ConfigDict, target_lang: str | None) -> str | None:
   """The language a decoding command translates into (`--target_lang`, the server's
-  "target_lang"): a multilingual model's tag to put in front, or None for a bilingual model.
+  "target_lang"): a multilingual model's tag to put in front (a many-to-many model's token to
+  force first: default its data.tgt_lang), or None for a bilingual model.
   ConfigError, one line, for a language the model has no tag for, or a multilingual model
   asked without one when its directions go into several languages."""
   target = (target_lang or "").strip()
+  langs = many_to_many(data_config)
+  if langs:
+    return _pick(target, str(data_config.tgt_lang), langs, "target_lang")
   if not is_multilingual(data_config):
     if target and target != data_config.tgt_lang:
       raise errors.ConfigError(

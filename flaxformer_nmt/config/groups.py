@@ -76,6 +76,12 @@ def data_config() -> ml_collections.ConfigDict:
       # (fairseq's names) or the multi-way <prefix>.<lang>.
       corpora="",
       lang_tag_format="<2{}>",  # how a language's tag is spelled; an imported OPUS-MT's ">>{}<<"
+      # How language tokens are used: "" = a multilingual run's target tag in front of the
+      # source (above); "m2m100" = the source language's token in front of the source and the
+      # target language's forced as the first output (an imported M2M100: docs/pretrained.md).
+      lang_tokens="",
+      # A many-to-many model's languages ("m2m100" tokens), comma-separated: any into any.
+      languages="",
       # Directions sampled with p proportional to size^(1/temperature) (1 = as the data is).
       temperature=5.0,
       # Directions scored on the test set but never trained, e.g. "de-fr,fr-de".

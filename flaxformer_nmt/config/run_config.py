@@ -61,6 +61,8 @@ ADDED_FIELDS: dict[str, object] = {
   "model.logits_bias": False,
   "model.decoder_start": "pad",
   "data.lang_tag_format": "<2{}>",
+  "data.lang_tokens": "",  # M2M100's language tokens came with its import
+  "data.languages": "",
   "compile_cache": "auto",
   # Many directions (config/directions.py): a run saved before them is bilingual.
   "data.directions": "",

@@ -109,7 +109,9 @@ class FairseqVocabulary:
     self._ids = {p: j for j, p in enumerate(self._pieces)}  # piece -> our id
     self._unk = self._ids[UNK]
     self._language_ids = {self._ids[language_token(lang)] for lang in self.languages}
-    self._silent = self._language_ids | {self._ids[BOS], self._unk}
+    # fairseq's padding rows are no piece: a model that outputs one (untrained) prints nothing.
+    padding_rows = {j for j, i in enumerate(order) if int(i) >= max(pieces) + 1}
+    self._silent = self._language_ids | padding_rows | {self._ids[BOS], self._unk}
 
   @property
   def vocab_size(self) -> int:
@@ -134,8 +136,9 @@ class FairseqVocabulary:
     return self._ids.get(language_token(lang)) if lang in self.languages else None
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids` up to the first EOS; PAD, `<s>`, `<unk>` and language tokens are dropped, as
-    M2M100Tokenizer.decode(..., skip_special_tokens=True) drops them."""
+    """Text of `ids` up to the first EOS; PAD, `<s>`, `<unk>`, language tokens and fairseq's
+    padding rows are dropped, as M2M100Tokenizer.decode(..., skip_special_tokens=True) drops the
+    special ones."""
     pieces = []
     for i in ids:
       i = int(i)

@@ -202,6 +202,8 @@ def _make_bilingual(
       process_index=process_index,
     )
   train = None
+  # A many-to-many model's language tokens (none for any other model).
+  src_prefix, tgt_prefix = tokenizer_lib.pair_prefixes(tokenizer, dc)
   if need_train:
     # This process's devices' streams: pairs i with (i // num_local) % process_count == index.
     train_split = tokenized.load_or_tokenize(
@@ -210,6 +212,8 @@ def _make_bilingual(
       tokenizer,
       workdir.data_cache,
       shard=tokenized.Shard(process_index, process_count, block=num_local),
+      src_prefix=src_prefix,
+      tgt_prefix=tgt_prefix,
     )
     train = _train_streams(
       config, train_split, None, global_rows, num_devices, num_local, process_index
@@ -223,7 +227,12 @@ def _make_bilingual(
     max_len=dc.max_len,
     process_index=process_index,
     process_count=process_count,
-    _eval={s: tokenized.tokenize_pairs(p, tokenizer, name=s) for s, p in pairs.items()},
+    _eval={
+      s: tokenized.tokenize_pairs(
+        p, tokenizer, name=s, src_prefix=src_prefix, tgt_prefix=tgt_prefix
+      )
+      for s, p in pairs.items()
+    },
     _pairs=pairs,
     _names={split: source.split_name(split) for split in pairs},
   )

@@ -75,11 +75,14 @@ def tokenize_pairs(
   name: str = "",
   size_hint: int | None = None,
   src_prefix: Sequence[int] = (),
+  tgt_prefix: Sequence[int] = (),
 ) -> TokenizedSplit:
   """Encodes a stream of pairs chunk by chunk; logs progress with rate and ETA on long inputs.
 
-  `src_prefix` (a multilingual split's tags, config/directions.py) starts every non-empty source;
-  an empty source stays empty, so training still drops the pair."""
+  `src_prefix` (a multilingual split's tags, config/directions.py; a many-to-many model's source
+  language token) starts every non-empty source, `tgt_prefix` (a many-to-many model's target
+  language token, its forced first output) every non-empty target; an empty side stays empty,
+  so training still drops the pair."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
   src_ids, src_lens, tgt_ids, tgt_lens = [], [], [], []
   start = last_log = time.time()
@@ -94,7 +97,11 @@ def tokenize_pairs(
     ids, lens = _flatten(encoded, dtype)
     src_ids.append(ids)
     src_lens.append(lens)
-    ids, lens = _flatten(tokenizer.encode_target_batch(tgts), dtype)
+    encoded = tokenizer.encode_target_batch(tgts)
+    if tgt_prefix:
+      prefix = list(tgt_prefix)
+      encoded = [prefix + x if x else x for x in encoded]
+    ids, lens = _flatten(encoded, dtype)
     tgt_ids.append(ids)
     tgt_lens.append(lens)
     done += len(chunk)
@@ -159,11 +166,12 @@ def load_or_tokenize(
   cache_dir: str | None,
   shard: Shard = Shard(),
   src_prefix: Sequence[int] = (),
+  tgt_prefix: Sequence[int] = (),
 ) -> TokenizedSplit:
   """`split` (this process's `shard` of it), tokenized and cached.
 
   The cache name hashes the source's fingerprint (which changes with the data), the vocabulary's
-  bytes, the shard and the sources' prefix (tokenize_pairs), so a stale cache is never read.
+  bytes, the shard and the prefixes (tokenize_pairs), so a stale cache is never read.
   """
   parts = [
     str(_CACHE_VERSION),
@@ -173,6 +181,8 @@ def load_or_tokenize(
   ]
   if src_prefix:
     parts.append("prefix:" + " ".join(map(str, src_prefix)))
+  if tgt_prefix:
+    parts.append("target prefix:" + " ".join(map(str, tgt_prefix)))
   key = "|".join(parts)
   digest = hashlib.sha256(key.encode()).hexdigest()[:16]
   path = os.path.join(cache_dir, f"{split}{shard.name}-{digest}.npz") if cache_dir else None
@@ -182,7 +192,12 @@ def load_or_tokenize(
   pairs = shard.select(source.iter_pairs(split))
   size_hint = shard.size(source.size_hint(split))
   result = tokenize_pairs(
-    pairs, tokenizer, name=split + shard.name, size_hint=size_hint, src_prefix=src_prefix
+    pairs,
+    tokenizer,
+    name=split + shard.name,
+    size_hint=size_hint,
+    src_prefix=src_prefix,
+    tgt_prefix=tgt_prefix,
   )
   if path:
     os.makedirs(cache_dir, exist_ok=True)

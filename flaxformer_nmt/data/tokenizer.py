@@ -22,7 +22,7 @@ from absl import logging
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import directions
-from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.data import fairseq_vocabulary, pair_vocabulary
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 
 # What a reserved piece (a language or corpus tag) looks like: `<2fr>`, `<BT>`.
@@ -104,26 +104,67 @@ class Tokenizer:
     return out
 
 
-Vocabulary = Tokenizer | pair_vocabulary.PairVocabulary
+Vocabulary = Tokenizer | pair_vocabulary.PairVocabulary | fairseq_vocabulary.FairseqVocabulary
 
 
-def open_vocabulary(path: str) -> Vocabulary:
+def open_vocabulary(path: str, size: int | None = None) -> Vocabulary:
   """The vocabulary at `path`: a SentencePiece model file (ours), or a folder with a Marian
   model's source.spm, target.spm and vocab.json (an imported OPUS-MT model's:
-  data/pair_vocabulary.py)."""
+  data/pair_vocabulary.py), or an M2M100 model's sentencepiece.bpe.model and vocab.json
+  (data/fairseq_vocabulary.py; `size`, config.data.vocab_size, counts its padding rows)."""
+  if fairseq_vocabulary.is_fairseq_vocabulary(path):
+    return fairseq_vocabulary.FairseqVocabulary(path, size)
   if os.path.isdir(path):
     return pair_vocabulary.PairVocabulary(path)
   return Tokenizer(path)
 
 
 def vocabulary_exists(path: str) -> bool:
-  """Whether `path` holds a vocabulary `open_vocabulary` reads (a file, or a Marian folder)."""
-  return os.path.isfile(path) or pair_vocabulary.is_pair_vocabulary(path)
+  """Whether `path` holds a vocabulary `open_vocabulary` reads (a file, a Marian or an M2M100
+  folder)."""
+  return (
+    os.path.isfile(path)
+    or pair_vocabulary.is_pair_vocabulary(path)
+    or fairseq_vocabulary.is_fairseq_vocabulary(path)
+  )
+
+
+def folder_files(path: str) -> tuple[str, ...]:
+  """The files of the vocabulary folder at `path` (what a run copies and a digest reads)."""
+  if fairseq_vocabulary.is_fairseq_vocabulary(path):
+    return fairseq_vocabulary.FILES
+  return pair_vocabulary.FILES
+
+
+def digest(path: str) -> str:
+  """A vocabulary's identity by content: of a file, or of a folder's vocabulary files."""
+  if fairseq_vocabulary.is_fairseq_vocabulary(path):
+    return fairseq_vocabulary.digest(path)
+  return pair_vocabulary.digest(path)
 
 
 def same_vocabulary(a: str, b: str) -> bool:
   """Whether two vocabularies are the same by content (a copy, or the same file or folder)."""
-  return pair_vocabulary.digest(a) == pair_vocabulary.digest(b)
+  return digest(a) == digest(b)
+
+
+def pair_prefixes(
+  tokenizer: Vocabulary, data_config: ml_collections.ConfigDict
+) -> tuple[list[int], list[int]]:
+  """(the ids every source starts with, those every target starts with) of a bilingual split: a
+  many-to-many model's (data.lang_tokens="m2m100") are its source language's token and its
+  target language's (the output the search forces first, which training teaches as M2M100's
+  labels do); any other model's, none."""
+  if not directions.many_to_many(data_config):
+    return [], []
+  out = []
+  for lang in (data_config.src_lang, data_config.tgt_lang):
+    piece = directions.lang_tag(lang, data_config)
+    i = tokenizer.piece_id(piece)
+    if i is None:
+      raise errors.DataError(f"{tokenizer.model_path}: has no token {piece!r} of {lang!r}.")
+    out.append([int(i)])
+  return out[0], out[1]
 
 
 def source_prefix(
@@ -267,12 +308,14 @@ def load_or_train_tokenizer(
   """
   if vocabulary_exists(path):  # the run's own (trained, kept from data.vocab_path, imported)
     logging.info("Reusing the vocabulary %s.", path)
-    return check_symbols(open_vocabulary(path), user_symbols)
+    return check_symbols(open_vocabulary(path, data_config.vocab_size), user_symbols)
   if data_config.vocab_path:
     if not vocabulary_exists(data_config.vocab_path):
       raise errors.DataError(f"config.data.vocab_path={data_config.vocab_path}: no such file.")
     logging.info("Using the vocabulary %s (data.vocab_path).", data_config.vocab_path)
-    return check_symbols(open_vocabulary(data_config.vocab_path), user_symbols)
+    return check_symbols(
+      open_vocabulary(data_config.vocab_path, data_config.vocab_size), user_symbols
+    )
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top  # only multi-process runs need it here
 
@@ -287,7 +330,7 @@ def load_or_train_tokenizer(
           "processes share?"
         )
       time.sleep(_WAIT_POLL_S)
-    return check_symbols(open_vocabulary(path), user_symbols)
+    return check_symbols(open_vocabulary(path, data_config.vocab_size), user_symbols)
   if sentences_fn is not None:
     sentences = sentences_fn()
   else:

@@ -16,6 +16,7 @@ the predicted `</s>`. The probabilities are also saved, as `attention.npz`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -72,10 +73,19 @@ def _weights(module: dict) -> np.ndarray:
 
 
 def translate_ids(
-  model: Transformer, params: Any, source_ids: Sequence[int], search: decode.SearchConfig
+  model: Transformer,
+  params: Any,
+  source_ids: Sequence[int],
+  search: decode.SearchConfig,
+  first_id: int | None = None,
 ) -> list[int]:
-  """The model's own translation of one source (ids ending in EOS), EOS included when produced."""
-  result = decode.decode_batch(model, params, jnp.asarray([list(source_ids)], jnp.int32), search)
+  """The model's own translation of one source (ids ending in EOS), EOS included when produced;
+  `first_id`: its forced first token (a many-to-many model's target language)."""
+  first = None if first_id is None else jnp.asarray([first_id], jnp.int32)
+  if first is not None:
+    search = dataclasses.replace(search, force_first=True)
+  inputs = jnp.asarray([list(source_ids)], jnp.int32)
+  result = decode.decode_batch(model, params, inputs, search, first_ids=first)
   tokens = [int(t) for t in np.asarray(result.tokens[0])[: int(result.lengths[0])]]
   return [t for t in tokens if t != PAD_ID]
 

@@ -56,6 +56,8 @@ class SearchConfig:
     temperature, top_k, top_p, seed: sampling's (sampling.py; `row_keys` for the seed).
     alignment_layer: >= 0: also align each output token to a source position with that decoder
       layer's cross-attention (`source_positions`); -1: no alignments.
+    force_first: each row's first output is given (`first_ids`: an M2M100 model's target-language
+      token, as transformers' forced_bos_token_id), with log-probability 0; every search.
   """
 
   beam_size: int = 4
@@ -69,6 +71,7 @@ class SearchConfig:
   top_p: float = 1.0
   seed: int = 0
   alignment_layer: int = -1
+  force_first: bool = False
 
   def __post_init__(self) -> None:
     if self.style not in BEAM_STYLES:
@@ -160,6 +163,7 @@ def decode_batch(
   greedy: bool = False,
   line_ids: Array | None = None,
   constraints: Constraints | None = None,
+  first_ids: Array | None = None,
 ) -> search_lib.SearchResult:
   """Translates a batch: encoder once, then the cached search, all in one compiled program.
 
@@ -175,6 +179,7 @@ def decode_batch(
       default 0..batch-1.
     constraints: each row's terms (constraints.pack): beam search that outputs them all
       (constrained.py), with `search.beam_size` as the beam, whatever its size and method.
+    first_ids: [batch] int32 each row's first output, with `search.force_first` (`forced_first`).
 
   Returns:
     The best hypothesis per sentence, or with `search.nbest` > 1 the n best (beam) or n samples
@@ -190,7 +195,9 @@ def decode_batch(
     search = dataclasses.replace(search, beam_size=1, style="shrinking", method="greedy")
   if line_ids is None:
     line_ids = jnp.arange(inputs.shape[0], dtype=jnp.int32)
-  return _decode_batch(model, params, inputs, line_ids, search, constraints)
+  if search.force_first != (first_ids is not None):
+    raise ValueError("first_ids are given exactly when search.force_first is set.")
+  return _decode_batch(model, params, inputs, line_ids, search, constraints, first_ids)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "search"))
@@ -201,6 +208,7 @@ def _decode_batch(
   line_ids: Array,
   search: SearchConfig,
   constraints: Constraints | None = None,
+  first_ids: Array | None = None,
 ) -> search_lib.SearchResult:
   step_fn, max_lengths, max_decode_len = prepare_search(model, params, inputs, search)
   members = len(params.members) if isinstance(params, Ensemble) else None
@@ -214,6 +222,7 @@ def _decode_batch(
     line_ids,
     members,
     constraints,
+    first_ids,
   )
   if search.alignment_layer < 0:
     return result
@@ -250,10 +259,11 @@ def run_search(
   line_ids: Array | None = None,
   members: int | None = None,
   constraints: Constraints | None = None,
+  first_ids: Array | None = None,
 ) -> search_lib.SearchResult:
   """`search.method` over `step_fn` (the model's, an ensemble's, or one built on it) with a fresh
   cache (a tuple of `members` caches for an ensemble's step function); with `constraints`, the
-  constrained beam search."""
+  constrained beam search; with `first_ids` ([batch]), each sentence's first output forced."""
   batch, src_len = input_shape
   # Rows per sentence: the beam, the samples, or 1. Decoder rows are sentence-major, row
   # b * K + j is hypothesis j of sentence b; the encoder output stays one row per sentence
@@ -262,6 +272,8 @@ def run_search(
   cache = init_decode_cache(model, batch * k, max_decode_len, src_len, num_sentences=batch)
   if members is not None:
     cache = tuple(cache for _ in range(members))
+  if first_ids is not None:
+    step_fn, cache = search_lib.forced_first(step_fn, cache, jnp.repeat(first_ids, k))
   if search.method == "greedy":
     return token_loop.greedy_search(
       step_fn, cache, max_lengths, max_decode_len=max_decode_len, alpha=search.alpha
@@ -327,8 +339,8 @@ def _rank_samples(result: search_lib.SearchResult, batch: int, k: int) -> search
 def _sharded_decoder(model: Any, search: SearchConfig) -> Callable[[Any, np.ndarray], Any]:
   """One pmapped decoder per (model, settings): repeated dev evaluations reuse its compilations."""
 
-  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array) -> Any:
-    result = decode_batch(model, params, inputs, search, line_ids=line_ids)
+  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array, *first: jax.Array) -> Any:
+    result = decode_batch(model, params, inputs, search, line_ids=line_ids, first_ids=_one(first))
     return result._replace(lengths=None, scores=None, num_steps=None)  # what the host reads
 
   return parallel.pmap_rows(search_result, name=f"decode {model.cfg!r} {search!r}")
@@ -338,19 +350,27 @@ def _sharded_decoder(model: Any, search: SearchConfig) -> Callable[[Any, np.ndar
 def _sharded_constrained_decoder(model: Any, search: SearchConfig) -> Callable[..., Any]:
   """`_sharded_decoder` for the constrained search (one per beam: `search.beam_size`)."""
 
-  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array, *terms: jax.Array) -> Any:
+  def search_result(params: Any, inputs: jax.Array, line_ids: jax.Array, *arrays: jax.Array) -> Any:
+    first, terms = (arrays[:1], arrays[1:]) if search.force_first else ((), arrays)
     c = constraints_lib.Constraints(*terms)
-    result = decode_batch(model, params, inputs, search, line_ids=line_ids, constraints=c)
+    result = decode_batch(
+      model, params, inputs, search, line_ids=line_ids, constraints=c, first_ids=_one(first)
+    )
     return result._replace(lengths=None, scores=None, num_steps=None)
 
   return parallel.pmap_rows(search_result, name=f"constrained {model.cfg!r} {search!r}")
 
 
+def _one(first: tuple[jax.Array, ...]) -> jax.Array | None:
+  return first[0] if first else None
+
+
 def decode_fn(model: Any, params: Any, search: SearchConfig) -> BatchDecodeFn:
   """The model's batch decode over all devices as a numpy-in, numpy-out function; `params` are
-  on every local device already (parallel.replicate, or the train state's during training)."""
+  on every local device already (parallel.replicate, or the train state's during training).
+  With `search.force_first` it takes each row's first output too: (inputs, line_ids, first_ids)."""
   run = _sharded_decoder(model, search)
-  return lambda inputs, line_ids: run(params, inputs, line_ids)
+  return lambda inputs, line_ids, *first: run(params, inputs, line_ids, *first)
 
 
 def constrained_decode_fn(model: Any, params: Any, search: SearchConfig) -> ConstrainedDecodeFn:
@@ -360,6 +380,7 @@ def constrained_decode_fn(model: Any, params: Any, search: SearchConfig) -> Cons
     run = _sharded_constrained_decoder(
       model, dataclasses.replace(search, beam_size=beam, method="beam")
     )
-    return lambda inputs, line_ids, *terms: run(params, inputs, line_ids, *terms)
+    # With search.force_first: (inputs, line_ids, first_ids, *terms).
+    return lambda inputs, line_ids, *arrays: run(params, inputs, line_ids, *arrays)
 
   return with_beam

@@ -25,6 +25,7 @@ class Request:
   alignments: bool = False
   target_lang: str = ""  # "" = the model's only target language (a bilingual model: its own)
   beam_size: int | None = None  # None = config.decode's
+  source_lang: str = ""  # a many-to-many model's input language; "" = its data.src_lang
 
 
 def check_request(
@@ -33,13 +34,16 @@ def check_request(
   constrained: bool = False,
   target_lang: str | None = None,
   alignments: bool = False,
+  source_lang: str | None = None,
 ) -> Request:
   """The one check of what a decoding request asks (the command line's --nbest, --constraints
   and --target_lang, the API's arguments), before any work: ConfigError (one line) for an n-best
   list or terms config.decode's search cannot give, or a language the model has no tag for.
   Returns the checked Request, its output language resolved ("" for a bilingual model), which
-  nothing below resolves again."""
+  nothing below resolves again. `source_lang` (--source_lang): a many-to-many model's input
+  language; any other model only checks it is the language it reads."""
   lang = directions.resolve_target(config.data, target_lang)
+  source = directions.resolve_source(config.data, source_lang)
   d = config.decode
   if nbest < 1:
     raise errors.ConfigError(f"--nbest={nbest}: give 1 or more.")
@@ -58,7 +62,7 @@ def check_request(
       f"--nbest={nbest} is more than config.decode.beam_size={d.beam_size}: beam search "
       f"finds at most beam_size hypotheses; raise the beam or lower --nbest."
     )
-  return Request(nbest, alignments, lang or "")
+  return Request(nbest, alignments, lang or "", source_lang=source or "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +74,19 @@ class Outputs:
   members: tuple[str, ...] = ()  # --ensemble: the other workdirs
   target_lang: str | None = None  # --target_lang: a multilingual model's output language
   constraints: str = ""  # --constraints: each line's terms, tab-separated (constraints.py)
+  source_lang: str | None = None  # --source_lang: a many-to-many model's input language
 
   def request(self, config: ml_collections.ConfigDict) -> Request:
     """The checked request these outputs make of the run whose config is `config` (before
     any work): ConfigError for an n-best list the search cannot give, or a language the model
     has no tag for (`check_request`)."""
     return check_request(
-      config, self.nbest, bool(self.constraints), self.target_lang, self.alignments
+      config,
+      self.nbest,
+      bool(self.constraints),
+      self.target_lang,
+      self.alignments,
+      self.source_lang,
     )
 
 

@@ -45,12 +45,14 @@ class PairScore:
 
 
 def token_log_probs(
-  model: Transformer, params: Any, inputs: Array, targets: Array
+  model: Transformer, params: Any, inputs: Array, targets: Array, forced_first: bool = False
 ) -> tuple[Array, Array]:
   """Each reference's (summed log-probability [batch], tokens [batch]), teacher-forced.
 
   inputs: [batch, S] sources ending in EOS; targets: [batch, T] references ending in EOS, both
-  0-padded. `params` may be an Ensemble (model_step.ensemble_step_fn's rule)."""
+  0-padded. `params` may be an Ensemble (model_step.ensemble_step_fn's rule). `forced_first`:
+  each target's first token is the one the search forces (an M2M100 model's target language):
+  counted, with log-probability 0, as the search scores it."""
   members = params.members if isinstance(params, Ensemble) else (params,)
   logits = [model.apply({"params": p}, inputs, targets) for p in members]  # [batch, T, V] each
   if len(logits) == 1:
@@ -61,13 +63,16 @@ def token_log_probs(
   batch, length, vocab = step_logits.shape
   log_p = search_lib.next_token_log_probs(step_logits.reshape(batch * length, vocab))
   picked = jnp.take_along_axis(log_p, targets.reshape(-1, 1), axis=-1).reshape(batch, length)
+  if forced_first:
+    picked = picked.at[:, 0].set(0.0)
   real = targets != PAD_ID
   return jnp.sum(jnp.where(real, picked, 0.0), axis=-1), jnp.sum(real, axis=-1).astype(jnp.int32)
 
 
 @functools.lru_cache(maxsize=8)
-def _sharded_scorer(model: Transformer) -> Any:
-  return parallel.pmap_rows(functools.partial(token_log_probs, model), name=f"score {model.cfg!r}")
+def _sharded_scorer(model: Transformer, forced_first: bool = False) -> Any:
+  fn = functools.partial(token_log_probs, model, forced_first=forced_first)
+  return parallel.pmap_rows(fn, name=f"score {model.cfg!r}" + (" forced" if forced_first else ""))
 
 
 class Scorer:
@@ -82,7 +87,10 @@ class Scorer:
     source_prefix: Sequence[int] = (),
     reserved_ids: Sequence[int] = (),
     replicated: bool = False,
+    first_id: int | None = None,
   ) -> None:
+    """`first_id`: the token every output starts with, forced (translator.Translator's): put
+    before each reference and scored as the search scores it (log-probability 0)."""
     self.tokenizer: TextTokenizer = parts.tokenizer
     self.model = parts.model
     self.params = params if replicated else parallel.replicate(params)
@@ -91,6 +99,7 @@ class Scorer:
     self.max_src_len = parts.max_src_len
     self.max_tgt_len = int(parts.model.cfg.max_len)
     self.source_prefix = list(source_prefix)
+    self.target_prefix = [] if first_id is None else [int(first_id)]
     self.reserved_ids = frozenset(reserved_ids)
     id_to_piece = getattr(self.tokenizer, "id_to_piece", None)
     self._untagged = tokenizer_lib.without_pieces(
@@ -108,7 +117,7 @@ class Scorer:
   def score(self, sources: Sequence[str], references: Sequence[str]) -> list[PairScore]:
     start = time.time()
     src = [self.source_prefix + x + [EOS_ID] for x in self._ids(sources)]
-    tgt = [x + [EOS_ID] for x in self._ids(references, target=True)]
+    tgt = [self.target_prefix + x + [EOS_ID] for x in self._ids(references, target=True)]
     self.truncated = []
     for i in range(len(src)):
       if len(src[i]) > self.max_src_len or len(tgt[i]) > self.max_tgt_len:
@@ -130,7 +139,7 @@ class Scorer:
     rows = devices * min(self.batch_size, -(-len(order) // devices) if order else 1)
     src_buckets = bucket_lengths(self.max_src_len)
     tgt_buckets = bucket_lengths(self.max_tgt_len)
-    run = _sharded_scorer(self.model)
+    run = _sharded_scorer(self.model, bool(self.target_prefix))
     totals = np.zeros(len(src), np.float64)
     counts = np.zeros(len(src), np.int64)
     for first in range(0, len(order), rows):

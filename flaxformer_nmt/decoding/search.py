@@ -54,6 +54,22 @@ def log_softmax(logits: Array) -> Array:
   return logits - (m + jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True)))
 
 
+def forced_first(step_fn: StepFn, cache: Cache, first_ids: Array) -> tuple[StepFn, Cache]:
+  """`step_fn` whose first step gives each row only `first_ids[row]` ([rows]), with
+  log-probability 0 (its logits 0, every other -inf), and the cache it runs on (`cache` and the
+  step count, a scalar every search carries as it is). transformers' forced_bos_token_id: an
+  M2M100 model's target-language token comes first in every search, and costs nothing."""
+
+  def step(carried: tuple[Cache, Array], ids: Array) -> tuple[Array, tuple[Cache, Array]]:
+    inner, t = carried
+    logits, inner = step_fn(inner, ids)  # [rows, vocab]
+    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
+    forced = jnp.where(vocab == first_ids[:, None], 0.0, NEG_INF).astype(logits.dtype)
+    return lax.cond(t == 0, lambda: forced, lambda: logits), (inner, t + 1)
+
+  return step, (cache, jnp.zeros((), jnp.int32))
+
+
 def next_token_log_probs(logits: Array) -> Array:
   """Next-token log-probabilities with PAD made impossible: [rows, vocab] -> [rows, vocab]."""
   return log_softmax(logits.astype(jnp.float32)).at[:, PAD_ID].set(NEG_INF)

@@ -83,7 +83,7 @@ class Session:
     self._replicated = params if replicated else None
     self._options = options
     self._made: dict[Request, translator_lib.Translator] = {}
-    self._scorers: dict[str, Any] = {}
+    self._scorers: dict[tuple[str, str], Any] = {}
     self._lock = threading.Lock()
 
   @classmethod
@@ -158,9 +158,10 @@ class Session:
     alignments: bool = False,
     target_lang: str | None = None,
     constrained: bool = False,
+    source_lang: str | None = None,
   ) -> Request:
     """This kind of request, checked against the run's config (requests.check_request)."""
-    return check_request(self.config, nbest, constrained, target_lang, alignments)
+    return check_request(self.config, nbest, constrained, target_lang, alignments, source_lang)
 
   def translator(self, request: Request | None = None) -> translator_lib.Translator:
     """The translator of a checked `request` (default: config.decode's 1-best), made on first
@@ -179,6 +180,7 @@ class Session:
           log_progress=self._options.log_progress,
           rows_per_shard=self._options.rows_per_shard,
           target_lang=request.target_lang or None,
+          source_lang=request.source_lang or None,
         )
         logging.info("Search for %s made in %.1f s.", request, time.perf_counter() - start)
       return self._made[request]
@@ -187,23 +189,26 @@ class Session:
     """How many kinds of request have a translator made (each made once)."""
     return len(self._made)
 
-  def scorer(self, lang: str | None = None) -> Any:
+  def scorer(self, lang: str | None = None, source_lang: str | None = None) -> Any:
     """The teacher-forced scorer (decoding/scoring.py) into `lang`, an output language already
-    resolved (directions.resolve_target; None for a bilingual model), kept like a translator."""
+    resolved (directions.resolve_target; None for a bilingual model), from `source_lang` (a
+    many-to-many model's, resolved; None: its default), kept like a translator."""
     from flaxformer_nmt.decoding import scoring  # pylint: disable=g-import-not-at-top
 
-    c, lang = self.components, lang or ""
+    c, key = self.components, (lang or "", source_lang or "")
     with self._lock:
-      if lang not in self._scorers:
-        self._scorers[lang] = scoring.Scorer(
+      if key not in self._scorers:
+        prefix, first_id = translator_lib.language_ids(c, lang or None, source_lang or None)
+        self._scorers[key] = scoring.Scorer(
           c,
           self.replicated,
           alpha=float(c.config.decode.alpha),
-          source_prefix=translator_lib.target_prefix(c, lang or None),
+          source_prefix=prefix,
           reserved_ids=translator_lib.reserved_ids(c),
           replicated=True,
+          first_id=first_id,
         )
-      return self._scorers[lang]
+      return self._scorers[key]
 
   def translate_checked(
     self, request: Request, lines: Sequence[str], terms: Sequence[Sequence[str]] | None = None
@@ -230,10 +235,11 @@ class Session:
     alignments: bool = False,
     target_lang: str | None = None,
     constraints: Sequence[Sequence[str]] | None = None,
+    source_lang: str | None = None,
   ) -> list[list[translator_lib.Hypothesis]]:
     """`nbest` hypotheses per line, best first (translator.Hypothesis: text, score, alignment);
     with `constraints`, each line's terms its hypotheses must contain (beam search)."""
-    return self._translate_nbest(lines, nbest, alignments, target_lang, constraints, stacklevel=3)
+    return self._translate_nbest(lines, nbest, alignments, target_lang, constraints, 3, source_lang)
 
   def _translate_nbest(
     self,
@@ -243,27 +249,34 @@ class Session:
     target_lang: str | None,
     constraints: Sequence[Sequence[str]] | None,
     stacklevel: int,
+    source_lang: str | None = None,
   ) -> list[list[translator_lib.Hypothesis]]:
     _check_lines(lines)
     lines = list(lines)  # a generator is read once
-    request = self.request(nbest, alignments, target_lang, constraints is not None)
+    request = self.request(nbest, alignments, target_lang, constraints is not None, source_lang)
     hyps = self.translator(request).translate_nbest(list(lines), constraints=constraints)
     warn_empty(lines, hyps, stacklevel + 1)
     return hyps
 
-  def translate(self, lines: Sequence[str], target_lang: str | None = None) -> list[str]:
+  def translate(
+    self, lines: Sequence[str], target_lang: str | None = None, source_lang: str | None = None
+  ) -> list[str]:
     """The best translation of each line, with config.decode's search."""
-    hyps = self._translate_nbest(lines, 1, False, target_lang, None, stacklevel=3)
+    hyps = self._translate_nbest(lines, 1, False, target_lang, None, 3, source_lang)
     return [h[0].text for h in hyps]
 
   def score_checked(
-    self, lang: str | None, sources: Sequence[str], targets: Sequence[str]
+    self,
+    lang: str | None,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    source_lang: str | None = None,
   ) -> tuple[list[Any], dict[str, Any]]:
-    """(each pair's scoring.PairScore, corpus figures) into `lang`, already resolved
-    (--mode=score's)."""
+    """(each pair's scoring.PairScore, corpus figures) into `lang` from `source_lang`, already
+    resolved (--mode=score's)."""
     from flaxformer_nmt.decoding import scoring  # pylint: disable=g-import-not-at-top
 
-    scorer = self.scorer(lang)
+    scorer = self.scorer(lang, source_lang)
     scores = scorer.score(list(sources), list(targets))
     figures = {
       **scoring.summary(scores),
@@ -273,7 +286,11 @@ class Session:
     return scores, figures
 
   def score(
-    self, sources: Sequence[str], targets: Sequence[str], target_lang: str | None = None
+    self,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    target_lang: str | None = None,
+    source_lang: str | None = None,
   ) -> list[Any]:
     """The model's score of each (source, translation) pair: scoring.PairScore(score,
     log_prob, tokens), the score as the n-best list prints it (--mode=score)."""
@@ -283,10 +300,15 @@ class Session:
     _check_lines(targets)
     scoring.check_pairs(list(sources), list(targets), "sources", "targets")
     lang = directions.resolve_target(self.config.data, target_lang)
-    return self.scorer(lang).score(list(sources), list(targets))
+    source = directions.resolve_source(self.config.data, source_lang)
+    return self.scorer(lang, source).score(list(sources), list(targets))
 
   def attention(
-    self, text: str, output: str | None = None, target_lang: str | None = None
+    self,
+    text: str,
+    output: str | None = None,
+    target_lang: str | None = None,
+    source_lang: str | None = None,
   ) -> dict[str, Any]:
     """PNG heatmaps of every attention (layers x heads) for `text` and its translation, and the
     positional encoding, in `output` (default <workdir>/attention); the translation and the
@@ -304,11 +326,12 @@ class Session:
       raise errors.ConfigError(f"--output={out_dir} exists and is not a directory.")
     c = self.components
     lang = directions.resolve_target(c.config.data, target_lang)
+    source_lang = directions.resolve_source(c.config.data, source_lang)
     params = jax.device_get(self.params)
-    prefix = translator_lib.target_prefix(c, lang)
+    prefix, first_id = translator_lib.language_ids(c, lang, source_lang)
     source = (prefix + c.tokenizer.encode(text))[: c.max_src_len - 1] + [EOS_ID]
     search = decode.SearchConfig.from_config(c.config.decode)
-    target = attention_pictures.translate_ids(c.model, params, source, search)
+    target = attention_pictures.translate_ids(c.model, params, source, search, first_id)
     pictures = attention_pictures.write_pictures(
       c.model, params, c.tokenizer.id_to_piece, source, target, out_dir
     )

@@ -15,6 +15,7 @@ their scores, and, when asked, word alignments in Pharaoh format (alignments.py)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,11 +24,15 @@ import jax
 import numpy as np
 from absl import logging
 
-from flaxformer_nmt.config import directions
 from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.decoding import alignments as alignments_lib
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import decode
+from flaxformer_nmt.decoding.language_tokens import (  # noqa: F401  (translator.target_prefix)
+  language_ids,
+  reserved_ids,
+  target_prefix,
+)
 from flaxformer_nmt.decoding.lines import (  # noqa: F401  (BUCKETS, Hypothesis: translator.*)
   BUCKETS,
   BatchDecodeFn,
@@ -68,6 +73,7 @@ class Translator:
     constrained_decode: ConstrainedDecodeFn | None = None,
     beam_size: int = 1,
     max_output_len: Callable[[int], int] | None = None,
+    first_id: int | None = None,
   ) -> None:
     """`decode_fn` takes batches of `num_shards` (devices) x up to `batch_size` sentences, and
     returns `nbest` hypotheses per sentence (with source positions, for `alignments`).
@@ -79,7 +85,10 @@ class Translator:
     pick another language than the one asked for. `constrained_decode` (the beam search that
     must output given terms, by beam size) serves the lines given terms; `beam_size` is the beam
     it widens from (constraints.beam_for), `max_output_len` (source length with EOS -> the
-    longest output) what the terms must fit in."""
+    longest output) what the terms must fit in. `first_id`: every output's first token, forced
+    (an M2M100 model's target-language token: decode_fn then takes it per row); it is no word of
+    the translation, so alignments leave it out."""
+    self.first_id = first_id
     self.constrained_decode = constrained_decode
     self.beam_size = beam_size
     self.max_output_len = max_output_len or (lambda n: n + 50)
@@ -250,10 +259,12 @@ class Translator:
     for row, i in enumerate(batch):
       inputs[row, : len(sources[i])] = sources[i]
       line_ids[row] = numbers[i]
+    # Each row's forced first output, for a search made with force_first.
+    first = () if self.first_id is None else (np.full_like(line_ids, self.first_id),)
     if with_beam is None:
-      return self.decode_fn(inputs, line_ids)
+      return self.decode_fn(inputs, line_ids, *first)
     packed = constraints_lib.pack([terms[i] if i >= 0 else [] for i in rows])
-    return self.constrained_decode(with_beam)(inputs, line_ids, *packed)
+    return self.constrained_decode(with_beam)(inputs, line_ids, *first, *packed)
 
   def _batches(self, order: list[int], beam: int | None) -> list[tuple[list[int], int, int | None]]:
     """`order`'s lines as batches: (lines, rows of the device batch, the constrained search's
@@ -282,6 +293,8 @@ class Translator:
       alignment = None
       if self.alignments:
         row_positions = positions[k] if positions is not None else np.zeros([0], np.int32)
+        if self.first_id is not None and ids[:1] == [self.first_id]:  # no word: left out
+          ids, row_positions = ids[1:], row_positions[1:]
         # Positions into the words after the tags; a piece aligned to a tag gets -1 (none).
         shifted = np.where(row_positions >= prefix_len, row_positions - prefix_len, -1)
         alignment = alignments_lib.pharaoh_of(
@@ -302,6 +315,7 @@ def make_translator(
   log_progress: bool = True,
   rows_per_shard: Sequence[int] | None = None,
   target_lang: str | None = None,
+  source_lang: str | None = None,
 ) -> Translator:
   """The one way to make a Translator (asked by decoding/session.py's Session, which keeps
   them): for `parts` (a command's Components; tests' Components.around) with
@@ -310,8 +324,9 @@ def make_translator(
   model.ensemble.Ensemble; `replicated`: already on every local device (decode.decode_fn).
   `nbest` hypotheses per line; `alignments` adds word alignments from
   config.decode.alignment_layer's cross-attention. `target_lang`: a multilingual model's output
-  language, resolved by the caller (a Request's; evaluation's own directions)."""
-  prefix = target_prefix(parts, target_lang)
+  language, resolved by the caller (a Request's; evaluation's own directions); `source_lang`: a
+  many-to-many model's input language (language_ids)."""
+  prefix, first_id = language_ids(parts, target_lang, source_lang)
   decode_config, model = parts.config.decode, parts.model
   layer = -1
   if alignments:
@@ -320,6 +335,8 @@ def make_translator(
   search = decode.SearchConfig.from_config(
     decode_config, beam_size=beam_size, nbest=nbest, alignment_layer=layer
   )
+  if first_id is not None:
+    search = dataclasses.replace(search, force_first=True)
   if not replicated:
     params = parallel.replicate(params)  # once, for the plain and the constrained search
   max_len = model.cfg.max_len
@@ -344,29 +361,5 @@ def make_translator(
     ),
     beam_size=search.beam_size,
     max_output_len=max_output_len,
+    first_id=first_id,
   )
-
-
-def target_prefix(parts: Components, lang: str | None) -> list[int]:
-  """The source prefix into `lang`, a language already resolved and checked (a request's:
-  requests.check_request, directions.resolve_target), which is not resolved again: [] for a
-  bilingual model, else a multilingual model's language tag. A multilingual model asked for no
-  language (a default request) gets its one target language's, or a ConfigError."""
-  data_config = parts.config.data
-  if not lang and directions.is_multilingual(data_config):
-    # Asked for none (a default request): the model's one target language, or one line.
-    lang = directions.resolve_target(data_config, None)
-  if not lang:
-    return []
-  return tokenizer_lib.source_prefix(
-    parts.tokenizer,  # type: ignore[arg-type]
-    lang,
-    data_config=data_config,
-  )
-
-
-def reserved_ids(parts: Components) -> list[int]:
-  """The ids of the tags of the model's own vocabulary (none for a bilingual model's): never
-  the command's config's, which may narrow data.directions."""
-  ids = getattr(parts.tokenizer, "reserved_ids", None)
-  return list(ids()) if ids is not None else []

@@ -86,10 +86,11 @@ def _module(path: tuple[str, ...]) -> str:
   return f"model.{stack}.layers.{index}.{names[path[1]]}.{_PROJECTION_MODULES[path[2]]}"
 
 
-def adapter_state_dict(adapters: Any, d_model: int) -> dict[str, np.ndarray]:
+def adapter_state_dict(adapters: Any, d_model: int, permuted: bool = True) -> dict[str, np.ndarray]:
   """PEFT's saved tensors for our adapters ({path: {"a", "b"}}, numpy): lora_A.weight = A^T and
-  lora_B.weight = B^T, the residual side in Marian's feature order."""
-  inv = np.argsort(marian.feature_order(d_model))
+  lora_B.weight = B^T, the residual side in Marian's feature order (`permuted`; an M2M100 model's
+  features are in ours: export/m2m100.py)."""
+  inv = np.argsort(marian.feature_order(d_model)) if permuted else np.arange(d_model)
   flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(adapters).items()}
   out = {}
   for path in sorted({k[:-1] for k in flat}):
@@ -139,7 +140,8 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
   state, _ = reader.CheckpointDir(folder.checkpoints).read(
     session.step, {"lora": {"adapters": reader.state_dict(template.adapters)}}
   )
-  tensors = adapter_state_dict(state["lora"]["adapters"], c.model_cfg.d_model)
+  many = str(c.config.data.get("lang_tokens", "")) == "m2m100"  # M2M100's export: no permutation
+  tensors = adapter_state_dict(state["lora"]["adapters"], c.model_cfg.d_model, not many)
   base = folder.saved_config().get("init_from", "")
   with files.staged_folder(output) as staging:
     save_file(tensors, os.path.join(staging, "adapter_model.safetensors"), {"format": "pt"})
@@ -164,8 +166,8 @@ def _card(o: ml_collections.ConfigDict, base: str, step: int) -> str:
     "run's transformers export:\n\n"
     "```python\n"
     "from peft import PeftModel\n"
-    "from transformers import MarianMTModel\n\n"
-    f'base = MarianMTModel.from_pretrained("{name}-hf")  # flaxformer-nmt --mode=export '
+    "from transformers import AutoModelForSeq2SeqLM\n\n"
+    f'base = AutoModelForSeq2SeqLM.from_pretrained("{name}-hf")  # flaxformer-nmt --mode=export '
     f"--format=huggingface --workdir={name} --output={name}-hf\n"
     'model = PeftModel.from_pretrained(base, "THIS_FOLDER")\n'
     "```\n"

@@ -8,9 +8,10 @@ biases on every projection (`model.attention_bias`), torch's layer-norm epsilon 
 scaled and tied embeddings, no logits bias, the decoder started from `</s>`
 (`model.decoder_start="eos"`).
 
-This is the reading of the model; making it a run (its vocabulary in the run folder, the source
-language's token in front of every source, the target language's token forced as the first
-output) is the next step, so `--mode=import` does not call it yet.
+Its languages (data.lang_tokens="m2m100", data.languages): `__en__` in front of every source,
+`__de__` forced as the first output (decoding/language_tokens.py), both chosen per request
+(--source_lang, --target_lang; defaults: tokenizer_config.json's src_lang and tgt_lang).
+importing/imported_run.py makes it a run.
 """
 
 from __future__ import annotations
@@ -104,13 +105,26 @@ def make_config(
   m.relu_dropout_rate = float(_get(hf, "activation_dropout"))
   d = config.data
   d.source = "none"
+  d.lang_tokens, d.lang_tag_format = "m2m100", fairseq_vocabulary.language_token("{}")
+  d.languages = ",".join(vocabulary.languages)
   tok = read_json(os.path.join(folder, "tokenizer_config.json"))
-  d.src_lang = str(tok.get("src_lang") or "en")
-  d.tgt_lang = str(tok.get("tgt_lang") or ("de" if d.src_lang != "de" else "en"))
+  langs = vocabulary.languages
+  d.src_lang = _language(tok.get("src_lang"), langs, "en" if "en" in langs else langs[0])
+  other = next(x for x in ("de", "en", *langs) if x in langs and x != d.src_lang)
+  d.tgt_lang = _language(tok.get("tgt_lang"), langs, other)
   d.vocab_size = vocabulary.vocab_size
   d.vocab_model_type = pair_vocabulary.model_type(os.path.join(folder, fairseq_vocabulary.SPM))
   d.max_len = min(int(d.max_len), m.max_len)
+  gen = read_json(os.path.join(folder, "generation_config.json"))
+  if gen.get("num_beams"):
+    config.decode.beam_size = int(gen["num_beams"])
   return config
+
+
+def _language(given: Any, langs: list[str], default: str) -> str:
+  """tokenizer_config.json's language (`__en__` or `en`), if the model has it, else `default`."""
+  lang = str(given or "").strip("_")
+  return lang if lang in langs else default
 
 
 @dataclasses.dataclass(frozen=True)

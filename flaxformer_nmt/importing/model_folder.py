@@ -16,7 +16,7 @@ import numpy as np
 from flaxformer_nmt import errors
 from flaxformer_nmt.runtime import files
 
-HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.json"]
+HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", "*.model", "*.json"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -82,7 +82,7 @@ class Components:
       raise errors.CheckpointError(
         f"{what}{path}: no such vocabulary; train with --workdir={workdir.path} first."
       )
-    return cls(config, open_vocabulary(path))
+    return cls(config, open_vocabulary(path, int(config.data.vocab_size)))
 
   @functools.cached_property
   def abstract_params(self) -> Any:

@@ -37,7 +37,7 @@ import ml_collections
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.config import run_config
-from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.runtime import files
 
 VOCABULARY = "spm.model"
@@ -244,14 +244,16 @@ class Workdir:
 
   def copy_vocabulary(self, given: str) -> str:
     """Copies the vocabulary at `given` into the run (`own_vocabulary`), replacing one left by
-    an earlier attempt; a Marian folder's three files only. Returns the copy's path."""
+    an earlier attempt; a Marian or M2M100 folder's vocabulary files only. Returns the copy's
+    path."""
     own = self.own_vocabulary(given)
     if os.path.isdir(given):
       scratch = f"{own}.tmp-{os.getpid()}"
       shutil.rmtree(scratch, ignore_errors=True)
       os.makedirs(scratch)
-      for name in pair_vocabulary.FILES:
-        shutil.copyfile(os.path.join(given, name), os.path.join(scratch, name))
+      for name in tokenizer_lib.folder_files(given):
+        if name != "tokenizer_config.json" or os.path.isfile(os.path.join(given, name)):
+          shutil.copyfile(os.path.join(given, name), os.path.join(scratch, name))
       shutil.rmtree(own, ignore_errors=True)
       os.replace(scratch, own)
     else:
@@ -279,7 +281,7 @@ class Workdir:
     if not given or not os.path.exists(given):
       return
     own = self.own_vocabulary(given)
-    if os.path.exists(own) and pair_vocabulary.digest(own) == pair_vocabulary.digest(given):
+    if os.path.exists(own) and tokenizer_lib.same_vocabulary(own, given):
       return
     kept = self.kept_vocabulary()
     if kept is not None:

@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Iterator
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.data import pair_vocabulary
+from flaxformer_nmt.data import fairseq_vocabulary, pair_vocabulary
 from flaxformer_nmt.run import folder as folder_lib
 from flaxformer_nmt.run.folder import Workdir
 
@@ -69,7 +69,7 @@ def check_new_run(folder: Workdir, kind: str) -> None:
       foreign += sorted(
         f"{folder_lib.PAIR_VOCABULARY}/{name}"
         for name in os.listdir(pair)
-        if name not in pair_vocabulary.FILES
+        if name not in pair_vocabulary.FILES + fairseq_vocabulary.FILES
       )
   except OSError as e:
     raise errors.ConfigError(

@@ -80,6 +80,8 @@ def architecture_difference(theirs: Workdir, config: ml_collections.ConfigDict) 
 # the schedule and the decoding settings stay the command's.
 ADOPTED = tuple(f"model.{f}" for f in (*ARCHITECTURE, "size", "max_len")) + (
   "data.lang_tag_format",
+  "data.lang_tokens",
+  "data.languages",
   "data.vocab_size",
   "data.vocab_model_type",
 )

@@ -51,6 +51,7 @@ class Kind:
   target_lang: str = ""  # a multilingual model's output language ("" for a bilingual one)
   # Terms the translations must contain: each line is then a (text, terms) pair.
   constrained: bool = False
+  source_lang: str = ""  # a many-to-many model's input language ("" for any other)
 
 
 @dataclasses.dataclass(frozen=True)

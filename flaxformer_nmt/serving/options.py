@@ -28,6 +28,7 @@ class Options:
   allowed_origins: tuple[str, ...] = ()  # web origins (scheme://host[:port]) that may call in
   token: str = ""  # required of every request on a non-loopback address ("" there: generated)
   target_lang: str = ""  # a multilingual model's language for requests that name none
+  source_lang: str = ""  # a many-to-many model's input language for requests that name none
 
   def check(self) -> None:
     """ConfigError naming the flag, before the model loads."""

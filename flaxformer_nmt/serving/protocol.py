@@ -12,7 +12,7 @@ from typing import Any
 
 from flaxformer_nmt.serving import batcher as batcher_lib
 
-_FIELDS = ("text", "nbest", "alignments", "target_lang", "constraints")
+_FIELDS = ("text", "nbest", "alignments", "target_lang", "constraints", "source_lang")
 # A line's terms, all together, may have at most this many characters: the beam widens to their
 # pieces + 1, and a wider beam costs every line of the batch.
 MAX_TERM_CHARS = 100
@@ -31,6 +31,10 @@ class Limits:
   targets: tuple[str, ...] = ()
   default_target: str = ""  # "" (multilingual): a request must say "target_lang"
   constraints: bool = False  # "constraints" may be asked for (beam search)
+  # The languages a request's "source_lang" may name (a bilingual model: its own), and the one
+  # it gets without: "" unless the model takes a source-language token (an imported M2M100).
+  sources: tuple[str, ...] = ()
+  default_source: str = ""
 
 
 class BadRequest(ValueError):
@@ -89,7 +93,8 @@ def parse_request(body: bytes, limits: Limits) -> Asked:
   if not isinstance(alignments, bool):
     raise BadRequest(f'"alignments" must be true or false, got {json.dumps(alignments)}')
   target = _target(request.get("target_lang"), limits)
-  kind = batcher_lib.Kind(nbest, alignments, target)
+  source = _source(request.get("source_lang"), limits)
+  kind = batcher_lib.Kind(nbest, alignments, target, source_lang=source)
   if "constraints" in request:
     terms = _constraints(request["constraints"], text, limits)
     return Asked(
@@ -148,6 +153,18 @@ def _target(target: Any, limits: Limits) -> str:
       f"{', '.join(limits.targets)}"
     )
   return target
+
+
+def _source(source: Any, limits: Limits) -> str:
+  """The request's "source_lang", checked against the languages the model reads: a
+  many-to-many model's token to put in front (default: the server's), else ""."""
+  if source is not None and not isinstance(source, str):
+    raise BadRequest(f'"source_lang" must be a language code string, got {json.dumps(source)}')
+  if source and limits.sources and source not in limits.sources:
+    raise BadRequest(
+      f'"source_lang"={json.dumps(source)} is unknown; this model reads {", ".join(limits.sources)}'
+    )
+  return (source or limits.default_source) if limits.default_source else ""
 
 
 def check_encodable(lines: list[Any], encode: Callable[[str], Any]) -> None:

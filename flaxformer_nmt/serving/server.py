@@ -1,7 +1,8 @@
 """`--mode=serve`'s HTTP side: the routes, start-up and shutdown (protocol.py reads a body).
 
   POST /translate  {"text": "..." | ["...", ...], "nbest": K, "alignments": false,
-                    "target_lang": "fr" (a multilingual model's output language)}
+                    "target_lang": "fr" (a multilingual model's output language),
+                    "source_lang": "en" (an imported M2M100's input language)}
                    -> {"translations": [...], "truncated": [...]} (input order; with "nbest"
                    each translation is a list of {"text", "score"}; with "alignments" each has
                    its Pharaoh "alignment" and the answer is in that form too)

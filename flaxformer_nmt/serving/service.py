@@ -73,8 +73,13 @@ def limits(decode: Any, options: Options, data: Any = None) -> protocol.Limits:
   else:
     nbest, rule = 1, "greedy search finds one hypothesis"
   targets: tuple[str, ...] = ()
-  default = ""
-  if data is not None and directions.is_multilingual(data):
+  default, sources, default_source = "", (), ""
+  many = directions.many_to_many(data) if data is not None else []
+  if many:  # any of its languages into any other
+    targets = sources = tuple(many)
+    default = directions.resolve_target(data, options.target_lang or None) or ""
+    default_source = directions.resolve_source(data, options.source_lang or None) or ""
+  elif data is not None and directions.is_multilingual(data):
     targets = tuple(directions.target_languages(data))
     if options.target_lang or len({d.tgt for d in directions.trained(data)}) == 1:
       default = directions.resolve_target(data, options.target_lang or None) or ""
@@ -89,7 +94,18 @@ def limits(decode: Any, options: Options, data: Any = None) -> protocol.Limits:
     targets,
     default,
     constraints=decode.method == "beam",
+    sources=sources or _reads(data),
+    default_source=default_source,
   )
+
+
+def _reads(data: Any) -> tuple[str, ...]:
+  """The languages a model without source tokens reads (a request's "source_lang" may name
+  one; it changes nothing)."""
+  if data is None:
+    return ()
+  found = directions.trained(data) + directions.zero_shot(data)
+  return tuple(dict.fromkeys(d.src for d in found)) or (str(data.src_lang),)
 
 
 def precompiled(allowed: protocol.Limits) -> tuple[batcher_lib.Kind, ...]:
@@ -97,7 +113,10 @@ def precompiled(allowed: protocol.Limits) -> tuple[batcher_lib.Kind, ...]:
   language shares their programs (the tag is an input)."""
   target = allowed.default_target if allowed.targets else ""
   target = target or (allowed.targets[0] if allowed.targets else "")
-  return tuple(dataclasses.replace(kind, target_lang=target) for kind in PRECOMPILED)
+  return tuple(
+    dataclasses.replace(kind, target_lang=target, source_lang=allowed.default_source)
+    for kind in PRECOMPILED
+  )
 
 
 def public_description(description: str) -> str:
@@ -114,7 +133,9 @@ class ServedSession:
     self.session = session.quiet(ROWS_PER_SHARD)
 
   def get(self, kind: batcher_lib.Kind) -> translator_lib.Translator:
-    return self.session.translator(Request(kind.nbest, kind.alignments, kind.target_lang))
+    return self.session.translator(
+      Request(kind.nbest, kind.alignments, kind.target_lang, source_lang=kind.source_lang)
+    )
 
   def translate(
     self, kind: batcher_lib.Kind, lines: list[str], numbers: list[int]

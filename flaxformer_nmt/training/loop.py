@@ -104,7 +104,7 @@ def _components_before_data(
       )
     return None, None
   source = init_from.check(config, workdir)
-  components = Components(config, open_vocabulary(source.vocabulary))
+  components = Components(config, open_vocabulary(source.vocabulary, int(config.data.vocab_size)))
   init_from.check_fits(source, components)
   init_from.adopt_vocabulary(config, workdir, source)  # before the data looks for one
   return components, source
