@@ -110,7 +110,8 @@ class FairseqVocabulary:
     self._unk = self._ids[UNK]
     self._language_ids = {self._ids[language_token(lang)] for lang in self.languages}
     # fairseq's padding rows are no piece: a model that outputs one (untrained) prints nothing.
-    padding_rows = {j for j, i in enumerate(order) if int(i) >= max(pieces) + 1}
+    first_padding_row = max(pieces) + 1
+    padding_rows = {j for j, i in enumerate(order.tolist()) if i >= first_padding_row}
     self._silent = self._language_ids | padding_rows | {self._ids[BOS], self._unk}
 
   @property

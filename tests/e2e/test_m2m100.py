@@ -1,7 +1,10 @@
 """M2M100 read into this model, checked against transformers itself (the `hf` extra; CI's `hf`
 leg): a tiny random M2M100 model's teacher-forced scores of 40 pairs equal transformers' within
 1e-4 per sentence, its vocabulary gives M2M100Tokenizer's ids and text, and its weights go back
-out bitwise. (Making it a run, and translating with it, come next: importing/m2m100_config.py.)"""
+out bitwise; imported as a run (`--mode=import`), its greedy translations with the target
+language's token forced equal transformers' generate(forced_bos_token_id=...), and its export
+loads in transformers with no missing or unexpected weight. (The torch-free run checks:
+tests/e2e/test_m2m100_run.py.)"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from flaxformer_nmt import api
 from flaxformer_nmt.decoding import scoring
 from flaxformer_nmt.export import m2m100
 from flaxformer_nmt.importing import m2m100_config
@@ -64,3 +68,57 @@ def test_m2m100_scores_as_transformers(tmp_path, encoder_layers, decoder_layers)
   for name, value in out.items():
     np.testing.assert_array_equal(value, sd[name], err_msg=name)
   assert not {k for k in sd if "embed_positions" not in k and k != "lm_head.weight"} - set(out)
+
+
+def test_an_imported_m2m100_translates_as_transformers_generates(tmp_path):
+  """Greedy search with the target language's token forced first, ours through `--mode=import`
+  and the API, against transformers' generate(forced_bos_token_id=...), on 40 lines into two
+  languages. transformers may output `<pad>` (a random model's zero row can win); fairseq's search,
+  and ours, never do, so generate is told so (suppress_tokens). Its ids are read back through our
+  vocabulary, so the comparison is of tokens, not of two decoders' spellings."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import (  # pylint: disable=g-import-not-at-top
+    M2M100ForConditionalGeneration,
+    M2M100Tokenizer,
+  )
+
+  folder = tmp_path / "m2m100"
+  model = m2m100_models.tiny_m2m100(folder, encoder_layers=2, decoder_layers=2, seed=1)
+  api.import_model(str(folder), str(tmp_path / "run"))
+  session = api.load(str(tmp_path / "run"), overrides={"decode.method": "greedy"})
+  vocab = session.components.tokenizer
+  ours_of = np.argsort(vocab.fairseq_ids)  # fairseq id -> ours
+  lines = [s for s, _ in marian_models.demo_pairs("test", 40)]
+  for tgt in ("de", "fr"):
+    ours = session.translate(lines, target_lang=tgt)
+    tokenizer = M2M100Tokenizer.from_pretrained(folder, src_lang="en", tgt_lang=tgt)
+    theirs = []
+    with torch.no_grad():
+      for line in lines:
+        batch = tokenizer([line], return_tensors="pt")
+        out = model.generate(
+          **batch,
+          num_beams=1,
+          do_sample=False,
+          forced_bos_token_id=tokenizer.get_lang_id(tgt),
+          suppress_tokens=[model.config.pad_token_id],
+          max_new_tokens=batch["input_ids"].shape[1] + 50,  # our decode.max_len_offset
+        )
+        assert int(out[0][1]) == tokenizer.get_lang_id(tgt)
+        theirs.append(vocab.decode([int(ours_of[int(i)]) for i in out[0][1:]]))
+    agree = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(lines)
+    print(f"M2M100 greedy into {tgt}: {agree:.1%} of 40 lines equal to transformers' generate")
+    assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs, strict=True) if a != b][:3]
+  # Exported back: transformers loads every weight, and its tokenizer reads the files.
+  api.export(None, str(tmp_path / "run"), str(tmp_path / "hf"), fmt="huggingface")
+  again, info = M2M100ForConditionalGeneration.from_pretrained(
+    tmp_path / "hf", output_loading_info=True
+  )
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  tokenizer = M2M100Tokenizer.from_pretrained(tmp_path / "hf", src_lang="en", tgt_lang="de")
+  batch = tokenizer(lines[:3], return_tensors="pt", padding=True)
+  settings = dict(num_beams=1, max_new_tokens=30, suppress_tokens=[1], do_sample=False)
+  with torch.no_grad():
+    a = model.generate(**batch, forced_bos_token_id=tokenizer.get_lang_id("de"), **settings)
+    b = again.generate(**batch, forced_bos_token_id=tokenizer.get_lang_id("de"), **settings)
+  assert torch.equal(a, b)
