@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pathlib
 
+from error_cases_pretrained import PRETRAINED_CASES
+
 import helpers
 from error_setups import (
   TWO,
@@ -14,16 +16,12 @@ from error_setups import (
   busy_port,
   copy_trained,
   data_dir_under_a_file,
-  fine_tuning,
-  importing,
-  importing_into_a_users_folder,
   in_trained,
   in_trained_before_config_json,
   kept_none,
   member_with_other_heads,
   member_with_other_vocabulary,
   no_checkpoint,
-  transformers_folder_as,
   translate_bad_utf8,
   translating,
   vocabulary_changed_in_place,
@@ -31,6 +29,7 @@ from error_setups import (
 )
 
 CASES = [
+  *PRETRAINED_CASES,
   Case("mismatched files", bad_corpus(train_de=TWO), "train.en has 3 lines but"),
   Case(
     "bad UTF-8",
@@ -115,64 +114,9 @@ CASES = [
     "in.txt:2: invalid UTF-8 (byte 0xc3 at column 1)",
   ),
   Case(
-    "fine-tuning from a missing workdir",
-    fine_tuning("{base}/nothere"),
-    "/nothere: not a trained workdir",
-    trained=False,
-  ),
-  Case(
-    "fine-tuning from a folder without checkpoints",
-    fine_tuning("{base}/not_a_run"),
-    "/not_a_run: not a trained workdir",
-    trained=False,
-  ),
-  Case(
-    "import of a model with an option this one has not",
-    importing(decoder_ffn_dim=1024),
-    "the encoder and decoder have different feed-forward widths; this model has no such option",
-    trained=False,
-  ),
-  Case(
-    "import of a folder that is not a Marian model",
-    importing(model_type="bart"),
-    "model_type is 'bart'; --mode=import reads Marian models",
-    trained=False,
-  ),
-  Case(
-    "import of one of our runs",
-    transformers_folder_as("import_run"),
-    "is a flaxformer_nmt run, not a transformers model: fine-tune it with --config.init_from=",
-    trained=False,
-  ),
-  Case(
-    "a transformers model used as a run",
-    transformers_folder_as("workdir"),
-    "opus-mt-en-de is a transformers model (model_type 'marian'), not a run: import it first",
-    trained=False,
-  ),
-  Case(
-    "fine-tuning from a transformers model",
-    transformers_folder_as("init_from"),
-    "is a transformers model (model_type 'marian'), not a run: import it first",
-    trained=False,
-  ),
-  Case(
-    "import into a folder of other files",
-    importing_into_a_users_folder,
-    "is not empty and holds no run (vocabulary/glossary.txt)",
-    trained=False,
-  ),
-  Case(
     "a resume with another vocabulary",
     vocabulary_changed_in_place,
     "has held since its first start, and a run's vocabulary cannot change",
-  ),
-  Case(
-    "export to transformers over a folder",
-    in_trained(
-      "--config=configs/demo.py", "--mode=export", "--format=huggingface", "--output={base}"
-    ),
-    "already exists and is not an empty directory",
   ),
   Case(
     "unknown learning-rate schedule",
@@ -233,45 +177,6 @@ CASES = [
     "EMA turned off in a run under way",
     in_trained("--config=configs/demo.py", "--config.optim.ema_decay=0.0"),
     "config.optim.ema_decay=0, but the checkpoints in",
-  ),
-  Case(
-    "LoRA without a model to adapt",
-    lambda base, trained: [
-      f"--workdir={base / 'fresh'}",
-      "--config=configs/demo.py",
-      "--config.optim.lora_rank=8",
-      "--config.optim.ema_decay=0.0",  # the saved run's flags (arguments()) keep one
-    ],
-    "config.optim.lora_rank=8 adapts a trained model, but config.init_from is empty",
-    trained=False,
-  ),
-  Case(
-    "unknown LoRA target",
-    in_trained(
-      "--config=configs/demo.py", "--config.optim.lora_rank=8", "--config.optim.lora_targets=q,wq"
-    ),
-    "'wq' is not a LoRA target",
-  ),
-  Case(
-    "LoRA with a parameter average",
-    fine_tuning("{trained}", "--config.optim.lora_rank=8", "--config.optim.ema_decay=0.9"),
-    "a parameter average of the adapters is not the average of the merged models",
-    trained=False,
-  ),
-  Case(
-    "LoRA turned on in a run under way",
-    in_trained(
-      "--config=configs/demo.py",
-      "--config.optim.lora_rank=8",
-      "--config.init_from={base}/workdir",
-      "--config.optim.ema_decay=0.0",  # the trained run keeps one, which LoRA refuses
-    ),
-    "a run under way keeps what it trains",
-  ),
-  Case(
-    "PEFT export of a run without adapters",
-    in_trained("--config=configs/demo.py", "--mode=export", "--format=peft", "--output={base}/o"),
-    "was not trained with config.optim.lora_rank > 0, so it has no adapters",
   ),
   Case(
     "unknown best metric",

@@ -26,7 +26,8 @@ def run_mode(args: list[str]) -> None:
   if mode == "import":  # reads no config (cli.main: the model's own)
     modes.import_model(flag["input"], workdir)
     raise AssertionError("--mode=import got past its checks")
-  config = api.load_config(flag["config"], overrides)
+  # No --config: the run's own (cli.main reads its config.json).
+  config = api.load_config(flag["config"], overrides) if "config" in flag else None
   members = tuple(m for m in flag.get("ensemble", "").split(",") if m)
   which = flag.get("checkpoint", "auto")
   if mode == "train":
@@ -34,7 +35,13 @@ def run_mode(args: list[str]) -> None:
   elif mode == "eval":
     modes.evaluate(config, workdir, which, members)
   elif mode == "translate":
-    outputs = modes.Outputs(int(flag.get("nbest", 1)), "alignments" in flag, members)
+    outputs = modes.Outputs(
+      int(flag.get("nbest", 1)),
+      "alignments" in flag,
+      members,
+      flag.get("target_lang") or None,
+      source_lang=flag.get("source_lang") or None,
+    )
     modes.translate(config, workdir, which, flag["input"], flag.get("output", "-"), outputs)
   elif mode == "average":
     modes.average(config, workdir, int(flag["num_checkpoints"]), which)

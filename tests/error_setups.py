@@ -293,3 +293,36 @@ def vocabulary_changed_in_place(base: pathlib.Path, trained: pathlib.Path) -> li
   data[-1] ^= 1
   vocab.write_bytes(bytes(data))
   return [f"--workdir={workdir}", "--config=configs/demo.py", f"--config.data.vocab_path={vocab}"]
+
+
+def many_to_many(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """A translate command on a copy of the trained workdir whose config.json says it is a
+  many-to-many model (data.lang_tokens="m2m100", as an imported M2M100's does): the languages a
+  request names are checked before anything else is read."""
+
+  def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+    workdir = copy_trained(base, trained)
+    config = json.loads((workdir / "config.json").read_text())
+    config["data"].update(lang_tokens="m2m100", languages="en,de,fr", lang_tag_format="__{}__")
+    (workdir / "config.json").write_text(json.dumps(config))
+    return [
+      f"--workdir={workdir}",
+      "--mode=translate",
+      f"--input={_translate_input(base)}",
+      *[a.format(base=base) for a in args],
+    ]
+
+  return setup
+
+
+def importing_nllb(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
+  """--mode=import of an NLLB-200 folder (M2M100's architecture, NLLB's tokenizer), as
+  facebook/nllb-200-distilled-600M's config.json and tokenizer_config.json say."""
+  del trained
+  folder = base / "nllb-200-distilled-600M"
+  folder.mkdir()
+  sizes = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_ffn_dim": 4096}
+  config = {"model_type": "m2m_100", "vocab_size": 256206, **sizes}
+  (folder / "config.json").write_text(json.dumps(config))
+  (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NllbTokenizer"}))
+  return [f"--workdir={base / 'imported'}", "--mode=import", f"--input={folder}"]

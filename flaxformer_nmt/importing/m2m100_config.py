@@ -144,6 +144,12 @@ def read_m2m100(folder: str) -> M2M100Model:
   if not hf:
     raise errors.DataError(f"{where}: no such file; --input must be a transformers model folder.")
   check_m2m100(hf, where)
+  tokenizer_class = read_json(os.path.join(folder, "tokenizer_config.json")).get("tokenizer_class")
+  if str(tokenizer_class).startswith("Nllb"):
+    raise errors.ConfigError(
+      f"{folder}: an NLLB-200 model (tokenizer_class {tokenizer_class!r}); --mode=import reads "
+      "M2M100's tokenizer (vocab.json and 100 language tokens), not NLLB's yet."
+    )
   vocabulary = fairseq_vocabulary.FairseqVocabulary(folder, int(hf["vocab_size"]))
   if vocabulary.vocab_size != int(hf["vocab_size"]):
     raise errors.DataError(

@@ -64,7 +64,8 @@ def check_marian(hf: dict[str, Any], where: str) -> None:
     )
   if hf.get("model_type") != "marian":
     raise errors.ConfigError(
-      f"{where}: model_type is {hf.get('model_type')!r}; --mode=import reads Marian models."
+      f"{where}: model_type is {hf.get('model_type')!r}; --mode=import reads Marian and M2M100 "
+      "models."
     )
 
   missing = [k for k in _REQUIRED if k not in hf]
