@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from flaxformer_nmt import errors
+from flaxformer_nmt.data import tokenizer as tokenizer_lib
 from flaxformer_nmt.data.tokenizer import Vocabulary
 from flaxformer_nmt.model import layers
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
@@ -246,9 +247,11 @@ def export_ctranslate2(
   spec.optimize(quantization=quantization)
   with files.staged_folder(output) as staging:
     spec.save(staging)
-    if os.path.isdir(tokenizer.model_path):  # an imported model's two SentencePiece models
-      for name in ("source.spm", "target.spm"):
-        shutil.copyfile(os.path.join(tokenizer.model_path, name), os.path.join(staging, name))
+    if os.path.isdir(tokenizer.model_path):  # an imported model's vocabulary files
+      for name in tokenizer_lib.folder_files(tokenizer.model_path):
+        path = os.path.join(tokenizer.model_path, name)
+        if name.endswith((".spm", ".model")):  # CTranslate2 reads the ids from the spec
+          shutil.copyfile(path, os.path.join(staging, name))
     else:
       shutil.copyfile(tokenizer.model_path, os.path.join(staging, "spm.model"))
   size = sum(os.path.getsize(os.path.join(output, f)) for f in os.listdir(output))

@@ -135,3 +135,26 @@ def test_a_lora_fine_tune_on_ids_above_uint16(imported, tmp_path):
   starts = split["src_offsets"][:-1]
   assert (split["src_ids"][starts] == en).all()
   assert (split["tgt_ids"][split["tgt_offsets"][:-1]] == de).all()
+
+
+def test_ctranslate2_translates_an_m2m100_run_as_ours(imported, tmp_path):
+  """--format=ctranslate2 of a many-to-many run, used as CTranslate2 uses M2M100: the source
+  token in front, the target token as target_prefix. Greedy, into two languages, with our length
+  rule (source + EOS + 50): every line equal."""
+  import ctranslate2  # pylint: disable=g-import-not-at-top  # the [test] extra has it
+
+  root, _ = imported
+  api.export(None, str(root / "run"), str(tmp_path / "ct2"))
+  session = api.load(str(root / "run"), overrides={"decode.method": "greedy"})
+  vocab = session.components.tokenizer
+  lines = [s for s, _ in demo.make_demo_split("test", 12, 0)]
+  translator = ctranslate2.Translator(str(tmp_path / "ct2"))
+  for tgt in ("de", "fr"):
+    theirs = []
+    for line in lines:
+      pieces = ["__en__", *(vocab.id_to_piece(i) for i in vocab.encode(line))]
+      (result,) = translator.translate_batch(
+        [pieces], target_prefix=[[f"__{tgt}__"]], beam_size=1, max_decoding_length=len(pieces) + 51
+      )
+      theirs.append(vocab.decode([vocab.piece_id(p) for p in result.hypotheses[0]]))
+    assert session.translate(lines, target_lang=tgt) == theirs
