@@ -57,12 +57,12 @@ def is_fairseq_vocabulary(path: str) -> bool:
 
 
 def digest(path: str) -> str:
-  """The vocabulary's identity: SHA-256 over its files' SHA-256s (nothing else in the folder)."""
-  parts = "".join(
-    files.sha256(os.path.join(path, name))
-    for name in FILES
-    if os.path.isfile(os.path.join(path, name))
-  )
+  """The vocabulary's identity: SHA-256 over its SentencePiece model's and vocab.json's SHA-256s
+  and its list of language codes (not the rest of tokenizer_config.json: its default languages
+  change no id)."""
+  parts = "".join(files.sha256(os.path.join(path, name)) for name in FILES[:2])
+  tok = files.read_json_object(os.path.join(path, "tokenizer_config.json"))
+  parts += str(tok.get("language_codes", "m2m100"))
   return hashlib.sha256(parts.encode()).hexdigest()
 
 

@@ -63,9 +63,12 @@ def forced_first(step_fn: StepFn, cache: Cache, first_ids: Array) -> tuple[StepF
   def step(carried: tuple[Cache, Array], ids: Array) -> tuple[Array, tuple[Cache, Array]]:
     inner, t = carried
     logits, inner = step_fn(inner, ids)  # [rows, vocab]
-    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
-    forced = jnp.where(vocab == first_ids[:, None], 0.0, NEG_INF).astype(logits.dtype)
-    return lax.cond(t == 0, lambda: forced, lambda: logits), (inner, t + 1)
+
+    def forced() -> Array:  # built only at the first step
+      vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
+      return jnp.where(vocab == first_ids[:, None], 0.0, NEG_INF).astype(logits.dtype)
+
+    return lax.cond(t == 0, forced, lambda: logits), (inner, t + 1)
 
   return step, (cache, jnp.zeros((), jnp.int32))
 

@@ -179,8 +179,9 @@ class Translator:
         todo,
         sources,
         constraints,
-        # Room for EOS after the terms, in each line's longest output.
-        lambda n: self.max_output_len(n) - 1,
+        # Room for EOS after the terms (and a forced first token before), in each line's
+        # longest output.
+        lambda n: self.max_output_len(n) - 1 - (self.first_id is not None),
         self.reserved_ids,
         problems,
       )

@@ -159,10 +159,16 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
       with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, ensure_ascii=False)
         f.write("\n")
-    for name in fairseq_vocabulary.FILES:
-      path = os.path.join(vocabulary.model_path, name)
-      if os.path.isfile(path):
-        shutil.copyfile(path, os.path.join(staging, name))
+    for name in fairseq_vocabulary.FILES[:2]:
+      shutil.copyfile(os.path.join(vocabulary.model_path, name), os.path.join(staging, name))
+    # The import's tokenizer_config.json, its default languages the run's own (a fine-tune may
+    # have changed them).
+    tok = files.read_json_object(os.path.join(vocabulary.model_path, "tokenizer_config.json"))
+    tok = {"tokenizer_class": "M2M100Tokenizer", **tok}
+    tok.update(src_lang=str(c.config.data.src_lang), tgt_lang=str(c.config.data.tgt_lang))
+    with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump(tok, f, indent=2)
+      f.write("\n")
     with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
       f.write(model_card(c.config, description, origin))
   return {

@@ -49,8 +49,19 @@ _OUTPUT_IS_RESIDUAL = {"out_proj", "fc2"}
 
 
 def check_output(output: str, quantization: str, model: ml_collections.ConfigDict) -> None:
-  """As --format=huggingface's: the adapters fit only that export of the base."""
-  huggingface.check_output(output, quantization, model)
+  """As --format=huggingface's: the adapters fit only that export of the base (M2M100's for a
+  model of M2M100's layout, export/m2m100_folder.py; else Marian's)."""
+  from flaxformer_nmt.export import m2m100_folder  # pylint: disable=g-import-not-at-top
+
+  if _m2m100_layout(model):
+    m2m100_folder.check_output(output, quantization, model)
+  else:
+    huggingface.check_output(output, quantization, model)
+
+
+def _m2m100_layout(model: ml_collections.ConfigDict) -> bool:
+  """Whether the base exports as M2M100 (its features in our order), not as Marian (permuted)."""
+  return str(model.get("positional", "")) == "m2m100"
 
 
 def lora_fields(folder: Any) -> ml_collections.ConfigDict:
@@ -140,8 +151,8 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
   state, _ = reader.CheckpointDir(folder.checkpoints).read(
     session.step, {"lora": {"adapters": reader.state_dict(template.adapters)}}
   )
-  many = str(c.config.data.get("lang_tokens", "")) == "m2m100"  # M2M100's export: no permutation
-  tensors = adapter_state_dict(state["lora"]["adapters"], c.model_cfg.d_model, not many)
+  permuted = not _m2m100_layout(c.config.model)  # M2M100's export keeps our feature order
+  tensors = adapter_state_dict(state["lora"]["adapters"], c.model_cfg.d_model, permuted)
   base = folder.saved_config().get("init_from", "")
   with files.staged_folder(output) as staging:
     save_file(tensors, os.path.join(staging, "adapter_model.safetensors"), {"format": "pt"})

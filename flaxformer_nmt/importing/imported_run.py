@@ -38,17 +38,28 @@ from flaxformer_nmt.run import command, making, selection
 from flaxformer_nmt.runtime import files
 
 
-def _read(model_dir: str, source: str) -> Any:
-  """The model in `model_dir` read and checked: Marian's or M2M100's, by config.json's
-  model_type (a Marian model, or one line, otherwise: marian_config.check_marian)."""
-  hf = model_folder.read_json(os.path.join(model_dir, "config.json"))
+def _family(model_dir: str) -> str:
+  """ "m2m100" or "marian", from config.json and tokenizer_config.json alone (a Hub model is
+  checked so before its weights download); one line for any model --mode=import cannot read."""
+  where = os.path.join(model_dir, "config.json")
+  hf = model_folder.read_json(where)
   if hf.get("model_type") == "m2m_100":
-    return m2m100_config.read_m2m100(model_dir)
+    m2m100_config.check_tokenizer(model_dir)
+    return "m2m100"
   if hf.get("model_type") in ("nllb-moe", "nllb_moe"):
     raise errors.ConfigError(
-      f"{model_dir}/config.json: model_type is {hf['model_type']!r} (mixture of experts); "
-      "--mode=import reads Marian and M2M100 models (NLLB-200's dense ones are M2M100)."
+      f"{where}: model_type is {hf['model_type']!r} (mixture of experts); --mode=import reads "
+      "Marian and M2M100 models (NLLB-200's dense ones are M2M100)."
     )
+  if hf:
+    marian_config.check_marian(hf, where)  # another model_type, or one of our runs: one line
+  return "marian"
+
+
+def _read(model_dir: str, source: str) -> Any:
+  """The model in `model_dir` read and checked: Marian's or M2M100's."""
+  if _family(model_dir) == "m2m100":
+    return m2m100_config.read_m2m100(model_dir)
   return marian_config.read_marian(model_dir, source)
 
 
@@ -56,7 +67,7 @@ def import_run(source: str, workdir: str) -> dict[str, Any]:
   """Makes the run in `workdir` from the Marian model `source`; returns import's figures (also
   written to the run's import_result.json). Every check comes before the folder is made."""
   folder = command.open_new_run(workdir, "import")
-  model_dir = model_folder.locate(source)
+  model_dir = model_folder.locate(source, _family)
   model = _read(model_dir, source)
   config = model.config
   with making.new_run(folder):

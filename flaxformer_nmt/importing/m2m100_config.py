@@ -127,6 +127,17 @@ def _language(given: Any, langs: list[str], default: str) -> str:
   return lang if lang in langs else default
 
 
+def check_tokenizer(folder: str) -> None:
+  """ConfigError for a tokenizer this reading has not: NLLB-200's (its checkpoints are M2M100's
+  architecture; NllbTokenizer has no vocab.json and 202 codes such as eng_Latn)."""
+  tokenizer_class = read_json(os.path.join(folder, "tokenizer_config.json")).get("tokenizer_class")
+  if str(tokenizer_class).startswith("Nllb"):
+    raise errors.ConfigError(
+      f"{folder}: an NLLB-200 model (tokenizer_class {tokenizer_class!r}); --mode=import reads "
+      "M2M100's tokenizer (vocab.json and 100 language tokens), not NLLB's yet."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class M2M100Model:
   """An M2M100 model folder read and checked."""
@@ -144,12 +155,7 @@ def read_m2m100(folder: str) -> M2M100Model:
   if not hf:
     raise errors.DataError(f"{where}: no such file; --input must be a transformers model folder.")
   check_m2m100(hf, where)
-  tokenizer_class = read_json(os.path.join(folder, "tokenizer_config.json")).get("tokenizer_class")
-  if str(tokenizer_class).startswith("Nllb"):
-    raise errors.ConfigError(
-      f"{folder}: an NLLB-200 model (tokenizer_class {tokenizer_class!r}); --mode=import reads "
-      "M2M100's tokenizer (vocab.json and 100 language tokens), not NLLB's yet."
-    )
+  check_tokenizer(folder)
   vocabulary = fairseq_vocabulary.FairseqVocabulary(folder, int(hf["vocab_size"]))
   if vocabulary.vocab_size != int(hf["vocab_size"]):
     raise errors.DataError(

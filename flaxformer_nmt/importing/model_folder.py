@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,13 @@ HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.spm", 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def locate(source: str) -> str:
+def locate(source: str, check: Callable[[str], None] = lambda folder: None) -> str:
   """The local folder of `source`: itself, or a Hub id's snapshot (downloaded once into
-  huggingface_hub's cache). ConfigError, one line, when it is neither."""
+  huggingface_hub's cache). ConfigError, one line, when it is neither. `check(folder)` sees the
+  folder's config.json and tokenizer_config.json first: a Hub model it refuses is refused before
+  its weights (gigabytes) are downloaded."""
   if os.path.isdir(source):
+    check(source)
     return source
   if not _HUB_ID.match(source) or os.path.exists(source):
     raise errors.ConfigError(f"--input={source}: no such folder, nor a Hub id like org/name.")
@@ -34,6 +38,14 @@ def locate(source: str) -> str:
       f"--input={source}: no such folder; read as a Hub id, it needs huggingface_hub "
       '(pip install -e ".[hf]").'
     ) from None
+  try:
+    configs = snapshot_download(source, allow_patterns=["config.json", "tokenizer_config.json"])
+  except Exception as e:  # noqa: BLE001  # offline, unknown repo, no permission: all one line
+    raise errors.ConfigError(
+      f"--input={source}: could not download it from the Hub ({type(e).__name__}: "
+      f"{str(e).splitlines()[0] if str(e) else 'no detail'})."
+    ) from None
+  check(configs)
   try:
     folder = snapshot_download(source, allow_patterns=HUB_FILES)
     if not os.path.isfile(os.path.join(folder, "model.safetensors")):  # an older repo

@@ -158,7 +158,11 @@ class ServedSession:
     decoding an all-padding batch of it."""
     translator = self.get(kind)
     inputs = np.full((rows, length), PAD_ID, np.int32)
-    jax.block_until_ready(translator.decode_fn(inputs, np.full((rows,), -1, np.int32)))
+    # A many-to-many model's search takes each row's forced first token too (the same program).
+    first = (
+      () if translator.first_id is None else (np.full((rows,), translator.first_id, np.int32),)
+    )
+    jax.block_until_ready(translator.decode_fn(inputs, np.full((rows,), -1, np.int32), *first))
 
 
 def compile_all(

@@ -135,6 +135,19 @@ def test_a_lora_fine_tune_on_ids_above_uint16(imported, tmp_path):
   starts = split["src_offsets"][:-1]
   assert (split["src_ids"][starts] == en).all()
   assert (split["tgt_ids"][split["tgt_offsets"][:-1]] == de).all()
+  # Its adapters go out for PEFT with M2M100's module names (no Marian feature permutation).
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  api.export(None, str(work), str(tmp_path / "peft"), fmt="peft")
+  config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+  assert config["r"] == 2 and sorted(config["target_modules"]) == [
+    "k_proj",
+    "out_proj",
+    "q_proj",
+    "v_proj",
+  ]
+  tensors = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+  assert "base_model.model.model.decoder.layers.0.encoder_attn.q_proj.lora_B.weight" in tensors
 
 
 def test_ctranslate2_translates_an_m2m100_run_as_ours(imported, tmp_path):
@@ -158,3 +171,25 @@ def test_ctranslate2_translates_an_m2m100_run_as_ours(imported, tmp_path):
       )
       theirs.append(vocab.decode([vocab.piece_id(p) for p in result.hypotheses[0]]))
     assert session.translate(lines, target_lang=tgt) == theirs
+
+
+def test_the_server_compiles_and_serves_both_languages(imported):
+  """--mode=serve's side: every precompiled batch shape of the default request (the forced token
+  is an input of the same program), then a request naming other languages."""
+  from flaxformer_nmt.decoding.session import Session  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.serving import protocol, service  # pylint: disable=g-import-not-at-top
+  from flaxformer_nmt.serving.options import Options  # pylint: disable=g-import-not-at-top
+
+  root, _ = imported
+  session = api.load(str(root / "run"), overrides={"decode.method": "greedy"})
+  assert isinstance(session, Session)
+  allowed = service.limits(session.config.decode, Options(), session.config.data)
+  assert (allowed.default_source, allowed.default_target) == ("en", "de")
+  served = service.ServedSession(session)
+  kinds = service.precompiled(allowed)
+  assert service.compile_all(served, kinds[:1]) > 0
+  lines = [s for s, _ in demo.make_demo_split("test", 3, 0)]
+  body = json.dumps({"text": lines, "source_lang": "fr", "target_lang": "pt"}).encode()
+  asked = protocol.parse_request(body, allowed)
+  hypotheses, _ = served.translate(asked.kind, asked.lines, list(range(len(lines))))
+  assert [h[0].text for h in hypotheses] == session.translate(lines, "pt", source_lang="fr")
