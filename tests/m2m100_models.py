@@ -18,6 +18,22 @@ import sentencepiece as spm
 from flaxformer_nmt.data import demo
 
 
+def layout(vocab_size: int, **sizes: Any) -> Any:
+  """Our TransformerConfig of M2M100's layout (pre-LN with final norms, its positions from 2,
+  attention biases, the decoder started from `</s>`), tiny unless `sizes` say otherwise."""
+  from flaxformer_nmt.model.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top
+
+  shape = {"num_layers": 1, "d_model": 16, "d_ff": 32, "num_heads": 2, **sizes}
+  return TransformerConfig(
+    vocab_size=vocab_size,
+    pre_ln=True,
+    positional="m2m100",
+    attention_bias=True,
+    decoder_start="eos",
+    **shape,
+  )
+
+
 def m2m100_vocabulary(folder: pathlib.Path, vocab_size: int = 200) -> dict[str, int]:
   folder.mkdir(parents=True, exist_ok=True)
   pairs = demo.make_demo_split("train", 3000, 0)
@@ -133,10 +149,7 @@ def handmade_m2m100(
 
   from flaxformer_nmt.data import fairseq_vocabulary  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.export import m2m100  # pylint: disable=g-import-not-at-top
-  from flaxformer_nmt.model.transformer import (  # pylint: disable=g-import-not-at-top
-    TransformerConfig,
-    init_params,
-  )
+  from flaxformer_nmt.model.transformer import init_params  # pylint: disable=g-import-not-at-top
 
   vocab = m2m100_vocabulary(folder)
   if dummy_pieces:
@@ -168,18 +181,13 @@ def handmade_m2m100(
   }
   (folder / "config.json").write_text(json.dumps(hf))
   vocabulary = fairseq_vocabulary.FairseqVocabulary(str(folder), size)
-  cfg = TransformerConfig(
-    vocab_size=size,
+  cfg = layout(
+    size,
     num_layers=encoder_layers,
     num_decoder_layers=decoder_layers if decoder_layers != encoder_layers else 0,
     d_model=d_model,
     d_ff=2 * d_model,
-    num_heads=2,
-    pre_ln=True,
-    positional="m2m100",
-    attention_bias=True,
     layer_norm_epsilon=1e-5,
-    decoder_start="eos",
     max_len=128,
   )
   params = jax.device_get(init_params(cfg, jax.random.PRNGKey(seed)))

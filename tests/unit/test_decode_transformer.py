@@ -22,6 +22,8 @@ from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
+import m2m100_models
+
 # One xdist worker runs the module, so `trained_tiny` (12 s) is trained once, not once per worker.
 pytestmark = pytest.mark.xdist_group("decode_transformer")
 # The tests that need `trained_tiny`: training it takes about 9 s cold, so whichever of them runs
@@ -109,17 +111,7 @@ def test_narrow_keys_decode_as_they_train():
 def test_m2m100s_options_decode_as_they_train():
   """M2M100's layout (issue 62): pre-LN with final norms, its position table (from 2), the
   decoder started from `</s>`, attention biases: cached decoding gives the full pass's logits."""
-  cfg = TransformerConfig(
-    vocab_size=_VOCAB,
-    num_layers=1,
-    d_model=16,
-    d_ff=32,
-    num_heads=2,
-    pre_ln=True,
-    positional="m2m100",
-    decoder_start="eos",
-    attention_bias=True,
-  )
+  cfg = m2m100_models.layout(_VOCAB)
   _assert_cached_decoding_matches_full_forward_pass(
     Transformer(cfg), init_params(cfg, jax.random.PRNGKey(4))
   )

@@ -20,26 +20,17 @@ from flaxformer_nmt.config import builders, checks, directions
 from flaxformer_nmt.decoding import constraints as constraints_lib
 from flaxformer_nmt.decoding import decode, scoring
 from flaxformer_nmt.model.tokens import EOS_ID
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, init_params
 from flaxformer_nmt.serving import protocol
+
+import m2m100_models
 
 _VOCAB = 40
 
 
 @pytest.fixture(scope="module")
 def m2m_like():
-  cfg = TransformerConfig(
-    vocab_size=_VOCAB,
-    num_layers=1,
-    d_model=16,
-    d_ff=32,
-    num_heads=2,
-    pre_ln=True,
-    positional="m2m100",
-    attention_bias=True,
-    decoder_start="eos",
-    max_len=64,
-  )
+  cfg = m2m100_models.layout(_VOCAB, max_len=64)
   return Transformer(cfg), jax.device_get(init_params(cfg, jax.random.PRNGKey(3)))
 
 
