@@ -143,7 +143,18 @@ def test_a_hub_id_is_downloaded_with_huggingface_hub_and_a_failure_is_one_line(
   hub.snapshot_download = snapshot_download
   monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
   assert model_folder.locate("Helsinki-NLP/opus-mt-en-de") == str(tmp_path)
-  assert asked[0][0] == "Helsinki-NLP/opus-mt-en-de" and "*.safetensors" in asked[0][1]
+  # Its config files first (a model import cannot read is refused before the weights come),
+  # then the rest.
+  assert asked[0] == ("Helsinki-NLP/opus-mt-en-de", ["config.json", "tokenizer_config.json"])
+  assert asked[1][0] == "Helsinki-NLP/opus-mt-en-de" and "*.safetensors" in asked[1][1]
+  asked.clear()
+
+  def refuse(folder: str) -> None:
+    raise errors.ConfigError(f"{folder}: not this one.")
+
+  with pytest.raises(errors.ConfigError, match="not this one"):
+    model_folder.locate("facebook/nllb-200-distilled-600M", refuse)
+  assert len(asked) == 1 and "*.safetensors" not in asked[0][1]
   with pytest.raises(errors.ConfigError) as info:
     model_folder.locate("Helsinki-NLP/missing")
   assert str(info.value) == (
