@@ -9,7 +9,6 @@ from error_setups import (
   fine_tuning,
   importing,
   importing_into_a_users_folder,
-  importing_nllb,
   in_trained,
   many_to_many,
   transformers_folder_as,
@@ -113,7 +112,17 @@ PRETRAINED_CASES = [
   ),
   Case(
     "import of an NLLB-200 model",
-    importing_nllb,
+    # facebook/nllb-200-distilled-600M: M2M100's architecture, NLLB's tokenizer.
+    importing(
+      "nllb-200-distilled-600M",
+      {"tokenizer_class": "NllbTokenizer"},
+      model_type="m2m_100",
+      vocab_size=256206,
+      d_model=1024,
+      encoder_layers=12,
+      decoder_layers=12,
+      encoder_ffn_dim=4096,
+    ),
     "an NLLB-200 model (tokenizer_class 'NllbTokenizer')",
     trained=False,
   ),

@@ -214,14 +214,19 @@ def busy_port() -> int:
   return held.getsockname()[1]
 
 
-def importing(**config: object) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
-  """--mode=import of a folder whose config.json is a Marian model's (OPUS-MT's sizes) with
-  `config` changed; the run it would make is new."""
+def importing(
+  name: str = "marian", tokenizer: dict[str, object] | None = None, **config: object
+) -> Callable[[pathlib.Path, pathlib.Path], list[str]]:
+  """--mode=import of a folder `name` whose config.json is a Marian model's (OPUS-MT's sizes)
+  with `config` changed (and `tokenizer` as its tokenizer_config.json); the run it would make is
+  new."""
 
   def setup(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
     del trained
-    folder = base / "marian"
+    folder = base / name
     folder.mkdir()
+    if tokenizer is not None:
+      (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
     marian = {
       "model_type": "marian",
       "vocab_size": 58101,
@@ -313,16 +318,3 @@ def many_to_many(*args: str) -> Callable[[pathlib.Path, pathlib.Path], list[str]
     ]
 
   return setup
-
-
-def importing_nllb(base: pathlib.Path, trained: pathlib.Path) -> list[str]:
-  """--mode=import of an NLLB-200 folder (M2M100's architecture, NLLB's tokenizer), as
-  facebook/nllb-200-distilled-600M's config.json and tokenizer_config.json say."""
-  del trained
-  folder = base / "nllb-200-distilled-600M"
-  folder.mkdir()
-  sizes = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_ffn_dim": 4096}
-  config = {"model_type": "m2m_100", "vocab_size": 256206, **sizes}
-  (folder / "config.json").write_text(json.dumps(config))
-  (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NllbTokenizer"}))
-  return [f"--workdir={base / 'imported'}", "--mode=import", f"--input={folder}"]
