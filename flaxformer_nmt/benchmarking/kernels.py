@@ -163,7 +163,10 @@ def kernel_events(
       processes[e["pid"]] = e.get("args", {}).get("name", "")
     elif e.get("ph") == "M" and e.get("name") == "thread_name":
       threads[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
-  devices = {pid for pid, name in processes.items() if "/device:" in name}
+  # Not "/device:CUSTOM:..." (libtpu's Megascale track, present wherever libtpu is installed).
+  devices = {
+    pid for pid, name in processes.items() if "/device:" in name and "/device:CUSTOM" not in name
+  }
   streams = {k for k, name in threads.items() if k[0] in devices and "stream" in name.lower()}
   out = []
   for e in events:

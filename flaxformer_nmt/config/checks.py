@@ -178,15 +178,15 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "model.decoder_start", DECODER_STARTS)
   _one_of(config, "model.dropout_rng", DROPOUT_RNGS)
   _one_of(config, "model.attention", ATTENTIONS)
-  if m.attention == "jax" and m.attention_dropout_rate:
+  if m.attention != "ours" and m.attention_dropout_rate:
     _fail(
-      f"config.model.attention='jax' has no attention dropout, but "
+      f"config.model.attention='{m.attention}' has no attention dropout, but "
       f"config.model.attention_dropout_rate={m.attention_dropout_rate}: set it to 0 or use 'ours'."
     )
-  if m.attention == "jax" and m.d_k and m.d_k != m.d_model // m.num_heads:
+  if m.attention != "ours" and m.d_k and m.d_k != m.d_model // m.num_heads:
     _fail(
-      f"config.model.attention='jax' needs keys as wide as values, but config.model.d_k={m.d_k} "
-      f"where d_model / num_heads = {m.d_model // m.num_heads}: use 'ours'."
+      f"config.model.attention='{m.attention}' needs keys as wide as values, but "
+      f"config.model.d_k={m.d_k} where d_model / num_heads = {m.d_model // m.num_heads}: use 'ours'."
     )
   _one_of(config, "model.dtype", DTYPES)
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flaxformer_nmt import errors
 from flaxformer_nmt.model.layers import Module, dropout, einsum_f32
 
 Array = jax.Array
@@ -142,6 +143,18 @@ def _attention_bwd(rate: float, kind: str, residuals, d_out: Array):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _implementation(attention: str) -> str | None:
+  """jax.nn.dot_product_attention's `implementation` for config.model.attention "jax"/"cudnn"."""
+  if attention == "jax":
+    return None  # XLA's
+  if jax.default_backend() != "gpu":
+    raise errors.ConfigError(
+      f"config.model.attention='cudnn' runs only on an NVIDIA GPU, and this machine's devices "
+      f"are {jax.default_backend()}: use 'ours' or 'jax'."
+    )
+  return "cudnn"
+
+
 class MultiHeadAttention(Module):
   """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
 
@@ -168,7 +181,7 @@ class MultiHeadAttention(Module):
   dtype: Dtype = jnp.float32
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
-  implementation: str = "ours"  # choices.ATTENTIONS: "jax" = jax.nn.dot_product_attention
+  implementation: str = "ours"  # choices.ATTENTIONS: "jax"/"cudnn" = jax.nn.dot_product_attention
   d_k: int = 0  # one head's query/key width; 0 = d_model / num_heads, as d_v always is
   # Biases on the four projections (`<name>_bias`, zeros at init): the paper has none; Marian and
   # BART models have them (transformers' MarianAttention: nn.Linear(..., bias=True)).
@@ -246,10 +259,13 @@ class MultiHeadAttention(Module):
     if beams > 1:
       # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
       query = query.reshape(key.shape[0], beams * query.shape[1], n, query.shape[-1])
-    if self.implementation == "jax":
-      # config.checks.validate allows it only without attention dropout. cuDNN on GPUs where it
-      # supports the shapes and dtype, XLA elsewhere (jax decides).
-      out = jax.nn.dot_product_attention(query, key, value, mask=mask)  # [B, T, N, H]
+    if self.implementation in ("jax", "cudnn"):
+      # config.checks.validate allows these only without attention dropout. "jax" is XLA's
+      # attention (jax picks XLA when given no implementation); "cudnn" is cuDNN's fused kernel,
+      # NVIDIA GPUs only (the mask goes in as a bias), never writing [B, N, T, S] probabilities.
+      out = jax.nn.dot_product_attention(
+        query, key, value, mask=mask, implementation=_implementation(self.implementation)
+      )  # [B, T, N, H]
     else:
       out = dot_product_attention(
         query,
