@@ -52,6 +52,9 @@ flags.DEFINE_multi_string(
 flags.DEFINE_integer("rounds", 5, "Round-robin rounds over the variants.")
 flags.DEFINE_integer("steps_per_round", 5, "Steps of one variant per round.")
 flags.DEFINE_integer("loss_steps", 20, "Fixed steps from the same state whose losses are compared.")
+flags.DEFINE_float(
+  "deadline_s", 0.0, "Seconds from the start: compile no variant that would not fit (0 = none)."
+)
 FLAGS = flags.FLAGS
 
 
@@ -148,26 +151,49 @@ def _time_round(v: dict[str, Any], steps: int) -> float:
   return (time.perf_counter() - start) / steps
 
 
+def _compile_all(specs: list[tuple[str, list[str], dict[str, Any]]], start: float) -> list[dict]:
+  """Each variant compiled and run over the fixed batches, in order, within --deadline_s.
+
+  A variant is compiled only while its compile (as long as the slowest so far), the fixed steps
+  and the timing rounds of every variant compiled by then still fit before the deadline; the
+  rest are reported as not compiled. On the H200 (2026-11-28) each base variant took 25-41 s to
+  compile, and nine of them outran a 300 s limit before any was timed: nothing was recorded.
+  """
+  variants: list[dict[str, Any]] = []
+  slowest, step_s = 0.0, 0.0
+  for spec in specs:
+    if variants and FLAGS.deadline_s:
+      runs = FLAGS.loss_steps + FLAGS.rounds * FLAGS.steps_per_round
+      need = slowest + (len(variants) + 1) * runs * step_s + 10.0
+      if time.perf_counter() - start + need > FLAGS.deadline_s:
+        variants.append({"name": spec[0], "overrides": spec[1], "compiler_options": spec[2]})
+        variants[-1]["error"] = f"not compiled: it would not fit in --deadline_s={FLAGS.deadline_s}"
+        print(spec[0], variants[-1]["error"], flush=True)
+        continue
+    v = _prepare(*spec)
+    print(v["name"], v.get("error") or f"compiled in {v['compile_s']} s", flush=True)
+    if "error" not in v:
+      slowest = max(slowest, v["compile_s"])
+      try:
+        t0 = time.perf_counter()
+        v["losses"], v["grad_norms"] = _losses(v, FLAGS.loss_steps)
+        step_s = max(step_s, (time.perf_counter() - t0) / max(FLAGS.loss_steps, 1))
+      except Exception as e:  # noqa: BLE001 -- a variant that compiles but fails to run
+        v["error"] = _one_line(e)
+    variants.append(v)
+    if "error" in variants[0]:
+      raise SystemExit(f"ab_step.py: the baseline did not compile or run: {variants[0]['error']}")
+  return variants
+
+
 def main(argv: list[str]) -> None:
   del argv
   specs = [("baseline", [], {})] + [parse_variant(t) for t in FLAGS.variant]
   names = [s[0] for s in specs]
   if len(set(names)) != len(names):
     raise app.UsageError(f"--variant: names must differ, got {names}.")
-  variants = []
-  for spec in specs:
-    v = _prepare(*spec)
-    print(v["name"], v.get("error") or f"compiled in {v['compile_s']} s", flush=True)
-    variants.append(v)
-  if "error" in variants[0]:
-    raise SystemExit(f"ab_step.py: the baseline did not compile: {variants[0]['error']}")
+  variants = _compile_all(specs, time.perf_counter())
   live = [v for v in variants if "error" not in v]
-  for v in live:
-    try:
-      v["losses"], v["grad_norms"] = _losses(v, FLAGS.loss_steps)
-    except Exception as e:  # noqa: BLE001 -- a variant that compiles but fails to run
-      v["error"] = _one_line(e)
-  live = [v for v in live if "error" not in v]
   base_losses = np.asarray(variants[0]["losses"])
   for v in live:
     v["max_loss_diff"] = float(np.max(np.abs(np.asarray(v["losses"]) - base_losses)))

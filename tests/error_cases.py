@@ -63,6 +63,11 @@ CASES = [
     "config.model.d_model=16 is not divisible by config.model.num_heads=3",
   ),
   Case(
+    "cuDNN attention without an NVIDIA GPU",
+    in_trained_before_config_json("--config=configs/demo.py", "--config.model.attention=cudnn"),
+    "config.model.attention='cudnn' runs only on an NVIDIA GPU, and this machine's devices are cpu",
+  ),
+  Case(
     "narrow keys on the jax attention path",
     in_trained("--config=configs/demo.py", "--config.model.d_k=2", "--config.model.attention=jax"),
     "config.model.attention='jax' needs keys as wide as values, but config.model.d_k=2",

@@ -91,8 +91,8 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See model/layers.py.
       dropout_rng="threefry16",
       # Which softmax attention trains and scores: "ours" (model/attention.py: float32 scores
-      # and a hand-written backward) or "jax" (jax.nn.dot_product_attention: cuDNN's fused
-      # kernel on GPUs where it supports the shapes, XLA elsewhere; no attention dropout).
+      # and a hand-written backward), "jax" (jax.nn.dot_product_attention, XLA's) or "cudnn"
+      # (the same with cuDNN's fused kernel: NVIDIA GPUs only). Neither has attention dropout.
       # Incremental decoding always runs ours.
       attention="ours",
       # Pretrained models' options (docs/pretrained.md); the defaults are the paper's. The FFN's

@@ -186,7 +186,8 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   if m.attention != "ours" and m.d_k and m.d_k != m.d_model // m.num_heads:
     _fail(
       f"config.model.attention='{m.attention}' needs keys as wide as values, but "
-      f"config.model.d_k={m.d_k} where d_model / num_heads = {m.d_model // m.num_heads}: use 'ours'."
+      f"config.model.d_k={m.d_k} where d_model / num_heads = {m.d_model // m.num_heads}: "
+      "use 'ours'."
     )
   _one_of(config, "model.dtype", DTYPES)
 

@@ -18,7 +18,8 @@ DECODER_STARTS = ("pad", "eos")
 LANG_TOKENS = ("", "m2m100")
 ACTIVATIONS = ("relu", "swish", "silu", "gelu", "gelu_new")  # model/layers.ACTIVATIONS
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # model/layers.dropout_keep_mask
-ATTENTIONS = ("ours", "jax", "cudnn")  # model/attention.dot_product_attention, jax.nn's XLA or cuDNN
+# model/attention.dot_product_attention; jax.nn.dot_product_attention's XLA or cuDNN (GPU) kernel
+ATTENTIONS = ("ours", "jax", "cudnn")
 BEAM_STYLES = ("shrinking", "t2t")  # decoding/beam_search.py's module docstring
 DECODE_METHODS = ("beam", "greedy", "sample")  # decoding/decode.SearchConfig
 COMPOUND_SPLITS = ("auto", "on", "off")  # decoding/evaluation.splits_compounds

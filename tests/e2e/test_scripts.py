@@ -133,3 +133,36 @@ def test_ab_step_refuses_a_bad_override_before_compiling_anything(tmp_path, vari
   last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
   assert last.startswith(f"--variant={variant!r}: ") and culprit in last, last
   assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_ab_step_compiles_only_the_variants_that_fit_its_deadline(tmp_path):
+  """On the H200 (2026-11-28) nine base variants took 250 s to compile and the stage's 300 s
+  limit killed ab_step.py before anything was timed: no record. With --deadline_s (gpu.sh passes
+  its stage limit less a margin) a variant that would not fit is not compiled, and the record
+  still holds the baseline's time and losses, naming the variants left out."""
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "benchmarks/ab_step.py",
+      "--size=tiny",
+      "--tokens_per_step=1024",
+      "--max_len=32",
+      "--rounds=2",
+      "--steps_per_round=2",
+      "--loss_steps=3",
+      "--variant=again",
+      "--deadline_s=1",
+      f"--results_dir={tmp_path}",
+      "--record=deadline",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((tmp_path / "deadline.json").read_text())["result"]
+  baseline, again = result["variants"]
+  assert baseline["name"] == "baseline" and baseline["step_s"] > 0
+  assert len(result["baseline_losses"]) == 3
+  assert again["error"] == "not compiled: it would not fit in --deadline_s=1.0"
