@@ -204,6 +204,21 @@ def test_a_cpu_trace_counts_the_thunks_that_name_instructions():
   }
 
 
+def test_libtpus_megascale_track_does_not_hide_a_cpu_traces_thunks():
+  """Where libtpu is installed, a CPU trace also holds a "/device:CUSTOM:Megascale Trace"
+  process: counted as a device, it left no kernel and profile_step.py stopped (2026-11-28)."""
+  trace = {
+    "traceEvents": [
+      _meta(1, "/device:CUSTOM:Megascale Trace"),
+      _meta(7, "/host:CPU"),
+      _meta(7, "tf_XLAPjRtCpuClient/123", 2),
+      _x(7, 2, "loop_add_fusion", 30.0),
+    ]
+  }
+  events = kernels.kernel_events(trace, kernels.hlo_index(HLO))
+  assert [(name, us) for name, us, _ in events] == [("loop_add_fusion", 30.0)]
+
+
 def test_device_threads_not_named_streams_count_the_events_that_name_instructions():
   """Should a profiler name its stream threads otherwise, a device's kernels are still found: those
   named after an instruction of the program (cuBLAS's own names are then missed, and say so by a
