@@ -251,10 +251,20 @@ class MultiHeadAttention(Module):
       # For pictures (decoding/attention_pictures.py): the probabilities again, only when asked for;
       # the product below is untouched. Sown as [B, N, T, S] under this module's name.
       self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
+    return output(self._attend(query, key, value, mask, deterministic))
+
+  def _attend(
+    self, query: Array, key: Array, value: Array, mask: Array | None, deterministic: bool
+  ) -> Array:
+    """query [B, T, N, H], key/value [B(/K), S, N, H] -> the heads concatenated, [B, T, N * H].
+
+    The full-pass product (training, scoring, the encoder, cross-attention in the search), by the
+    configured implementation; a self-attention step of the search reads its cache instead.
+    """
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    rows = query.shape[0]
+    rows, n = query.shape[0], self.num_heads
     beams = rows // key.shape[0]  # 1, except for cross-attention in beam decoding
     if beams > 1:
       # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
@@ -277,8 +287,7 @@ class MultiHeadAttention(Module):
         deterministic=deterministic,
         dropout_kind=self.dropout_kind,
       )  # [B, T, N, H]
-    out = out.reshape(rows, -1, d)  # heads concatenated (and beams back to rows): [B, T, D]
-    return output(out)
+    return out.reshape(rows, -1, n * value.shape[-1])  # heads concatenated, beams back to rows
 
   def _init_self_cache(self, key: Array, value: Array) -> None:
     """Makes the self-attention cache for [B, L, N, H] keys/values, in the decode layouts.
