@@ -235,6 +235,22 @@ def summarize(
   }
 
 
+def found_fraction(events: list[tuple[str, float, str]], hlo: dict[str, Instruction]) -> float:
+  """The share of the events' time whose instruction `hlo` holds (0 for no events)."""
+  total = sum(us for _, us, _ in events)
+  return sum(us for _, us, key in events if key in hlo) / total if total else 0.0
+
+
+def dumped_module_text(directory: str) -> str:
+  """The largest optimized module XLA dumped under `directory` (`xla_dump_to`), "" if none: the
+  step's module, where the dump also holds small helper programs."""
+  paths = glob.glob(os.path.join(directory, "*after_optimizations.txt"))
+  if not paths:
+    return ""
+  with open(max(paths, key=os.path.getsize), encoding="utf-8") as f:
+    return f.read()
+
+
 def read_trace(path: str) -> dict[str, Any] | list[Any]:
   with gzip.open(path, "rt", encoding="utf-8") as f:
     return json.load(f)
