@@ -21,9 +21,9 @@
 # Each stage has its own time limit, so one that hangs costs only itself, and a stage that would
 # runs with at most what is left of GPU_BUDGET_S (default 480 s; under 60 s left, it is skipped with a
 # line saying so). Exits 1 if any stage failed or was skipped. On one H200 (2026-11-28) the profile
-# stage took 82 s, and ab_base's variants compiled in 25-41 s each (nine: 250 s, more than the
-# stage had: ab_step.py now gets --deadline_s and compiles only the variants that fit, most
-# promising first). profile, ab_base and flax do not fit one 480 s budget: the profile has its
+# stage took 82 s, and ab_base's variants compiled in 21-41 s each (4.6 and 3.7 s for two read
+# from the shared cache; nine took 250 s, and with their builds outran the stage's 300 s:
+# ab_step.py now gets --deadline_s and builds only the variants that fit, most promising first). profile, ab_base and flax do not fit one 480 s budget: the profile has its
 # record (benchmarks/results/profile_step_h200_base.json), so the next run is
 # `GPU_BUDGET_S=540 ... gpu.sh ab_base flax`, in one call of a 15-minute device budget.
 # SMOKE=1 runs every stage but `steps` at the tiny size, on any machine (a dry run on the CPU;

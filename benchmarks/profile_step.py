@@ -22,7 +22,6 @@ on a CPU, XLA runs some thunks in parallel and the sum can exceed it. Last line:
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from typing import Any
@@ -67,10 +66,14 @@ def main(argv: list[str]) -> None:
   start = time.perf_counter()
   # XLA also dumps the optimized module: on the H200 (2026-11-28) compiled.as_text() named none
   # of the kernels, so the dump is the second source of names (whichever names more is used).
-  dump_dir = tempfile.mkdtemp(prefix="profile_step-hlo-")
-  dump = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True, "xla_dump_hlo_pass_re": "^$"}
-  compiled = b.p_step.lower(b.state, b.batches[0]).compile(compiler_options={**options, **dump})
-  compile_s = time.perf_counter() - start
+  # (compile_s includes writing it.) A --compiler_option=xla_dump_to=DIR of the user's is kept.
+  with tempfile.TemporaryDirectory(prefix="profile_step-hlo-") as own_dump:
+    dump = {"xla_dump_to": own_dump, "xla_dump_hlo_as_text": True}
+    compiled = b.p_step.lower(b.state, b.batches[0]).compile(compiler_options={**dump, **options})
+    compile_s = time.perf_counter() - start
+    dumped = kernels.hlo_index(
+      kernels.dumped_module_text(str(options.get("xla_dump_to", own_dump)))
+    )
   hlo = kernels.hlo_index(compiled.as_text() or "")
   state = b.state
   for i in range(FLAGS.warmup_steps):
@@ -92,11 +95,9 @@ def main(argv: list[str]) -> None:
   trace = kernels.read_trace(path)
   events = kernels.kernel_events(trace, hlo)
   hlo_source = "as_text"
-  dumped = kernels.hlo_index(kernels.dumped_module_text(dump_dir))
-  shutil.rmtree(dump_dir, ignore_errors=True)
-  if kernels.found_fraction(events, dumped) > kernels.found_fraction(events, hlo):
-    hlo, hlo_source = dumped, "xla_dump_to"
-    events = kernels.kernel_events(trace, hlo)
+  from_dump = kernels.kernel_events(trace, dumped)  # events found by name too, off the streams
+  if kernels.found_fraction(from_dump, dumped) > kernels.found_fraction(events, hlo):
+    hlo, hlo_source, events = dumped, "xla_dump_to", from_dump
   if not events:
     raise SystemExit(f"profile_step.py: no kernel found in {path}: cannot break the step down.")
   summary = kernels.summarize(events, hlo, FLAGS.profile_steps, FLAGS.top)

@@ -64,8 +64,18 @@ CASES = [
   ),
   Case(
     "cuDNN attention without an NVIDIA GPU",
-    in_trained_before_config_json("--config=configs/demo.py", "--config.model.attention=cudnn"),
+    in_trained_before_config_json(
+      "--config=configs/demo.py", "--config.model.attention=cudnn", "--config.model.dtype=bfloat16"
+    ),
     "config.model.attention='cudnn' runs only on an NVIDIA GPU, and this machine's devices are cpu",
+  ),
+  Case(
+    "cuDNN attention in float32",
+    in_trained_before_config_json(
+      "--config=configs/demo.py", "--config.model.attention=cudnn", "--config.model.dtype=float32"
+    ),
+    "config.model.attention='cudnn' computes in bfloat16 or float16 only, but "
+    "config.model.dtype='float32'",
   ),
   Case(
     "narrow keys on the jax attention path",

@@ -190,6 +190,11 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
       "use 'ours'."
     )
   _one_of(config, "model.dtype", DTYPES)
+  if m.attention == "cudnn" and m.dtype == "float32":
+    _fail(
+      "config.model.attention='cudnn' computes in bfloat16 or float16 only, but "
+      "config.model.dtype='float32': set it to 'bfloat16' (or 'auto') or use 'ours'."
+    )
 
 
 def _check_optim(config: ml_collections.ConfigDict) -> None:

@@ -143,14 +143,26 @@ def _attention_bwd(rate: float, kind: str, residuals, d_out: Array):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _implementation(attention: str) -> str | None:
-  """jax.nn.dot_product_attention's `implementation` for config.model.attention "jax"/"cudnn"."""
-  if attention == "jax":
+def _implementation(attention: str, step: bool) -> str | None:
+  """jax.nn.dot_product_attention's `implementation` for config.model.attention "jax"/"cudnn".
+
+  A search step's cross-attention (`step`: one query per beam, the beams of a sentence as its
+  query positions against a [B, 1, 1, S] mask) runs XLA's: cuDNN takes a mask only as a bias as
+  long as the queries, and the step is small.
+  """
+  if attention == "jax" or step:
     return None  # XLA's
-  if jax.default_backend() != "gpu":
+  device = jax.devices()[0]
+  if device.platform != "gpu" or not device.device_kind.startswith("NVIDIA"):
     raise errors.ConfigError(
       f"config.model.attention='cudnn' runs only on an NVIDIA GPU, and this machine's devices "
-      f"are {jax.default_backend()}: use 'ours' or 'jax'."
+      f"are {device.device_kind or device.platform}: use 'ours' or 'jax'."
+    )
+  capability = getattr(device, "compute_capability", "8.0")
+  if float(capability) < 8.0:
+    raise errors.ConfigError(
+      f"config.model.attention='cudnn' needs an NVIDIA GPU of compute capability 8.0 or newer "
+      f"(cuDNN's fused attention), and this {device.device_kind} has {capability}: use 'ours'."
     )
   return "cudnn"
 
@@ -251,10 +263,16 @@ class MultiHeadAttention(Module):
       # For pictures (decoding/attention_pictures.py): the probabilities again, only when asked for;
       # the product below is untouched. Sown as [B, N, T, S] under this module's name.
       self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
-    return output(self._attend(query, key, value, mask, deterministic))
+    return output(self._attend(query, key, value, mask, deterministic, step=decode))
 
   def _attend(
-    self, query: Array, key: Array, value: Array, mask: Array | None, deterministic: bool
+    self,
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None,
+    deterministic: bool,
+    step: bool = False,
   ) -> Array:
     """query [B, T, N, H], key/value [B(/K), S, N, H] -> the heads concatenated, [B, T, N * H].
 
@@ -272,9 +290,10 @@ class MultiHeadAttention(Module):
     if self.implementation in ("jax", "cudnn"):
       # config.checks.validate allows these only without attention dropout. "jax" is XLA's
       # attention (jax picks XLA when given no implementation); "cudnn" is cuDNN's fused kernel,
-      # NVIDIA GPUs only (the mask goes in as a bias), never writing [B, N, T, S] probabilities.
+      # NVIDIA GPUs only (the mask goes in as a bias), never writing [B, N, T, S] probabilities;
+      # a search step's cross-attention runs XLA's (_implementation).
       out = jax.nn.dot_product_attention(
-        query, key, value, mask=mask, implementation=_implementation(self.implementation)
+        query, key, value, mask=mask, implementation=_implementation(self.implementation, step)
       )  # [B, T, N, H]
     else:
       out = dot_product_attention(
