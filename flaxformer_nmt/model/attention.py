@@ -153,12 +153,13 @@ def _implementation(attention: str, step: bool) -> str | None:
   if attention == "jax" or step:
     return None  # XLA's
   device = jax.devices()[0]
-  if device.platform != "gpu" or not device.device_kind.startswith("NVIDIA"):
+  # An NVIDIA GPU's compute capability reads as a number ("9.0"); an AMD GPU's is "gfx942".
+  capability = str(getattr(device, "compute_capability", ""))
+  if device.platform != "gpu" or not capability.replace(".", "", 1).isdigit():
     raise errors.ConfigError(
       f"config.model.attention='cudnn' runs only on an NVIDIA GPU, and this machine's devices "
       f"are {device.device_kind or device.platform}: use 'ours' or 'jax'."
     )
-  capability = getattr(device, "compute_capability", "8.0")
   if float(capability) < 8.0:
     raise errors.ConfigError(
       f"config.model.attention='cudnn' needs an NVIDIA GPU of compute capability 8.0 or newer "
