@@ -16,20 +16,25 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_recipe_cost_estimate_follows_the_flop_count(tmp_path):
-  """The README's Table 2 costs: hours = steps x step FLOPs / (chips x peak x MFU), and the
-  record the script writes (here into tmp_path, not over the committed one)."""
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "benchmarks/recipe_cost.py",
-      "--mfu=0.5",
-      f"--results_dir={tmp_path}",
-      "--record=recipe_cost_test",
-    ],
+def _script(name: str, *flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
+  """benchmarks/<name> run from the checkout by this interpreter, its output captured."""
+  return subprocess.run(
+    [sys.executable, f"benchmarks/{name}", *flags],
     cwd=REPO,
     capture_output=True,
     text=True,
+    timeout=timeout,
+  )
+
+
+def test_recipe_cost_estimate_follows_the_flop_count(tmp_path):
+  """The README's Table 2 costs: hours = steps x step FLOPs / (chips x peak x MFU), and the
+  record the script writes (here into tmp_path, not over the committed one)."""
+  proc = _script(
+    "recipe_cost.py",
+    "--mfu=0.5",
+    f"--results_dir={tmp_path}",
+    "--record=recipe_cost_test",
     timeout=120,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -115,19 +120,12 @@ def test_ab_step_refuses_a_bad_override_before_compiling_anything(tmp_path, vari
   """Issue 60, defect 5: a mistyped or ill-typed config override in --variant failed with a
   traceback after the variants before it had compiled, and wrote no record. It is refused when
   the flag is parsed, naming the variant and the field, and nothing is compiled."""
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "benchmarks/ab_step.py",
-      "--size=tiny",
-      f"--variant={variant}",
-      f"--results_dir={tmp_path}",
-      "--record=refused",
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  proc = _script(
+    "ab_step.py",
+    "--size=tiny",
+    f"--variant={variant}",
+    f"--results_dir={tmp_path}",
+    "--record=refused",
   )
   assert proc.returncode == 1
   last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
@@ -140,25 +138,18 @@ def test_ab_step_compiles_only_the_variants_that_fit_its_deadline(tmp_path):
   limit killed ab_step.py before anything was timed: no record. With --deadline_s (gpu.sh passes
   its stage limit less a margin) a variant that would not fit is not compiled, and the record
   still holds the baseline's time and losses, naming the variants left out."""
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "benchmarks/ab_step.py",
-      "--size=tiny",
-      "--tokens_per_step=1024",
-      "--max_len=32",
-      "--rounds=2",
-      "--steps_per_round=2",
-      "--loss_steps=3",
-      "--variant=again",
-      "--deadline_s=1",
-      f"--results_dir={tmp_path}",
-      "--record=deadline",
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  proc = _script(
+    "ab_step.py",
+    "--size=tiny",
+    "--tokens_per_step=1024",
+    "--max_len=32",
+    "--rounds=2",
+    "--steps_per_round=2",
+    "--loss_steps=3",
+    "--variant=again",
+    "--deadline_s=1",
+    f"--results_dir={tmp_path}",
+    "--record=deadline",
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((tmp_path / "deadline.json").read_text())["result"]
