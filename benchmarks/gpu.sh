@@ -32,6 +32,8 @@
 # The Flax example is not on PyPI and the GPU machine has no network: carry a copy, e.g.
 #   git -C <a flax clone> archive HEAD examples/wmt | tar -x -C build/flax   (build/ is ignored)
 # and pass FLAX_WMT_DIR=build/flax/examples/wmt (FLAX_COMMIT=<sha> names it in the record).
+# Where the tree was copied to the GPU machine with an older .git, RECORD_COMMIT=<sha> names the
+# commit it was made from in every record (beside what git there says).
 # Needs the project's dependencies importable (PYTHONPATH=. from the checkout).
 set -uo pipefail
 failed=0

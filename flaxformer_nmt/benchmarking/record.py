@@ -110,9 +110,13 @@ def commit() -> str:
   try:
     head = git("rev-parse", "--short=12", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    found = f"{head} + uncommitted changes" if dirty else head
   except (OSError, subprocess.SubprocessError):
-    return "unknown (not a git checkout)"
-  return f"{head} + uncommitted changes" if dirty else head
+    found = "unknown (not a git checkout)"
+  # A copy of a working tree sent to another machine can carry an older .git (the H200's did,
+  # 2026-11-28): RECORD_COMMIT names the commit the tree was made from, beside what git says.
+  declared = os.environ.get("RECORD_COMMIT", "").strip()
+  return f"{declared} (RECORD_COMMIT; this checkout's git: {found})" if declared else found
 
 
 def command_line(argv: list[str]) -> str:
