@@ -30,7 +30,8 @@ fairseq fork's defaults), on our fields:
 Why dropout 0.3 here and 0.1 in configs/multi30k.py: that config is sized for a one-hour run of
 a larger model, where regularisation mostly slows learning; this one is a small model trained to
 convergence (8,000 updates are about 160 epochs of Multi30k), where 0.3 is what keeps it from
-memorising 29k sentences.
+memorising 29k sentences. Measured: with 0.1 the dev loss rose after 2,750 updates, early stopping
+ended the run at 3,250, and test2016 was 39.35 BLEU4 against 0.3's 40.04 (docs/multi30k.md).
 """
 
 from flaxformer_nmt.config import builders
