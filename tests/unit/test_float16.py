@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from flaxformer_nmt import api, errors
 from flaxformer_nmt.config import builders as config_lib
@@ -22,7 +23,7 @@ from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, ini
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import parallel
-from flaxformer_nmt.training import loss_scale, optim, steps
+from flaxformer_nmt.training import lora, loss_scale, optim, steps
 from flaxformer_nmt.training import metrics as metrics_lib
 from flaxformer_nmt.training import state as state_lib
 
@@ -297,3 +298,90 @@ def test_float16_decoding_scores_in_float32_and_agrees_with_float32(saved_run):
   for a, b in zip(ours, theirs, strict=True):
     if a[0].text == b[0].text:
       assert abs(a[0].score - b[0].score) < 0.05
+
+
+def _lora_run(c, accumulate_steps: int, skip_nonfinite: bool = False):
+  """(step function, replicated initial state) of a LoRA run (q and v, rank 2) of the narrow
+  model under config `c`, on 2 devices: the float16 and accumulation paths with adapters."""
+  cfg = TransformerConfig.from_config(c.model, VOCAB)
+  tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
+  scale = loss_scale.initial(c.optim) if c.model.dtype == "float16" else None
+
+  def make(key, rng):
+    params = init_params(cfg, key)
+    adapters = lora.init(params, 2, ["q", "v"], jax.random.PRNGKey(2))
+    # B starts at zero; a nonzero B lets the first step's gradient reach A as well.
+    adapters = adapters.replace(adapters=jax.tree.map(lambda x: x + 0.01, adapters.adapters))
+    return steps.create_train_state(lora.merged(params, adapters, 1.0), tx, rng, scale, adapters)
+
+  state = jax.jit(make)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
+  step = jax.pmap(
+    functools.partial(
+      steps.train_step,
+      model=Transformer(cfg),
+      tx=tx,
+      schedule=schedule,
+      label_smoothing=0.1,
+      axis_name="batch",
+      accumulate_steps=accumulate_steps,
+      skip_nonfinite=skip_nonfinite,
+      loss_scale_period=int(c.optim.loss_scale_period),
+      lora_scale=1.0,
+    ),
+    axis_name="batch",
+    devices=jax.local_devices()[:2],
+  )
+  replicated = jax.tree.map(lambda x: np.stack([np.asarray(x)] * 2), state)
+  return lambda s, b: jax.device_get(step(s, b)), jax.device_get(replicated)
+
+
+def test_a_lora_runs_overflow_keeps_its_adapters_and_its_accumulated_step_is_the_whole_batchs():
+  """LoRA with float16's loss scale and with accumulation (#62 left them untested): an overflow
+  skips the adapters' update and their Adam moments as it does a full run's; a finite float16
+  step moves only the adapters and the kernels they merge into; and 2 micro-batches give the
+  update of one whole batch."""
+  c = _narrow_config("float16", loss_scale_init=2.0**24, loss_scale_period=2)
+  step, start = _lora_run(c, accumulate_steps=2)
+  batch = _batch(2)
+  after, metrics = step(start, batch)
+  assert list(metrics["overflow"]) == [1.0, 1.0]
+  for name in ("params", "opt_state", "lora"):
+    checkpoint_states.assert_bitwise_equal(getattr(after, name), getattr(start, name))
+  sane = after.replace(loss_scale=after.loss_scale.replace(scale=np.full(2, 2.0**10, np.float32)))
+  moved, metrics = step(sane, batch)
+  assert list(metrics["overflow"]) == [0.0, 0.0] and list(metrics["nonfinite"]) == [0.0, 0.0]
+  checkpoint_states.assert_bitwise_equal(moved.lora.base, sane.lora.base)  # W0 stays frozen
+  flat_new = traverse_util.flatten_dict(moved.params)
+  flat_old = traverse_util.flatten_dict(sane.params)
+  changed = {k for k in flat_new if not np.array_equal(flat_new[k], flat_old[k])}
+  targeted = {k for k in flat_new if k[-1] in ("query", "value")}
+  assert changed and changed <= targeted  # only the merged q and v kernels moved
+
+  f32 = _narrow_config("float32")
+  whole_step, whole = _lora_run(f32, accumulate_steps=1)
+  split_step, split = _lora_run(f32, accumulate_steps=2)
+  whole, m1 = whole_step(whole, batch)
+  split, m2 = split_step(split, batch)
+  np.testing.assert_allclose(m2["grad_norm"], m1["grad_norm"], rtol=1e-5)
+  close = lambda a, b: np.testing.assert_allclose(
+    a, b, rtol=1e-4, atol=1e-3 * float(np.abs(b).max()) + 1e-12
+  )
+  jax.tree.map(close, split.lora.adapters, whole.lora.adapters)
+  jax.tree.map(close, split.opt_state, whole.opt_state)
+
+
+def test_a_lora_runs_nan_loss_is_skipped_under_skip_nonfinite(monkeypatch):
+  """A NaN loss in a float32 LoRA run with optim.skip_nonfinite: the adapters, their moments and
+  the merged kernels are kept, and the step is counted as non-finite."""
+  real = steps._forward  # pylint: disable=protected-access
+
+  def nan_forward(*args, **kwargs):
+    return real(*args, **kwargs) * jnp.nan
+
+  monkeypatch.setattr(steps, "_forward", nan_forward)
+  step, start = _lora_run(_narrow_config("float32"), accumulate_steps=1, skip_nonfinite=True)
+  after, metrics = step(start, _batch(2))
+  assert list(metrics["nonfinite"]) == [1.0, 1.0]
+  for name in ("params", "opt_state", "lora"):
+    checkpoint_states.assert_bitwise_equal(getattr(after, name), getattr(start, name))
+  assert list(after.step) == [1, 1]
