@@ -36,13 +36,19 @@ def demo_precisions() -> dict[str, Any]:
   )
 
 
-def fine_tune_demo() -> dict[str, Any]:
-  source, workdir = SOURCE.value, WORKDIR.value or "runs/demo_ft"
+def _demo_domains(source: str) -> tuple[list[str], list[str]]:
+  """The quick start's model trained (or found) in `source`, the shifted domain's text written;
+  the config arguments of the shifted and the original domain."""
   demo_args = ["--config=configs/demo.py"]
-  shifted = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_large"]
-  original = [*demo_args, "--config.data.source=demo"]
   main_py(*demo_args, f"--workdir={source}")  # trains the quick start's model, or returns it
   _demo_text("data/demo_large", "--variant=large")
+  shifted = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_large"]
+  return shifted, [*demo_args, "--config.data.source=demo"]
+
+
+def fine_tune_demo() -> dict[str, Any]:
+  source, workdir = SOURCE.value, WORKDIR.value or "runs/demo_ft"
+  shifted, original = _demo_domains(source)
   _demo_text("data/demo_std")
   _concatenate("data/demo_mixed", ("data/demo_large", "data/demo_std"), "data/demo_large")
   tune = [
@@ -54,7 +60,11 @@ def fine_tune_demo() -> dict[str, Any]:
     "--config.checkpoint_every_steps=50",
   ]
   mixed_dir = f"{workdir}_mixed"
-  mixed = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_mixed"]
+  mixed = [
+    "--config=configs/demo.py",
+    "--config.data.source=files",
+    "--config.data.dir=data/demo_mixed",
+  ]
   trained = main_py(
     *shifted,
     f"--workdir={workdir}",
@@ -89,11 +99,7 @@ def fine_tune_demo() -> dict[str, Any]:
 
 def fine_tune_lora() -> dict[str, Any]:
   source, root = SOURCE.value, WORKDIR.value or "runs/demo_lora"
-  demo_args = ["--config=configs/demo.py"]
-  shifted = [*demo_args, "--config.data.source=files", "--config.data.dir=data/demo_large"]
-  original = [*demo_args, "--config.data.source=demo"]
-  main_py(*demo_args, f"--workdir={source}")  # trains the quick start's model, or returns it
-  _demo_text("data/demo_large", "--variant=large")
+  shifted, original = _demo_domains(source)
   tune = [
     f"--config.init_from={source}",
     "--config.optim.schedule=constant",

@@ -108,15 +108,26 @@ def _narrow_config(dtype: str, **optim_fields):
   return c
 
 
-def _pmapped_run(c, devices: int = 1, accumulate_steps: int = 1):
-  """(step function, replicated initial state) of the narrow model under config `c`."""
+def _pmapped_run(
+  c, devices: int = 1, accumulate_steps: int = 1, lora_targets=(), skip_nonfinite: bool = False
+):
+  """(step function, replicated initial state) of the narrow model under config `c`; with
+  `lora_targets`, a LoRA run of rank 2 on them (B nonzero, so that the first step's gradient
+  reaches A as well), its adapters merged with scale 1."""
   cfg = TransformerConfig.from_config(c.model, VOCAB)
   tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
   scale = loss_scale.initial(c.optim) if c.model.dtype == "float16" else None
+
+  def make(key, rng):
+    params = init_params(cfg, key)
+    if not lora_targets:
+      return steps.create_train_state(params, tx, rng, scale)
+    adapters = lora.init(params, 2, list(lora_targets), jax.random.PRNGKey(2))
+    adapters = adapters.replace(adapters=jax.tree.map(lambda x: x + 0.01, adapters.adapters))
+    return steps.create_train_state(lora.merged(params, adapters, 1.0), tx, rng, scale, adapters)
+
   # In one program (eagerly, every initializer's and Adam's zeros would be one each).
-  state = jax.jit(lambda key, rng: steps.create_train_state(init_params(cfg, key), tx, rng, scale))(
-    jax.random.PRNGKey(0), jax.random.PRNGKey(1)
-  )
+  state = jax.jit(make)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
   step = jax.pmap(
     functools.partial(
       steps.train_step,
@@ -126,7 +137,9 @@ def _pmapped_run(c, devices: int = 1, accumulate_steps: int = 1):
       label_smoothing=0.1,
       axis_name="batch",
       accumulate_steps=accumulate_steps,
+      skip_nonfinite=skip_nonfinite,
       loss_scale_period=int(c.optim.loss_scale_period),
+      lora_scale=1.0,
     ),
     axis_name="batch",
     devices=jax.local_devices()[:devices],
@@ -301,38 +314,9 @@ def test_float16_decoding_scores_in_float32_and_agrees_with_float32(saved_run):
 
 
 def _lora_run(c, accumulate_steps: int, skip_nonfinite: bool = False):
-  """(step function, replicated initial state) of a LoRA run (q and v, rank 2) of the narrow
-  model under config `c`, on 2 devices: the float16 and accumulation paths with adapters."""
-  cfg = TransformerConfig.from_config(c.model, VOCAB)
-  tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
-  scale = loss_scale.initial(c.optim) if c.model.dtype == "float16" else None
-
-  def make(key, rng):
-    params = init_params(cfg, key)
-    adapters = lora.init(params, 2, ["q", "v"], jax.random.PRNGKey(2))
-    # B starts at zero; a nonzero B lets the first step's gradient reach A as well.
-    adapters = adapters.replace(adapters=jax.tree.map(lambda x: x + 0.01, adapters.adapters))
-    return steps.create_train_state(lora.merged(params, adapters, 1.0), tx, rng, scale, adapters)
-
-  state = jax.jit(make)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
-  step = jax.pmap(
-    functools.partial(
-      steps.train_step,
-      model=Transformer(cfg),
-      tx=tx,
-      schedule=schedule,
-      label_smoothing=0.1,
-      axis_name="batch",
-      accumulate_steps=accumulate_steps,
-      skip_nonfinite=skip_nonfinite,
-      loss_scale_period=int(c.optim.loss_scale_period),
-      lora_scale=1.0,
-    ),
-    axis_name="batch",
-    devices=jax.local_devices()[:2],
-  )
-  replicated = jax.tree.map(lambda x: np.stack([np.asarray(x)] * 2), state)
-  return lambda s, b: jax.device_get(step(s, b)), jax.device_get(replicated)
+  """A LoRA run (q and v) on 2 devices, its states and metrics on the host."""
+  step, state = _pmapped_run(c, 2, accumulate_steps, ("q", "v"), skip_nonfinite)
+  return lambda s, b: jax.device_get(step(s, b)), jax.device_get(state)
 
 
 def test_a_lora_runs_overflow_keeps_its_adapters_and_its_accumulated_step_is_the_whole_batchs():
