@@ -32,6 +32,7 @@
 # The Flax example is not on PyPI and the GPU machine has no network: carry a copy, e.g.
 #   git -C <a flax clone> archive HEAD examples/wmt | tar -x -C build/flax   (build/ is ignored)
 # and pass FLAX_WMT_DIR=build/flax/examples/wmt (FLAX_COMMIT=<sha> names it in the record).
+# FLAX_DECODE_BATCH_SIZES=32 decodes at batch 32 only (the goal's figure): two compiles fewer.
 # Where the tree was copied to the GPU machine with an older .git, RECORD_COMMIT=<sha> names the
 # commit it was made from in every record (beside what git there says).
 # Needs the project's dependencies importable (PYTHONPATH=. from the checkout).
@@ -109,6 +110,7 @@ for stage in "${stages[@]}"; do
       else
         TAIL=5 run 200 "flax_wmt_${GPU}_base" flax_wmt.py --size=base "${SHAPES[@]}" \
           --flax_wmt_dir="$FLAX_WMT_DIR" --flax_commit="${FLAX_COMMIT:-}" \
+          --decode_batch_sizes="${FLAX_DECODE_BATCH_SIZES:-32,256}" \
           ${SMOKE:+--decode_batch_sizes=4 --rounds=2 --steps_per_round=2}
       fi
       ;;
