@@ -90,11 +90,13 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       # random-number work; the rate is rounded to 1/65536), "threefry" (jax.random.bernoulli),
       # "rbg" (XLA's RngBitGenerator: fastest on TPUs, slowest on CPUs). See model/layers.py.
       dropout_rng="threefry16",
-      # Which softmax attention trains and scores: "ours" (model/attention.py: float32 scores
-      # and a hand-written backward), "jax" (jax.nn.dot_product_attention, XLA's) or "cudnn"
-      # (the same with cuDNN's fused kernel: NVIDIA GPUs only). Neither has attention dropout.
-      # Incremental decoding always runs ours.
-      attention="ours",
+      # Which softmax attention trains and scores (model/attention_choice.py): "auto" (cuDNN's
+      # fused kernel on NVIDIA GPUs from Ampere on in bfloat16/float16 without attention
+      # dropout, 1.21x the base step on an H200; ours everywhere else), "ours" (model/attention.py:
+      # float32 scores and a hand-written backward), "jax" (jax.nn.dot_product_attention, XLA's)
+      # or "cudnn" (cuDNN's, refused elsewhere). Only ours has attention dropout. Incremental
+      # decoding's cached self-attention always runs ours.
+      attention="auto",
       # Pretrained models' options (docs/pretrained.md); the defaults are the paper's. The FFN's
       # activation: relu, swish/silu, gelu, gelu_new (transformers' names; OPUS-MT: swish).
       activation="relu",

@@ -178,12 +178,13 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "model.decoder_start", DECODER_STARTS)
   _one_of(config, "model.dropout_rng", DROPOUT_RNGS)
   _one_of(config, "model.attention", ATTENTIONS)
-  if m.attention != "ours" and m.attention_dropout_rate:
+  # "auto" keeps ours wherever cuDNN's would compute something else (model/attention_choice.py).
+  if m.attention in ("jax", "cudnn") and m.attention_dropout_rate:
     _fail(
       f"config.model.attention='{m.attention}' has no attention dropout, but "
       f"config.model.attention_dropout_rate={m.attention_dropout_rate}: set it to 0 or use 'ours'."
     )
-  if m.attention != "ours" and m.d_k and m.d_k != m.d_model // m.num_heads:
+  if m.attention in ("jax", "cudnn") and m.d_k and m.d_k != m.d_model // m.num_heads:
     _fail(
       f"config.model.attention='{m.attention}' needs keys as wide as values, but "
       f"config.model.d_k={m.d_k} where d_model / num_heads = {m.d_model // m.num_heads}: "

@@ -18,8 +18,9 @@ DECODER_STARTS = ("pad", "eos")
 LANG_TOKENS = ("", "m2m100")
 ACTIVATIONS = ("relu", "swish", "silu", "gelu", "gelu_new")  # model/layers.ACTIVATIONS
 DROPOUT_RNGS = ("threefry16", "threefry", "rbg")  # model/layers.dropout_keep_mask
-# model/attention.dot_product_attention; jax.nn.dot_product_attention's XLA or cuDNN (GPU) kernel
-ATTENTIONS = ("ours", "jax", "cudnn")
+# model/attention_choice.py: "auto" (cuDNN's fused kernel where it runs, else ours), ours
+# (model/attention.dot_product_attention), jax.nn.dot_product_attention's XLA or cuDNN kernel
+ATTENTIONS = ("auto", "ours", "jax", "cudnn")
 BEAM_STYLES = ("shrinking", "t2t")  # decoding/beam_search.py's module docstring
 DECODE_METHODS = ("beam", "greedy", "sample")  # decoding/decode.SearchConfig
 COMPOUND_SPLITS = ("auto", "on", "off")  # decoding/evaluation.splits_compounds

@@ -30,7 +30,10 @@ of every installed config has one):
 A field a saved run does not have (added to the config since) takes the command's value; a field
 that no installed config has (a user's own) is FIXED, the safe default. `model.dtype="auto"` is
 resolved when training starts and saved resolved (`resolve_dtype`), so a resume on other hardware
-cannot switch precision halfway through; a command's "auto" then means the run's.
+cannot switch precision halfway through; a command's "auto" then means the run's. So does a
+command's `model.attention="auto"` on a run saved with another kernel (AUTO_MEANS_THE_RUNS); a
+run saved with "auto" keeps it unresolved, choosing per machine (model/attention_choice.py),
+because every kernel it may pick computes the same function.
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ ADDED_FIELDS: dict[str, object] = {
   "eval.bleu_protocol": "",  # a published BLEU protocol beside the others (decoding/bleu.py)
 }
 
+
+# Fields whose "auto", given to a saved run, means the run's own value: the dtype training
+# resolved and recorded (resolve_dtype), and the attention kernel of a run saved before "auto"
+# was the default ("ours"; one saved with "auto" keeps choosing per machine).
+AUTO_MEANS_THE_RUNS = ("model.dtype", "model.attention")
 
 # config.model fields that decide what a set of parameters computes: another run's parameters (an
 # ensemble member, a fine-tuning source) must agree on each (run/selection.py). Shapes
@@ -302,8 +310,8 @@ def reconcile(
     old = theirs[path]
     if _normal(value) == _normal(old):
       continue
-    if path == "model.dtype" and value == "auto":
-      continue  # "auto" on a run that recorded its resolved dtype: the run's
+    if path in AUTO_MEANS_THE_RUNS and value == "auto":
+      continue  # "auto" on a run that saved its own choice: the run's
     if path == "data.directions" and mode not in TRAIN_MODES and _narrows(value, old):
       _set(result, path, value)  # eval scores some of the run's directions
       continue

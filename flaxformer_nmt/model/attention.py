@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxformer_nmt import errors
+from flaxformer_nmt.model import attention_choice
 from flaxformer_nmt.model.layers import Module, dropout, einsum_f32
 
 Array = jax.Array
@@ -143,31 +143,6 @@ def _attention_bwd(rate: float, kind: str, residuals, d_out: Array):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _implementation(attention: str, step: bool) -> str | None:
-  """jax.nn.dot_product_attention's `implementation` for config.model.attention "jax"/"cudnn".
-
-  A search step's cross-attention (`step`: one query per beam, the beams of a sentence as its
-  query positions against a [B, 1, 1, S] mask) runs XLA's: cuDNN takes a mask only as a bias as
-  long as the queries, and the step is small.
-  """
-  if attention == "jax" or step:
-    return None  # XLA's
-  device = jax.devices()[0]
-  # An NVIDIA GPU's compute capability reads as a number ("9.0"); an AMD GPU's is "gfx942".
-  capability = str(getattr(device, "compute_capability", ""))
-  if device.platform != "gpu" or not capability.replace(".", "", 1).isdigit():
-    raise errors.ConfigError(
-      f"config.model.attention='cudnn' runs only on an NVIDIA GPU, and this machine's devices "
-      f"are {device.device_kind or device.platform}: use 'ours' or 'jax'."
-    )
-  if float(capability) < 8.0:
-    raise errors.ConfigError(
-      f"config.model.attention='cudnn' needs an NVIDIA GPU of compute capability 8.0 or newer "
-      f"(cuDNN's fused attention), and this {device.device_kind} has {capability}: use 'ours'."
-    )
-  return "cudnn"
-
-
 class MultiHeadAttention(Module):
   """Multi-head attention (Sec. 3.2.2) with an incremental-decoding cache.
 
@@ -194,7 +169,7 @@ class MultiHeadAttention(Module):
   dtype: Dtype = jnp.float32
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
-  implementation: str = "ours"  # choices.ATTENTIONS: "jax"/"cudnn" = jax.nn.dot_product_attention
+  implementation: str = "auto"  # choices.ATTENTIONS: model/attention_choice.py
   d_k: int = 0  # one head's query/key width; 0 = d_model / num_heads, as d_v always is
   # Biases on the four projections (`<name>_bias`, zeros at init): the paper has none; Marian and
   # BART models have them (transformers' MarianAttention: nn.Linear(..., bias=True)).
@@ -288,15 +263,18 @@ class MultiHeadAttention(Module):
     if beams > 1:
       # [B * K, 1, N, H] -> [B, K, N, H]: a sentence's beams become its query positions.
       query = query.reshape(key.shape[0], beams * query.shape[1], n, query.shape[-1])
-    if self.implementation in ("jax", "cudnn"):
-      # config.checks.validate allows these only without attention dropout. "jax" is XLA's
-      # attention (jax picks XLA when given no implementation); "cudnn" is cuDNN's fused kernel,
-      # NVIDIA GPUs only (the mask goes in as a bias), never writing [B, N, T, S] probabilities;
-      # a search step's cross-attention runs XLA's (_implementation).
-      out = jax.nn.dot_product_attention(
-        query, key, value, mask=mask, implementation=_implementation(self.implementation, step)
-      )  # [B, T, N, H]
+    # Which kernel (model/attention_choice.py): "auto" tries cuDNN's on a recent NVIDIA GPU in
+    # half precision without attention dropout, and computes with ours what it refuses.
+    auto = self.implementation == "auto"
+    if auto:
+      narrow = query.shape[-1] != value.shape[-1]
+      kind = attention_choice.auto(self.dtype, self.dropout_rate > 0.0, narrow, step)
     else:
+      kind = attention_choice.explicit(self.implementation, step)
+    out = None
+    if kind != attention_choice.OURS:
+      out = attention_choice.fused(query, key, value, mask, kind, fallback=auto)  # [B, T, N, H]
+    if out is None:
       out = dot_product_attention(
         query,
         key,

@@ -56,7 +56,7 @@ class TransformerConfig:
   dtype: Any = jnp.float32  # of matrix products; see the module docstring
   remat: bool = False
   dropout_rng: str = "threefry16"  # how masks are drawn: choices.DROPOUT_RNGS
-  attention: str = "ours"  # choices.ATTENTIONS
+  attention: str = "auto"  # choices.ATTENTIONS (model/attention_choice.py)
   # Options a pretrained model may need (transformers' Marian, export/marian.py); the defaults are
   # the paper's. The activation of the feed-forward (choices.ACTIVATIONS); biases on the attention
   # projections; the layer norms' epsilon; the decoder's depth (0 = num_layers); a learned bias

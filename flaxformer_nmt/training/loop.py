@@ -64,7 +64,8 @@ def finished_result(config: ml_collections.ConfigDict, workdir: Workdir) -> dict
 def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> bool:
   """Whether a run's saved config.json is `config`: the same text, or the same but for fields
   added since it was saved (config.run_config.ADDED_FIELDS) that `config` leaves at the value that
-  reproduces the old behaviour."""
+  reproduces the old behaviour, and for "auto" where that means the run's own value
+  (config.run_config.AUTO_MEANS_THE_RUNS)."""
   if saved_text is None:
     return False
   if saved_text == config.to_json_best_effort(indent=2):
@@ -74,13 +75,22 @@ def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> b
   if saved == current:
     return True
   for path, old_value in run_config.ADDED_FIELDS.items():
-    *groups, name = path.split(".")
-    saved_node, current_node = saved, current
-    for group in groups:
-      saved_node, current_node = saved_node.get(group, {}), current_node.get(group, {})
+    saved_node, current_node, name = _groups(saved, current, path)
     if name not in saved_node and current_node.get(name) == old_value:
       current_node.pop(name, None)
+  for path in run_config.AUTO_MEANS_THE_RUNS:  # "auto" given to a run means the run's value
+    saved_node, current_node, name = _groups(saved, current, path)
+    if current_node.get(name) == "auto" and name in saved_node:
+      current_node[name] = saved_node[name]
   return saved == current
+
+
+def _groups(saved: dict[str, Any], current: dict[str, Any], path: str) -> tuple[dict, dict, str]:
+  """The two configs' groups holding dotted `path`'s field ({} where absent), and its name."""
+  *groups, name = path.split(".")
+  for group in groups:
+    saved, current = saved.get(group, {}), current.get(group, {})
+  return saved, current, name
 
 
 def _components_before_data(

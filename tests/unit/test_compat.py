@@ -46,9 +46,13 @@ def test_a_finished_run_saved_before_a_config_field_was_added_is_still_finished(
 
   saved = Workdir(str(old_workdir)).saved_config_text()
   assert '"d_k"' not in saved
+  assert '"attention": "ours"' in saved  # the default then; "auto" (today's) means the run's
   config = api.load_config("demo", helpers.saved_run_overrides())
+  assert config.model.attention == "auto"
   assert loop._same_config(saved, config)
   config.model.d_k = 4
+  assert not loop._same_config(saved, config)
+  config = api.load_config("demo", {**helpers.saved_run_overrides(), "model.attention": "jax"})
   assert not loop._same_config(saved, config)
   config = api.load_config("demo", {**helpers.saved_run_overrides(), "num_train_steps": 13})
   assert not loop._same_config(saved, config)

@@ -156,6 +156,21 @@ def test_reconcile_takes_what_the_mode_may_change_and_refuses_the_rest():
       run_config.reconcile(given, saved, mode, "w/config.json")
 
 
+def test_the_attention_default_auto_keeps_an_older_runs_own_choice():
+  """Runs saved when "ours" was the default resume and decode with ours under today's "auto";
+  a run saved with "auto" keeps choosing per machine; "ours" given to an "auto" run is a change a
+  resumed run refuses and a decoding command may make."""
+  saved, given = loading.load("demo"), loading.load("demo")
+  assert given.model.attention == "auto"
+  saved.model.attention = "ours"
+  for mode in ("train", "eval", "translate"):
+    assert run_config.reconcile(given, saved, mode, "w").model.attention == "ours"
+  saved.model.attention, given.model.attention = "auto", "ours"
+  assert run_config.reconcile(given, saved, "eval", "w").model.attention == "ours"
+  with pytest.raises(errors.ConfigError, match="config.model.attention='ours' disagrees"):
+    run_config.reconcile(given, saved, "train", "w")
+
+
 def test_resolve_dtype_records_what_auto_meant():
   config = loading.load("demo")
   run_config.resolve_dtype(config, "bfloat16", resuming=False)
