@@ -1,14 +1,16 @@
 r"""A/B of the real train step: variants compiled in one process, then timed alternately.
 
   python benchmarks/ab_step.py --size=base --dtype=bfloat16 --tokens_per_step=25000 \
-    --max_len=256 --variant="cmdbuf_off;xla_gpu_enable_command_buffer=" \
-    --variant="attention_jax;model.attention=jax"
+    --max_len=256 --variant="triton_gemm_on;xla_gpu_enable_triton_gemm=True" \
+    --variant="ours;model.attention=ours"
 
-The first variant is always `baseline` (the step as configured, XLA's defaults). Each --variant is
-`name;setting;setting...`, a setting either a config override (`model.attention=jax`, a dotted
-path, as train_step.py's --set) or an XLA compiler option (`xla_...=value`, passed to that
-variant's `compile(compiler_options=...)` only, so one process holds every variant). A variant
-with no setting (`--variant=again`) is the baseline once more: its `speedup` is the noise floor.
+The first variant is always `baseline` (the step as configured: the package's defaults, with
+model.attention=auto and, where JAX's CUDA plugin is installed, runtime/xla_flags.py's options).
+Each --variant is `name;setting;setting...`, a setting either a config override
+(`model.attention=jax`, a dotted path, as train_step.py's --set) or an XLA compiler option
+(`xla_...=value`, passed to that variant's `compile(compiler_options=...)` only, so one process
+holds every variant). A variant with no setting (`--variant=again`) is the baseline once more:
+its `speedup` is the noise floor.
 
 Why one process, alternately: two runs of a step on one accelerator minutes apart differ by a few
 percent (clocks, temperature, other tenants), which is the size of the changes being judged. Here

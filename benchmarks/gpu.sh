@@ -23,9 +23,10 @@
 # line saying so). Exits 1 if any stage failed or was skipped. On one H200 (2026-11-28) the profile
 # stage took 82 s, and ab_base's variants compiled in 21-41 s each (4.6 and 3.7 s for two read
 # from the shared cache; nine took 250 s, and with their builds outran the stage's 300 s:
-# ab_step.py now gets --deadline_s and builds only the variants that fit, most promising first). profile, ab_base and flax do not fit one 480 s budget: the profile has its
-# record (benchmarks/results/profile_step_h200_base.json), so the next run is
-# `GPU_BUDGET_S=540 ... gpu.sh ab_base flax`, in one call of a 15-minute device budget.
+# ab_step.py now gets --deadline_s and builds only the variants that fit, most promising first).
+# The second lease's `GPU_BUDGET_S=555 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh ab_base flax` took
+# 372 s (7 of 9 variants compiled; the side by side 126 s). The next run is
+# `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh profile flax ab_base` (docs/performance.md).
 # SMOKE=1 runs every stage but `steps` at the tiny size, on any machine (a dry run on the CPU;
 # tests/e2e/test_scripts.py runs its profile and ab_base stages so; the others ran so by hand).
 #
@@ -87,18 +88,18 @@ run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $
 }
 # Each variant is an XLA option or a config choice that may speed the step up; an option this XLA lacks is
 # reported in the record as that variant's error and the others still run.
+# The baseline is the package's default: model.attention=auto (cuDNN's on the GPU) and
+# runtime/xla_flags.py's GPU options (Triton GEMMs and command buffers off), kept by the A/Bs of
+# 2026-11-28 (benchmarks/results/ab_step_h200_base_cudnn.json). Triton's block-level norm fusion
+# (0.87x) and cuDNN layer norm (1.00x) were measured there and dropped.
 AB_BASE=(
   --variant="again"
-  --variant="cudnn;model.attention=cudnn"
-  --variant="attention_jax;model.attention=jax"
-  --variant="triton_gemm_off;xla_gpu_enable_triton_gemm=False"
+  --variant="ours;model.attention=ours"
+  --variant="triton_gemm_on;xla_gpu_enable_triton_gemm=True"
+  --variant="jax;model.attention=jax"
   --variant="rbg;model.dropout_rng=rbg"
-  --variant="cmdbuf_off;xla_gpu_enable_command_buffer="
-  --variant="triton_norm;xla_gpu_experimental_enable_fusion_block_level_rewriter=True"
-  --variant="cudnn_ln;xla_gpu_enable_cudnn_layer_norm=True"
 )
-AB_BIG=(--variant="cudnn;model.attention=cudnn" --variant="attention_jax;model.attention=jax"
-  --variant="rbg;model.dropout_rng=rbg")
+AB_BIG=(--variant="ours;model.attention=ours" --variant="rbg;model.dropout_rng=rbg")
 [ -z "${SMOKE:-}" ] || { AB_BASE=(--variant="fastmath;xla_cpu_enable_fast_math=True"); AB_BIG=(); }
 for stage in "${stages[@]}"; do
   case "$stage" in

@@ -23,7 +23,10 @@ import numpy as np
 from absl import logging
 
 from flaxformer_nmt import errors
-from flaxformer_nmt.runtime import executables
+from flaxformer_nmt.runtime import executables, xla_flags
+
+# Before any device is touched: XLA reads XLA_FLAGS when JAX starts its backend (xla_flags.py).
+xla_flags.apply_defaults()
 
 AXIS = "batch"
 DISTRIBUTED_MODES = ("auto", "on", "off")

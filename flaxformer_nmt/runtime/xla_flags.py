@@ -1,0 +1,56 @@
+"""XLA options this package turns on for NVIDIA GPUs, unless the user's XLA_FLAGS names them.
+
+Each was kept by an A/B of the base train step on one H200, every variant compiled in one process
+and timed round-robin, the loss of 20 fixed steps within 1e-4 of the baseline's
+(benchmarks/results/ab_step_h200_base_cudnn.json, docs/performance.md):
+
+  xla_gpu_enable_triton_gemm=false   matrix products by cuBLAS rather than XLA's Triton kernels:
+                                     1.278x against 1.206x (cuDNN attention alone)
+  xla_gpu_enable_command_buffer=     no CUDA graphs: 1.288x with both, 1.278x without; the first
+                                     timed round is no slower than the rest
+
+XLA reads XLA_FLAGS once, when JAX starts its first backend, so they are added to the environment
+when runtime/parallel.py is imported (before any command touches a device; a process that has
+started JAX already keeps what it started with), and only where JAX's CUDA plugin is installed
+(jax[cuda12], jax[cuda13]): elsewhere XLA_FLAGS is left as it was. A user's own setting of
+either flag, in XLA_FLAGS, wins; so does FLAXFORMER_NMT_XLA_DEFAULTS=0, which adds none. The flags
+are part of the key under which compiled programs are kept (runtime/executables.py), so a cached
+program never mixes the two.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import MutableMapping
+
+GPU_DEFAULTS: dict[str, str] = {
+  "xla_gpu_enable_triton_gemm": "false",
+  "xla_gpu_enable_command_buffer": "",
+}
+OPT_OUT = "FLAXFORMER_NMT_XLA_DEFAULTS"
+
+
+def with_defaults(xla_flags: str) -> str:
+  """`xla_flags` with each default it does not name appended (`--name=value`)."""
+  named = {flag.lstrip("-").split("=", 1)[0] for flag in xla_flags.split()}
+  added = [f"--{name}={value}" for name, value in GPU_DEFAULTS.items() if name not in named]
+  return " ".join([xla_flags.strip(), *added]).strip()
+
+
+def cuda_plugin_installed() -> bool:
+  """Whether JAX can run on NVIDIA GPUs here (its CUDA plugin is importable), found without
+  starting JAX."""
+  return any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13, 14))
+
+
+def apply_defaults(
+  environ: MutableMapping[str, str] = os.environ, cuda: bool | None = None
+) -> None:
+  """Adds the defaults to `environ`'s XLA_FLAGS where `cuda` (default: the CUDA plugin is
+  installed), unless FLAXFORMER_NMT_XLA_DEFAULTS=0."""
+  if cuda is None:
+    cuda = cuda_plugin_installed()
+  if not cuda or environ.get(OPT_OUT, "1") == "0":
+    return
+  environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
