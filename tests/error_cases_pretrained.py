@@ -111,19 +111,20 @@ PRETRAINED_CASES = [
     "was not trained with config.optim.lora_rank > 0, so it has no adapters",
   ),
   Case(
-    "import of an NLLB-200 model",
-    # facebook/nllb-200-distilled-600M: M2M100's architecture, NLLB's tokenizer.
+    "import of an M2M100 model with another tokenizer",
+    # M2M100's architecture with a tokenizer neither M2M100's nor NLLB-200's.
     importing(
-      "nllb-200-distilled-600M",
-      {"tokenizer_class": "NllbTokenizer"},
+      "m2m100-t5-tokenizer",
+      {"tokenizer_class": "T5Tokenizer"},
       model_type="m2m_100",
-      vocab_size=256206,
-      d_model=1024,
-      encoder_layers=12,
-      decoder_layers=12,
-      encoder_ffn_dim=4096,
+      vocab_size=32128,
+      d_model=512,
+      encoder_layers=6,
+      decoder_layers=6,
+      encoder_ffn_dim=2048,
     ),
-    "an NLLB-200 model (tokenizer_class 'NllbTokenizer')",
+    "tokenizer_class 'T5Tokenizer'; --mode=import reads an M2M100 model with M2M100's or "
+    "NLLB-200's tokenizer",
     trained=False,
   ),
   Case(

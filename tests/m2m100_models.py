@@ -56,17 +56,41 @@ def m2m100_vocabulary(folder: pathlib.Path, vocab_size: int = 200) -> dict[str, 
   return vocab
 
 
+NLLB_CODES = ("eng_Latn", "deu_Latn", "fra_Latn")  # three of NLLB-200's 202 (FLORES-200's codes)
+
+
+def nllb_vocabulary(folder: pathlib.Path, codes: tuple[str, ...] = NLLB_CODES) -> dict[str, int]:
+  """An NLLB-200 tokenizer's files as the Hub's facebook/nllb-200-distilled-600M holds them,
+  without transformers: the SentencePiece model, tokenizer.json (fairseq's dictionary as its BPE
+  vocabulary, spm id + 1; the specials, the language codes and then `<mask>` as added tokens) and
+  tokenizer_config.json (NllbTokenizer, the codes listed). Returns the whole dictionary."""
+  vocab = m2m100_vocabulary(folder)
+  (folder / "vocab.json").unlink()  # NLLB's folders have none
+  added = {p: i for p, i in vocab.items() if i < 4}
+  for code in (*codes, "<mask>"):
+    added[code] = len(vocab) + len(added) - 4
+  tokenizer = {
+    "version": "1.0",
+    "added_tokens": [{"id": i, "content": p, "special": True} for p, i in added.items()],
+    "model": {"type": "BPE", "vocab": vocab, "merges": []},
+  }
+  (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+  config = {
+    "tokenizer_class": "NllbTokenizer",
+    "additional_special_tokens": list(codes),
+    "src_lang": codes[0],
+    "tgt_lang": codes[1],
+  }
+  (folder / "tokenizer_config.json").write_text(json.dumps(config))
+  return {**vocab, **added}
+
+
 def tiny_m2m100(
   folder: pathlib.Path, *, encoder_layers: int = 2, decoder_layers: int = 1, seed: int = 0
 ) -> Any:
   """A random M2M100ForConditionalGeneration (float32, eval mode) saved in `folder` with its
   tokenizer (source en, target de)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  from transformers import (  # pylint: disable=g-import-not-at-top
-    M2M100Config,
-    M2M100ForConditionalGeneration,
-    M2M100Tokenizer,
-  )
+  from transformers import M2M100Tokenizer  # pylint: disable=g-import-not-at-top
 
   vocab = m2m100_vocabulary(folder)
   tokenizer = M2M100Tokenizer(
@@ -76,8 +100,42 @@ def tiny_m2m100(
     tgt_lang="de",
   )
   tokenizer.save_pretrained(str(folder))
-  size = len(vocab) + 100
-  size += -size % 8  # fairseq pads its dictionary to a multiple of 8
+  return _random_m2m100(folder, len(vocab) + 100, encoder_layers, decoder_layers, seed)
+
+
+def tiny_nllb(
+  folder: pathlib.Path, *, encoder_layers: int = 2, decoder_layers: int = 2, seed: int = 0
+) -> Any:
+  """A random NLLB-200-shaped model (M2M100ForConditionalGeneration) saved in `folder` with
+  transformers' own NllbTokenizer files, made from the SentencePiece model with three of NLLB's
+  codes (source eng_Latn, target deu_Latn); the SentencePiece model stays beside them, as in the
+  Hub's NLLB folders."""
+  from transformers import NllbTokenizer  # pylint: disable=g-import-not-at-top
+
+  m2m100_vocabulary(folder)
+  (folder / "vocab.json").unlink()
+  tokenizer = NllbTokenizer.from_pretrained(
+    str(folder),
+    additional_special_tokens=list(NLLB_CODES),
+    src_lang=NLLB_CODES[0],
+    tgt_lang=NLLB_CODES[1],
+  )
+  tokenizer.save_pretrained(str(folder))
+  return _random_m2m100(folder, len(tokenizer), encoder_layers, decoder_layers, seed)
+
+
+def _random_m2m100(
+  folder: pathlib.Path, size: int, encoder_layers: int, decoder_layers: int, seed: int
+) -> Any:
+  """A random M2M100ForConditionalGeneration of `size` ids (padded to a multiple of 8, as fairseq
+  pads its dictionary), saved in `folder`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import (  # pylint: disable=g-import-not-at-top
+    M2M100Config,
+    M2M100ForConditionalGeneration,
+  )
+
+  size += -size % 8
   config = M2M100Config(
     vocab_size=size,
     d_model=32,
@@ -110,15 +168,15 @@ def teacher_forced_log_probs(
   folder: pathlib.Path, sources: list[str], targets: list[str], src: str, tgt: str
 ) -> list[float]:
   """transformers' own sum of log-probabilities of each target (its language token and EOS
-  included), one pair at a time."""
+  included), one pair at a time, with the folder's tokenizer (M2M100's or NLLB's)."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import (  # pylint: disable=g-import-not-at-top
+    AutoTokenizer,
     M2M100ForConditionalGeneration,
-    M2M100Tokenizer,
   )
 
   model = M2M100ForConditionalGeneration.from_pretrained(folder).eval()
-  tokenizer = M2M100Tokenizer.from_pretrained(folder, src_lang=src, tgt_lang=tgt)
+  tokenizer = AutoTokenizer.from_pretrained(folder, src_lang=src, tgt_lang=tgt)
   out = []
   with torch.no_grad():
     for s, t in zip(sources, targets, strict=True):
@@ -138,12 +196,14 @@ def handmade_m2m100(
   encoder_layers: int = 2,
   decoder_layers: int = 1,
   seed: int = 0,
+  nllb: bool = False,
 ) -> dict[str, Any]:
   """An M2M100 model folder made without torch or transformers (the unit and e2e tiers): the
   vocabulary of `m2m100_vocabulary` (after `dummy_pieces` made-up pieces at fairseq ids 4.., so
   that every real piece's id can lie above 65,535 as in NLLB's 256k vocabulary), config.json and
   tokenizer_config.json as transformers writes them, and random weights of our model written by
-  export/m2m100.to_m2m100 (what transformers' save_pretrained names them). Returns config.json."""
+  export/m2m100.to_m2m100 (what transformers' save_pretrained names them); with `nllb`, NLLB-200's
+  tokenizer files instead (`nllb_vocabulary`). Returns config.json."""
   import jax  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
@@ -151,18 +211,19 @@ def handmade_m2m100(
   from flaxformer_nmt.export import m2m100  # pylint: disable=g-import-not-at-top
   from flaxformer_nmt.model.transformer import init_params  # pylint: disable=g-import-not-at-top
 
-  vocab = m2m100_vocabulary(folder)
-  if dummy_pieces:
+  vocab = nllb_vocabulary(folder) if nllb else m2m100_vocabulary(folder)
+  if dummy_pieces and not nllb:
     special = {p: i for p, i in vocab.items() if i < 4}
     rest = sorted((i, p) for p, i in vocab.items() if i >= 4)
     vocab = {**special, **{f"dummy{k}": 4 + k for k in range(dummy_pieces)}}
     for _, piece in rest:
       vocab[piece] = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-  (folder / "tokenizer_config.json").write_text(
-    json.dumps({"tokenizer_class": "M2M100Tokenizer", "src_lang": "en", "tgt_lang": "de"})
-  )
-  size = len(vocab) + 100
+  if not nllb:
+    (folder / "tokenizer_config.json").write_text(
+      json.dumps({"tokenizer_class": "M2M100Tokenizer", "src_lang": "en", "tgt_lang": "de"})
+    )
+  size = len(vocab) + (0 if nllb else 100)
   size += -size % 8  # fairseq pads its dictionary to a multiple of 8
   hf = {
     "architectures": ["M2M100ForConditionalGeneration"],

@@ -176,9 +176,11 @@ def _pick(given: str, default: str, langs: list[str], flag: str) -> str:
   the closest it has when it has not that one."""
   lang = given or default
   if lang not in langs:
-    # A longer spelling of one of its codes (deu, eng_Latn, pt-BR) first, then the nearest.
+    # A longer spelling of one of its codes (deu, eng_Latn, pt-BR) first, then a code that
+    # spells it longer (NLLB's deu_Latn for de), then the nearest.
     prefixes = sorted((x for x in langs if lang.lower().startswith(x)), key=len, reverse=True)
-    close = prefixes or difflib.get_close_matches(lang, langs, n=1, cutoff=0.0)
+    longer = [x for x in langs if x.lower().startswith(lang.lower())]
+    close = prefixes or longer or difflib.get_close_matches(lang, langs, n=1, cutoff=0.0)
     hint = f" (closest: {close[0]})" if close else ""
     raise errors.ConfigError(
       f"--{flag}={lang}: this model has no such language{hint}; it has {len(langs)} "

@@ -1,5 +1,5 @@
-"""The vocabulary of a transformers M2M100 model: one SentencePiece model, fairseq's dictionary,
-and a token per language.
+"""The vocabulary of a transformers M2M100 or NLLB-200 model: one SentencePiece model, fairseq's
+dictionary, and a token per language.
 
 An M2M100 folder holds `sentencepiece.bpe.model` (splits text into pieces), `vocab.json` (piece
 -> fairseq id: `<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, then the pieces) and tokenizer_config.json
@@ -11,6 +11,13 @@ An M2M100 folder holds `sentencepiece.bpe.model` (splits text into pieces), `voc
   pieces + `</s>`, and generation forces the target language's token as the first output;
 - the model's embedding has more rows than that (fairseq pads its dictionary with
   `madeupwordNNNN` entries); they are kept, so every row has our id.
+
+An NLLB-200 folder (NllbTokenizer; its checkpoints are M2M100's architecture) holds the same
+`sentencepiece.bpe.model` but no vocab.json: its dictionary is tokenizer.json's (`model.vocab`, the
+pieces at fairseq's ids, spm id + 1, and `added_tokens`: the four specials, `<mask>` and its
+202 language codes), and a language's token is its code itself (`eng_Latn`), listed in
+tokenizer_config.json (`additional_special_tokens`, transformers 5's `extra_special_tokens`). Text
+is split by the SentencePiece model in either case, as fairseq split the training data.
 
 Ids are renumbered to this package's (model/tokens.py): `<pad>` (1) becomes 0, `</s>` (2) 1,
 `<unk>` (3) 2, and every other row keeps its order from 3 on (`<s>` first).
@@ -31,8 +38,14 @@ from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.runtime import files
 
 SPM = "sentencepiece.bpe.model"
-FILES = (SPM, "vocab.json", "tokenizer_config.json")
-BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
+# What each kind's folder holds, the dictionary second; FILES is every name either kind keeps.
+KIND_FILES = {
+  "m2m100": (SPM, "vocab.json", "tokenizer_config.json"),
+  "nllb": (SPM, "tokenizer.json", "tokenizer_config.json"),
+}
+FILES = (SPM, "vocab.json", "tokenizer_config.json", "tokenizer.json")
+TAG_FORMATS = {"m2m100": "__{}__", "nllb": "{}"}  # a language's token: `__de__`, `deu_Latn`
+BOS, PAD, EOS, UNK, MASK = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
 # transformers' FAIRSEQ_LANGUAGE_CODES (tokenization_m2m_100.py): the token of language i of a
 # list has the id len(vocab.json) + i.
 LANGUAGE_CODES = {
@@ -51,19 +64,72 @@ def language_token(lang: str) -> str:
   return f"__{lang}__"
 
 
+def kind(path: str) -> str | None:
+  """ "m2m100" or "nllb" for a folder holding that model's vocabulary files, else None."""
+  if not os.path.isdir(path):
+    return None
+  for name, names in KIND_FILES.items():
+    if all(os.path.isfile(os.path.join(path, f)) for f in names[:2]):
+      return name
+  return None
+
+
 def is_fairseq_vocabulary(path: str) -> bool:
-  """Whether `path` is a folder holding an M2M100 vocabulary's files."""
-  return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, f)) for f in FILES[:2])
+  """Whether `path` is a folder holding an M2M100 or NLLB vocabulary's files."""
+  return kind(path) is not None
+
+
+def folder_files(path: str) -> tuple[str, ...]:
+  """The files of the vocabulary folder at `path` (what a run copies, an export writes)."""
+  return KIND_FILES[kind(path) or "m2m100"]
 
 
 def digest(path: str) -> str:
-  """The vocabulary's identity: SHA-256 over its SentencePiece model's and vocab.json's SHA-256s
+  """The vocabulary's identity: SHA-256 over its SentencePiece model's and dictionary's SHA-256s
   and its list of language codes (not the rest of tokenizer_config.json: its default languages
   change no id)."""
-  parts = "".join(files.sha256(os.path.join(path, name)) for name in FILES[:2])
+  parts = "".join(files.sha256(os.path.join(path, name)) for name in folder_files(path)[:2])
   tok = files.read_json_object(os.path.join(path, "tokenizer_config.json"))
   parts += str(tok.get("language_codes", "m2m100"))
   return hashlib.sha256(parts.encode()).hexdigest()
+
+
+def _m2m100_dictionary(folder: str) -> tuple[dict[str, int], list[str]]:
+  """vocab.json's pieces, M2M100's language tokens after them; the language codes."""
+  vocab_path = os.path.join(folder, "vocab.json")
+  vocab = files.read_json_object(vocab_path)
+  if not vocab or not all(isinstance(i, int) for i in vocab.values()):
+    raise errors.DataError(f"{vocab_path}: not a vocab.json (a map from pieces to ids).")
+  tok = files.read_json_object(os.path.join(folder, "tokenizer_config.json"))
+  codes = str(tok.get("language_codes", "m2m100"))
+  if codes not in LANGUAGE_CODES:
+    raise errors.DataError(
+      f"{folder}/tokenizer_config.json: language_codes {codes!r} is none of "
+      f"{', '.join(LANGUAGE_CODES)}."
+    )
+  languages = list(LANGUAGE_CODES[codes])
+  tokens = {language_token(lang): len(vocab) + k for k, lang in enumerate(languages)}
+  return {**vocab, **tokens}, languages
+
+
+def _nllb_dictionary(folder: str) -> tuple[dict[str, int], list[str]]:
+  """tokenizer.json's pieces and added tokens; the language codes tokenizer_config.json lists."""
+  path = os.path.join(folder, "tokenizer.json")
+  doc = files.read_json_object(path)
+  vocab = (doc.get("model") or {}).get("vocab")
+  added = doc.get("added_tokens") or []
+  if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+    raise errors.DataError(f"{path}: has no BPE vocabulary (model.vocab, pieces to ids).")
+  dictionary = {**vocab, **{a["content"]: int(a["id"]) for a in added if "content" in a}}
+  tok = files.read_json_object(os.path.join(folder, "tokenizer_config.json"))
+  listed = tok.get("extra_special_tokens") or tok.get("additional_special_tokens") or []
+  languages = [str(c) for c in listed if str(c) in dictionary]
+  if not languages:
+    raise errors.DataError(
+      f"{folder}/tokenizer_config.json: lists no language code of {path} "
+      "(additional_special_tokens, such as eng_Latn)."
+    )
+  return dictionary, languages
 
 
 class FairseqVocabulary:
@@ -71,34 +137,25 @@ class FairseqVocabulary:
   (the methods of data/tokenizer.Tokenizer that the stages use)."""
 
   def __init__(self, folder: str, model_vocab_size: int | None = None) -> None:
-    if not is_fairseq_vocabulary(folder):
-      missing = [f for f in FILES[:2] if not os.path.isfile(os.path.join(folder, f))]
-      raise errors.DataError(f"{folder}: not an M2M100 vocabulary (no {', '.join(missing)}).")
+    self.kind = kind(folder)
+    if self.kind is None:
+      wanted = " or ".join("+".join(names[:2]) for names in KIND_FILES.values())
+      raise errors.DataError(f"{folder}: not an M2M100 or NLLB vocabulary (no {wanted}).")
     self.model_path = folder
     self.fingerprint = digest(folder)[:16]
+    self.tag_format = TAG_FORMATS[self.kind]
     path = os.path.join(folder, SPM)
     try:
       self._spm = spm.SentencePieceProcessor(model_file=path)
     except (OSError, RuntimeError) as e:
       raise errors.DataError(f"{path}: not a SentencePiece model ({e}).") from None
-    vocab_path = os.path.join(folder, "vocab.json")
-    vocab = files.read_json_object(vocab_path)
-    if not vocab or not all(isinstance(i, int) for i in vocab.values()):
-      raise errors.DataError(f"{vocab_path}: not a vocab.json (a map from pieces to ids).")
+    read = _nllb_dictionary if self.kind == "nllb" else _m2m100_dictionary
+    vocab, self.languages = read(folder)
+    where = os.path.join(folder, KIND_FILES[self.kind][1])
     for piece, want in ((BOS, 0), (PAD, 1), (EOS, 2), (UNK, 3)):
       if vocab.get(piece) != want:
-        raise errors.DataError(f"{vocab_path}: {piece!r} is not id {want}, as fairseq's are.")
-    tok = files.read_json_object(os.path.join(folder, "tokenizer_config.json"))
-    codes = str(tok.get("language_codes", "m2m100"))
-    if codes not in LANGUAGE_CODES:
-      raise errors.DataError(
-        f"{folder}/tokenizer_config.json: language_codes {codes!r} is none of "
-        f"{', '.join(LANGUAGE_CODES)}."
-      )
-    self.languages = list(LANGUAGE_CODES[codes])
+        raise errors.DataError(f"{where}: {piece!r} is not id {want}, as fairseq's are.")
     pieces = {i: p for p, i in vocab.items()}
-    for k, lang in enumerate(self.languages):
-      pieces[len(vocab) + k] = language_token(lang)
     size = max(model_vocab_size or 0, max(pieces) + 1)
     madeup = iter(range(size))
     theirs = [pieces.get(i) or f"madeupword{next(madeup):04d}" for i in range(size)]
@@ -108,11 +165,13 @@ class FairseqVocabulary:
     self._pieces = [theirs[int(i)] for i in order]  # our id -> piece
     self._ids = {p: j for j, p in enumerate(self._pieces)}  # piece -> our id
     self._unk = self._ids[UNK]
-    self._language_ids = {self._ids[language_token(lang)] for lang in self.languages}
+    self._language_ids = {self._ids[self.tag_format.format(lang)] for lang in self.languages}
     # fairseq's padding rows are no piece: a model that outputs one (untrained) prints nothing.
     first_padding_row = max(pieces) + 1
     padding_rows = {j for j, i in enumerate(order.tolist()) if i >= first_padding_row}
     self._silent = self._language_ids | padding_rows | {self._ids[BOS], self._unk}
+    if MASK in self._ids:  # NLLB's `<mask>`: no piece of text either
+      self._silent.add(self._ids[MASK])
 
   @property
   def vocab_size(self) -> int:
@@ -133,8 +192,8 @@ class FairseqVocabulary:
   encode_target_batch = encode_batch
 
   def language_id(self, lang: str) -> int | None:
-    """Our id of `lang`'s token (`__de__`), None if the model has none."""
-    return self._ids.get(language_token(lang)) if lang in self.languages else None
+    """Our id of `lang`'s token (`__de__`, `deu_Latn`), None if the model has none."""
+    return self._ids.get(self.tag_format.format(lang)) if lang in self.languages else None
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids` up to the first EOS; PAD, `<s>`, `<unk>`, language tokens and fairseq's

@@ -132,7 +132,7 @@ def vocabulary_exists(path: str) -> bool:
 def folder_files(path: str) -> tuple[str, ...]:
   """The files of the vocabulary folder at `path` (what a run copies and a digest reads)."""
   if fairseq_vocabulary.is_fairseq_vocabulary(path):
-    return fairseq_vocabulary.FILES
+    return fairseq_vocabulary.folder_files(path)
   return pair_vocabulary.FILES
 
 

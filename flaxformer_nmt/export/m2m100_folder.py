@@ -102,9 +102,16 @@ def generation_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
   }
 
 
-def model_card(config: ml_collections.ConfigDict, description: str, origin: str) -> str:
-  """README.md: what the model is, where it came from, how to call it."""
+def model_card(
+  config: ml_collections.ConfigDict,
+  description: str,
+  origin: str,
+  tokenizer_class: str = "M2M100Tokenizer",
+) -> str:
+  """README.md: what the model is, where it came from, how to call it (with M2M100's or NLLB's
+  tokenizer: the forced token is the target language's tag, `__de__` or `deu_Latn`)."""
   d = config.data
+  tag = str(d.lang_tag_format or "__{}__").format(d.tgt_lang)
   return "\n".join(
     [
       "---",
@@ -120,11 +127,12 @@ def model_card(config: ml_collections.ConfigDict, description: str, origin: str)
       f"Languages ({len(d.languages.split(','))}): {d.languages.replace(',', ', ')}.",
       "",
       "```python",
-      "from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer",
-      f'tokenizer = M2M100Tokenizer.from_pretrained(PATH, src_lang="{d.src_lang}")',
+      f"from transformers import M2M100ForConditionalGeneration, {tokenizer_class}",
+      f'tokenizer = {tokenizer_class}.from_pretrained(PATH, src_lang="{d.src_lang}")',
       "model = M2M100ForConditionalGeneration.from_pretrained(PATH)",
       'batch = tokenizer(["A sentence."], return_tensors="pt")',
-      f'out = model.generate(**batch, forced_bos_token_id=tokenizer.get_lang_id("{d.tgt_lang}"))',
+      f'forced = tokenizer.convert_tokens_to_ids("{tag}")',
+      "out = model.generate(**batch, forced_bos_token_id=forced)",
       "print(tokenizer.batch_decode(out, skip_special_tokens=True))",
       "```",
       "",
@@ -159,18 +167,19 @@ def write(session: Any, folder: Any, output: str, quantization: str) -> dict[str
       with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, ensure_ascii=False)
         f.write("\n")
-    for name in fairseq_vocabulary.FILES[:2]:
+    for name in fairseq_vocabulary.folder_files(vocabulary.model_path)[:2]:
       shutil.copyfile(os.path.join(vocabulary.model_path, name), os.path.join(staging, name))
     # The import's tokenizer_config.json, its default languages the run's own (a fine-tune may
     # have changed them).
     tok = files.read_json_object(os.path.join(vocabulary.model_path, "tokenizer_config.json"))
-    tok = {"tokenizer_class": "M2M100Tokenizer", **tok}
+    default_class = "NllbTokenizer" if vocabulary.kind == "nllb" else "M2M100Tokenizer"
+    tok = {"tokenizer_class": default_class, **tok}
     tok.update(src_lang=str(c.config.data.src_lang), tgt_lang=str(c.config.data.tgt_lang))
     with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:
       json.dump(tok, f, indent=2)
       f.write("\n")
     with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
-      f.write(model_card(c.config, description, origin))
+      f.write(model_card(c.config, description, origin, tok["tokenizer_class"]))
   return {
     "format": "huggingface",
     "output": os.path.abspath(output),

@@ -10,7 +10,11 @@ scaled and tied embeddings, no logits bias, the decoder started from `</s>`
 
 Its languages (data.lang_tokens="m2m100", data.languages): `__en__` in front of every source,
 `__de__` forced as the first output (decoding/language_tokens.py), both chosen per request
-(--source_lang, --target_lang; defaults: tokenizer_config.json's src_lang and tgt_lang).
+(--source_lang, --target_lang; defaults: tokenizer_config.json's src_lang and tgt_lang). An
+NLLB-200 model is the same architecture with NllbTokenizer's files: its tokens are the codes
+themselves (`eng_Latn`, data.lang_tag_format="{}"), placed as M2M100's (transformers'
+NllbTokenizer with legacy_behaviour=False, its default: `[eng_Latn] pieces </s>`, and
+`deu_Latn` forced after the decoder's `</s>` start).
 importing/imported_run.py makes it a run.
 """
 
@@ -105,12 +109,13 @@ def make_config(
   m.relu_dropout_rate = float(_get(hf, "activation_dropout"))
   d = config.data
   d.source = "none"
-  d.lang_tokens, d.lang_tag_format = "m2m100", fairseq_vocabulary.language_token("{}")
+  d.lang_tokens, d.lang_tag_format = "m2m100", vocabulary.tag_format  # `__{}__` or NLLB's `{}`
   d.languages = ",".join(vocabulary.languages)
   tok = read_json(os.path.join(folder, "tokenizer_config.json"))
   langs = vocabulary.languages
-  d.src_lang = _language(tok.get("src_lang"), langs, "en" if "en" in langs else langs[0])
-  other = next(x for x in ("de", "en", *langs) if x in langs and x != d.src_lang)
+  english = next((x for x in ("en", "eng_Latn") if x in langs), langs[0])
+  d.src_lang = _language(tok.get("src_lang"), langs, english)
+  other = next(x for x in ("de", "deu_Latn", "en", *langs) if x in langs and x != d.src_lang)
   d.tgt_lang = _language(tok.get("tgt_lang"), langs, other)
   d.vocab_size = vocabulary.vocab_size
   d.vocab_model_type = pair_vocabulary.model_type(os.path.join(folder, fairseq_vocabulary.SPM))
@@ -122,19 +127,20 @@ def make_config(
 
 
 def _language(given: Any, langs: list[str], default: str) -> str:
-  """tokenizer_config.json's language (`__en__` or `en`), if the model has it, else `default`."""
+  """tokenizer_config.json's language (`__en__`, `en`, NLLB's `eng_Latn`), if the model has it,
+  else `default`."""
   lang = str(given or "").strip("_")
   return lang if lang in langs else default
 
 
 def check_tokenizer(folder: str) -> None:
-  """ConfigError for a tokenizer this reading has not: NLLB-200's (its checkpoints are M2M100's
-  architecture; NllbTokenizer has no vocab.json and 202 codes such as eng_Latn)."""
+  """ConfigError for a tokenizer this reading has not: M2M100's and NLLB-200's are read
+  (data/fairseq_vocabulary.py; NLLB's checkpoints are M2M100's architecture)."""
   tokenizer_class = read_json(os.path.join(folder, "tokenizer_config.json")).get("tokenizer_class")
-  if str(tokenizer_class).startswith("Nllb"):
+  if tokenizer_class and not str(tokenizer_class).startswith(("M2M100", "Nllb")):
     raise errors.ConfigError(
-      f"{folder}: an NLLB-200 model (tokenizer_class {tokenizer_class!r}); --mode=import reads "
-      "M2M100's tokenizer (vocab.json and 100 language tokens), not NLLB's yet."
+      f"{folder}/tokenizer_config.json: tokenizer_class {tokenizer_class!r}; --mode=import reads "
+      "an M2M100 model with M2M100's or NLLB-200's tokenizer."
     )
 
 

@@ -193,3 +193,63 @@ def test_the_server_compiles_and_serves_both_languages(imported):
   asked = protocol.parse_request(body, allowed)
   hypotheses, _ = served.translate(asked.kind, asked.lines, list(range(len(lines))))
   assert [h[0].text for h in hypotheses] == session.translate(lines, "pt", source_lang="fr")
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory):
+  root = tmp_path_factory.mktemp("nllb")
+  m2m100_models.handmade_m2m100(root / "model", nllb=True)
+  api.import_model(str(root / "model"), str(root / "run"))
+  return root
+
+
+def test_an_nllb_model_is_a_run_with_its_language_codes(nllb):
+  """NLLB-200's tokenizer files (no vocab.json; tokenizer.json's dictionary, codes such as
+  eng_Latn as the tokens themselves): imported, translated into each language, its codes named
+  in a refusal, and exported with the same tokenizer files and weights."""
+  from flaxformer_nmt import errors  # pylint: disable=g-import-not-at-top
+
+  root = nllb
+  d = json.loads((root / "run" / "config.json").read_text())["data"]
+  assert (d["lang_tag_format"], d["src_lang"], d["tgt_lang"]) == ("{}", "eng_Latn", "deu_Latn")
+  assert d["languages"] == ",".join(m2m100_models.NLLB_CODES)
+  assert sorted(os.listdir(root / "run" / "vocabulary")) == [
+    "sentencepiece.bpe.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+  ]
+  session = api.load(str(root / "run"), overrides={"decode.method": "greedy"})
+  vocabulary = session.components.tokenizer
+  dictionary = json.loads((root / "model" / "tokenizer.json").read_text())["model"]["vocab"]
+  for code in m2m100_models.NLLB_CODES:  # our id of each code is tokenizer.json's, renumbered
+    ours = vocabulary.language_id(code)
+    assert vocabulary.id_to_piece(ours) == code
+    added = json.loads((root / "model" / "tokenizer.json").read_text())["added_tokens"]
+    theirs = next(a["id"] for a in added if a["content"] == code)
+    assert int(vocabulary.fairseq_ids[ours]) == theirs > max(dictionary.values())
+  line = "three hundred and forty-two chairs"
+  pieces = [vocabulary.id_to_piece(i) for i in vocabulary.encode(line)]
+  assert [dictionary[p] for p in pieces] == [
+    int(vocabulary.fairseq_ids[i]) for i in vocabulary.encode(line)
+  ]
+  lines = [s for s, _ in demo.make_demo_split("test", 6, 0)]
+  into = {tgt: session.translate(lines, target_lang=tgt) for tgt in ("deu_Latn", "fra_Latn")}
+  assert into["deu_Latn"] == session.translate(lines) and into["deu_Latn"] != into["fra_Latn"]
+  with pytest.raises(errors.ConfigError, match=r"--target_lang=de: .*\(closest: deu_Latn\)"):
+    session.translate(lines, target_lang="de")
+  api.export(None, str(root / "run"), str(root / "hf"), fmt="huggingface")
+  for name in ("sentencepiece.bpe.model", "tokenizer.json"):
+    assert (root / "hf" / name).read_bytes() == (root / "model" / name).read_bytes()
+  tok = json.loads((root / "hf" / "tokenizer_config.json").read_text())
+  assert (tok["tokenizer_class"], tok["src_lang"], tok["tgt_lang"]) == (
+    "NllbTokenizer",
+    "eng_Latn",
+    "deu_Latn",
+  )
+  card = (root / "hf" / "README.md").read_text()
+  assert 'NllbTokenizer.from_pretrained(PATH, src_lang="eng_Latn")' in card
+  assert 'tokenizer.convert_tokens_to_ids("deu_Latn")' in card
+  ours, theirs = state_dict(str(root / "hf")), state_dict(str(root / "model"))
+  assert sorted(ours) == sorted(theirs)
+  for name, value in theirs.items():
+    np.testing.assert_array_equal(ours[name], value, err_msg=name)
