@@ -1,7 +1,8 @@
 """An M2M100 model made a run, end to end, without torch (issue 62, item 1): `--mode=import`, the
 command line's --source_lang / --target_lang, export back to the M2M100 format and in again
-bitwise, and a LoRA fine-tune on the user's own files whose token ids lie above 65,535 (NLLB's
-256k-piece vocabulary: stored as int32, data/tokenized.py).
+bitwise, and a LoRA fine-tune on the user's own files in a vocabulary of NLLB-200's size
+(256,000 made-up pieces first, 256,3xx ids), every token id above 65,535 (stored as int32,
+data/tokenized.py); and an NLLB-200 folder (its own tokenizer files) made a run.
 
 It cannot reuse the shared trained fixtures: they are our post-LN paper models with a
 SentencePiece vocabulary, and this needs an M2M100 folder (tests/m2m100_models.handmade_m2m100:
@@ -27,7 +28,7 @@ import m2m100_models
 
 pytestmark = pytest.mark.xdist_group("m2m100_run")
 
-_DUMMY = 70_000  # made-up pieces first: every real piece's id is above 65,535
+_DUMMY = 256_000  # NLLB-200-sized (256,206 ids): every real piece's id is above 65,535
 
 
 @pytest.fixture(scope="module")
