@@ -128,6 +128,21 @@ PRETRAINED_CASES = [
     trained=False,
   ),
   Case(
+    "import of an NLLB-200 model in its old token layout",
+    importing(
+      "nllb-legacy",
+      {"tokenizer_class": "NllbTokenizer", "legacy_behaviour": True},
+      model_type="m2m_100",
+      vocab_size=256206,
+      d_model=1024,
+      encoder_layers=12,
+      decoder_layers=12,
+      encoder_ffn_dim=4096,
+    ),
+    "legacy_behaviour is true (NLLB's old layout, the language code after </s>)",
+    trained=False,
+  ),
+  Case(
     "a language an M2M100 model lacks",
     many_to_many("--target_lang=deu"),
     "--target_lang=deu: this model has no such language (closest: de)",

@@ -171,16 +171,33 @@ def many_to_many(data_config: ml_collections.ConfigDict) -> list[str]:
   return [x for x in (s.strip() for s in str(data_config.get("languages", "")).split(",")) if x]
 
 
+# ISO 639-1 -> the ISO 639-3 code NLLB-200's FLORES-200 codes start with, for a hint only (the
+# widely used languages; `arb`, `pes`, `zho` are FLORES-200's choices for ar, fa, zh).
+_ISO_639_3 = dict(
+  pair.split(":")
+  for pair in (
+    "af:afr am:amh ar:arb az:azj be:bel bg:bul bn:ben bs:bos ca:cat cs:ces cy:cym da:dan de:deu "
+    "el:ell en:eng eo:epo es:spa et:est eu:eus fa:pes fi:fin fr:fra ga:gle gl:glg gu:guj ha:hau "
+    "he:heb hi:hin hr:hrv hu:hun hy:hye id:ind ig:ibo is:isl it:ita ja:jpn jv:jav ka:kat kk:kaz "
+    "km:khm kn:kan ko:kor ky:kir lo:lao lt:lit lv:lvs mk:mkd ml:mal mn:khk mr:mar ms:zsm my:mya "
+    "ne:npi nl:nld no:nob pa:pan pl:pol ps:pbt pt:por ro:ron ru:rus si:sin sk:slk sl:slv so:som "
+    "sq:als sr:srp sv:swe sw:swh ta:tam te:tel th:tha tl:tgl tr:tur uk:ukr ur:urd uz:uzn vi:vie "
+    "xh:xho yo:yor zh:zho zu:zul"
+  ).split()
+)
+
+
 def _pick(given: str, default: str, langs: list[str], flag: str) -> str:
   """`given` (or `default`) checked against a many-to-many model's languages: one line naming
   the closest it has when it has not that one."""
   lang = given or default
   if lang not in langs:
-    # A longer spelling of one of its codes (deu, eng_Latn, pt-BR) first, then a code that
-    # spells it longer (NLLB's deu_Latn for de), then the nearest.
+    # A longer spelling of one of its codes (deu, eng_Latn, pt-BR) first, then NLLB's code of
+    # a two- or three-letter one (es or spa: spa_Latn), then the nearest.
     prefixes = sorted((x for x in langs if lang.lower().startswith(x)), key=len, reverse=True)
-    longer = [x for x in langs if x.lower().startswith(lang.lower())]
-    close = prefixes or longer or difflib.get_close_matches(lang, langs, n=1, cutoff=0.0)
+    iso3 = _ISO_639_3.get(lang.lower(), lang.lower() if len(lang) == 3 else "")
+    flores = [x for x in langs if iso3 and x.split("_")[0] == iso3]
+    close = prefixes or flores or difflib.get_close_matches(lang, langs, n=1, cutoff=0.0)
     hint = f" (closest: {close[0]})" if close else ""
     raise errors.ConfigError(
       f"--{flag}={lang}: this model has no such language{hint}; it has {len(langs)} "

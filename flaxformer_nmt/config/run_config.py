@@ -86,7 +86,8 @@ ADDED_FIELDS: dict[str, object] = {
 
 # Fields whose "auto", given to a saved run, means the run's own value: the dtype training
 # resolved and recorded (resolve_dtype), and the attention kernel of a run saved before "auto"
-# was the default ("ours"; one saved with "auto" keeps choosing per machine).
+# was the default ("ours"; one saved with "auto" keeps choosing per machine; `_keeps_the_runs`).
+# A run saved before model.attention existed computed with ours: `_same_config` reads it so.
 AUTO_MEANS_THE_RUNS = ("model.dtype", "model.attention")
 
 # config.model fields that decide what a set of parameters computes: another run's parameters (an
@@ -310,7 +311,7 @@ def reconcile(
     old = theirs[path]
     if _normal(value) == _normal(old):
       continue
-    if path in AUTO_MEANS_THE_RUNS and value == "auto":
+    if path in AUTO_MEANS_THE_RUNS and value == "auto" and _keeps_the_runs(path, old, mode):
       continue  # "auto" on a run that saved its own choice: the run's
     if path == "data.directions" and mode not in TRAIN_MODES and _narrows(value, old):
       _set(result, path, value)  # eval scores some of the run's directions
@@ -330,6 +331,14 @@ def reconcile(
       )
     _set(result, path, value)
   return result
+
+
+def _keeps_the_runs(path: str, old: Any, mode: str) -> bool:
+  """Whether a command's "auto" for `path` means the run's saved `old`: always for the dtype;
+  for the attention kernel when training resumes (a run keeps how it computes) or when the run
+  saved "ours", while a decoding command on a run saved with "cudnn" or "jax" chooses per
+  machine (cuDNN's is refused on a CPU, and every kernel computes the same function)."""
+  return path != "model.attention" or mode in TRAIN_MODES or old == "ours"
 
 
 def _narrows(value: Any, old: Any) -> bool:

@@ -122,7 +122,13 @@ def _nllb_dictionary(folder: str) -> tuple[dict[str, int], list[str]]:
     raise errors.DataError(f"{path}: has no BPE vocabulary (model.vocab, pieces to ids).")
   dictionary = {**vocab, **{a["content"]: int(a["id"]) for a in added if "content" in a}}
   tok = files.read_json_object(os.path.join(folder, "tokenizer_config.json"))
-  listed = tok.get("extra_special_tokens") or tok.get("additional_special_tokens") or []
+  # transformers 5 writes the list as extra_special_tokens (a dict there names other tokens).
+  listed = [
+    x
+    for key in ("extra_special_tokens", "additional_special_tokens")
+    if isinstance(tok.get(key), list)
+    for x in tok[key]
+  ]
   languages = [str(c) for c in listed if str(c) in dictionary]
   if not languages:
     raise errors.DataError(

@@ -136,11 +136,18 @@ def _language(given: Any, langs: list[str], default: str) -> str:
 def check_tokenizer(folder: str) -> None:
   """ConfigError for a tokenizer this reading has not: M2M100's and NLLB-200's are read
   (data/fairseq_vocabulary.py; NLLB's checkpoints are M2M100's architecture)."""
-  tokenizer_class = read_json(os.path.join(folder, "tokenizer_config.json")).get("tokenizer_class")
+  where = os.path.join(folder, "tokenizer_config.json")
+  tok = read_json(where)
+  tokenizer_class = tok.get("tokenizer_class")
   if tokenizer_class and not str(tokenizer_class).startswith(("M2M100", "Nllb")):
     raise errors.ConfigError(
-      f"{folder}/tokenizer_config.json: tokenizer_class {tokenizer_class!r}; --mode=import reads "
+      f"{where}: tokenizer_class {tokenizer_class!r}; --mode=import reads "
       "an M2M100 model with M2M100's or NLLB-200's tokenizer."
+    )
+  if tok.get("legacy_behaviour") is True:
+    raise errors.ConfigError(
+      f"{where}: legacy_behaviour is true (NLLB's old layout, the language code after </s>); "
+      "--mode=import reads the code-first layout, NllbTokenizer's default."
     )
 
 

@@ -268,7 +268,8 @@ class MultiHeadAttention(Module):
     auto = self.implementation == "auto"
     if auto:
       narrow = query.shape[-1] != value.shape[-1]
-      kind = attention_choice.auto(self.dtype, self.dropout_rate > 0.0, narrow, step)
+      dropout = self.dropout_rate > 0.0
+      kind = attention_choice.auto(self.dtype, dropout, narrow, step, training=not deterministic)
     else:
       kind = attention_choice.explicit(self.implementation, step)
     out = None

@@ -9,9 +9,11 @@ and timed round-robin, the loss of 20 fixed steps within 1e-4 of the baseline's
   xla_gpu_enable_command_buffer=     no CUDA graphs: 1.288x with both, 1.278x without; the first
                                      timed round is no slower than the rest
 
-XLA reads XLA_FLAGS once, when JAX starts its first backend, so they are added to the environment
-when runtime/parallel.py is imported (before any command touches a device; a process that has
-started JAX already keeps what it started with), and only where JAX's CUDA plugin is installed
+They apply to every program of the process, decoding's too, which was not A/B'd under them (only
+the train step was). XLA reads XLA_FLAGS once, when JAX starts its first backend, so they are
+added to the environment when runtime/parallel.py is imported (before any command touches a
+device; in a process that has started JAX already, a notebook's say, nothing is changed, since
+it would not take effect), and only where JAX's CUDA plugin is installed
 (jax[cuda12], jax[cuda13]): elsewhere XLA_FLAGS is left as it was. A user's own setting of
 either flag, in XLA_FLAGS, wins; so does FLAXFORMER_NMT_XLA_DEFAULTS=0, which adds none. The flags
 are part of the key under which compiled programs are kept (runtime/executables.py), so a cached
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import MutableMapping
 
 GPU_DEFAULTS: dict[str, str] = {
@@ -44,13 +47,20 @@ def cuda_plugin_installed() -> bool:
   return any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13, 14))
 
 
+def jax_started() -> bool:
+  """Whether this process has started a JAX backend already (XLA_FLAGS is read then, once)."""
+  bridge = sys.modules.get("jax._src.xla_bridge")
+  started = getattr(bridge, "backends_are_initialized", None)
+  return bool(started and started())
+
+
 def apply_defaults(
   environ: MutableMapping[str, str] = os.environ, cuda: bool | None = None
 ) -> None:
   """Adds the defaults to `environ`'s XLA_FLAGS where `cuda` (default: the CUDA plugin is
-  installed), unless FLAXFORMER_NMT_XLA_DEFAULTS=0."""
+  installed and JAX not yet started), unless FLAXFORMER_NMT_XLA_DEFAULTS=0."""
   if cuda is None:
-    cuda = cuda_plugin_installed()
+    cuda = cuda_plugin_installed() and not jax_started()
   if not cuda or environ.get(OPT_OUT, "1") == "0":
     return
   environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))

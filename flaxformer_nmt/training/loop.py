@@ -80,8 +80,11 @@ def _same_config(saved_text: str | None, config: ml_collections.ConfigDict) -> b
       current_node.pop(name, None)
   for path in run_config.AUTO_MEANS_THE_RUNS:  # "auto" given to a run means the run's value
     saved_node, current_node, name = _groups(saved, current, path)
-    if current_node.get(name) == "auto" and name in saved_node:
-      current_node[name] = saved_node[name]
+    if current_node.get(name) == "auto":
+      if name in saved_node:
+        current_node[name] = saved_node[name]
+      else:  # saved before the field: model.attention was ours then, as "auto" now means
+        current_node.pop(name, None)
   return saved == current
 
 

@@ -8,6 +8,7 @@ an average in the old layout, averaged/<step>/.
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from flaxformer_nmt import api
@@ -54,5 +55,10 @@ def test_a_finished_run_saved_before_a_config_field_was_added_is_still_finished(
   assert not loop._same_config(saved, config)
   config = api.load_config("demo", {**helpers.saved_run_overrides(), "model.attention": "jax"})
   assert not loop._same_config(saved, config)
+  # Saved before model.attention existed: it computed with ours, which "auto" means for it.
+  older = json.loads(saved)
+  del older["model"]["attention"]
+  config = api.load_config("demo", helpers.saved_run_overrides())
+  assert loop._same_config(json.dumps(older, indent=2), config)
   config = api.load_config("demo", {**helpers.saved_run_overrides(), "num_train_steps": 13})
   assert not loop._same_config(saved, config)

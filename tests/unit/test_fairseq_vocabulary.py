@@ -90,3 +90,19 @@ def test_a_malformed_nllb_folder_is_one_line(folders, tmp_path, spoil, message):
   with pytest.raises(errors.DataError) as info:
     fairseq_vocabulary.FairseqVocabulary(str(folder))
   assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_codes_are_read_from_whichever_list_names_them(folders, tmp_path):
+  """transformers 4 lists the codes as additional_special_tokens, 5 as extra_special_tokens; a
+  dict under either name (named extra tokens) lists no code."""
+  root, _ = folders
+  folder = tmp_path / "nllb"
+  shutil.copytree(root / "nllb", folder)
+  config = {
+    "extra_special_tokens": {"image_token": "<x>"},
+    "additional_special_tokens": list(CODES),
+  }
+  (folder / "tokenizer_config.json").write_text(json.dumps(config))
+  assert fairseq_vocabulary.FairseqVocabulary(str(folder)).languages == list(CODES)
+  (folder / "tokenizer_config.json").write_text(json.dumps({"extra_special_tokens": list(CODES)}))
+  assert fairseq_vocabulary.FairseqVocabulary(str(folder)).languages == list(CODES)

@@ -120,6 +120,27 @@ def test_a_many_to_many_model_resolves_both_languages_with_its_defaults():
     directions.resolve_source(data, "pr")
 
 
+@pytest.mark.parametrize(
+  "given, closest",
+  [
+    ("es", "spa_Latn"),
+    ("ja", "jpn_Jpan"),
+    ("de", "deu_Latn"),
+    ("eng", "eng_Latn"),
+    ("zho", "zho_Hans"),
+  ],
+)
+def test_an_nllb_model_names_its_flores_code_for_a_two_letter_language(given, closest):
+  """NLLB-200's codes (FLORES-200's: ISO 639-3 and script): `es` is Spanish, spa_Latn, not
+  est_Latn (Estonian), which merely starts the same."""
+  data = _many().data
+  data.lang_tag_format = "{}"
+  data.languages = "est_Latn,spa_Latn,jav_Latn,jpn_Jpan,deu_Latn,eng_Latn,zho_Hans,zho_Hant"
+  data.src_lang, data.tgt_lang = "eng_Latn", "deu_Latn"
+  with pytest.raises(errors.ConfigError, match=rf"--target_lang={given}: .*\(closest: {closest}\)"):
+    directions.resolve_target(data, given)
+
+
 def test_other_models_take_source_lang_only_as_the_language_they_read():
   data = builders.base_config("tiny").data  # en-de
   assert directions.resolve_source(data, "en") is None

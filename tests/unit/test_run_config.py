@@ -159,7 +159,8 @@ def test_reconcile_takes_what_the_mode_may_change_and_refuses_the_rest():
 def test_the_attention_default_auto_keeps_an_older_runs_own_choice():
   """Runs saved when "ours" was the default resume and decode with ours under today's "auto";
   a run saved with "auto" keeps choosing per machine; "ours" given to an "auto" run is a change a
-  resumed run refuses and a decoding command may make."""
+  resumed run refuses and a decoding command may make; a run saved with "cudnn" resumes with it
+  and is decoded with "auto" (cuDNN's kernel is refused on a CPU)."""
   saved, given = loading.load("demo"), loading.load("demo")
   assert given.model.attention == "auto"
   saved.model.attention = "ours"
@@ -169,6 +170,11 @@ def test_the_attention_default_auto_keeps_an_older_runs_own_choice():
   assert run_config.reconcile(given, saved, "eval", "w").model.attention == "ours"
   with pytest.raises(errors.ConfigError, match="config.model.attention='ours' disagrees"):
     run_config.reconcile(given, saved, "train", "w")
+  # A run trained with cuDNN's kernel: resumed with it, decoded by whatever this machine has.
+  saved.model.attention, given.model.attention = "cudnn", "auto"
+  assert run_config.reconcile(given, saved, "train", "w").model.attention == "cudnn"
+  for mode in ("eval", "translate"):
+    assert run_config.reconcile(given, saved, mode, "w").model.attention == "auto"
 
 
 def test_resolve_dtype_records_what_auto_meant():
