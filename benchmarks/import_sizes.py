@@ -18,8 +18,8 @@ so theirs leaves that token's log-probability out too.
 The shapes (transformers' configs of these models, parameters counted with the tied embedding
 once): opus-mt-tc-big (Marian, d 1024, 16 heads, FFN 4096, 6+6, ReLU, 57,059 pieces),
 m2m100-418m (d 1024, 16 heads, FFN 4096, 12+12, 128,112 ids) and nllb-600m (NLLB-200 distilled
-600M's shape: M2M100's with 256,206 ids; its tokenizer here is M2M100's, as --mode=import does not
-read NLLB's yet). Last line: JSON.
+600M's shape: M2M100's with 256,206 ids; its tokenizer here is M2M100's, recorded before
+--mode=import read NLLB's). Last line: JSON.
 """
 
 from __future__ import annotations

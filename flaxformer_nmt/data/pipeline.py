@@ -123,7 +123,8 @@ def make_data(
   if dc.source == "none":  # an imported model's (importing/imported_run.py)
     raise errors.ConfigError(
       "config.data.source='none': an imported model has no data of its own; name yours: "
-      "--config.data.source=files --config.data.dir=DIR (docs/pretrained.md)."
+      "--config.data.source=files --config.data.dir=DIR --config.data.test_prefix=NAME "
+      "(DIR/NAME.<src> and .<tgt>; docs/pretrained.md)."
     )
   if num_devices is None:
     import jax  # pylint: disable=g-import-not-at-top  # keep the data side importable without jax
