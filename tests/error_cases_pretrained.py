@@ -128,6 +128,25 @@ PRETRAINED_CASES = [
     trained=False,
   ),
   Case(
+    "import of an M2M100 model with unscaled embeddings",
+    importing("m2m100-unscaled", model_type="m2m_100", scale_embedding=False),
+    "m2m100-unscaled/config.json: scale_embedding is false (unscaled embeddings); this model has "
+    "no such option",
+    trained=False,
+  ),
+  Case(
+    "import of an M2M100 model whose encoder and decoder differ in heads",
+    importing("m2m100-heads", model_type="m2m_100", decoder_attention_heads=4),
+    "the encoder and decoder have different numbers of attention heads",
+    trained=False,
+  ),
+  Case(
+    "import of an M2M100 model with an untied output projection",
+    importing("m2m100-untied", model_type="m2m_100", tie_word_embeddings=False),
+    "its output projection is not the embedding (tie_word_embeddings is false)",
+    trained=False,
+  ),
+  Case(
     "import of an NLLB-200 model in its old token layout",
     importing(
       "nllb-legacy",

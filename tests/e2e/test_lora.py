@@ -2,8 +2,9 @@
 
 What issue 62 asks of it: only the adapters train (checked leaf by leaf), the frozen weights hold
 no optimizer state, a run's saved parameters are the merged model that every other mode reads,
-averaging LoRA checkpoints averages their merged kernels (the mean of B.A, not of A and B), and
-stopping and resuming is bitwise the uninterrupted run.
+averaging LoRA checkpoints averages their merged kernels (the mean of B.A, not of A and B),
+CTranslate2's export translates as the merged model, and stopping and resuming is bitwise the
+uninterrupted run (killed with SIGKILL: tests/e2e/test_resume.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from flax import traverse_util
 
 from flaxformer_nmt import errors, modes
 from flaxformer_nmt.checkpoints import averaging, reader
+from flaxformer_nmt.data import demo
 from flaxformer_nmt.data import pipeline as data_lib
 from flaxformer_nmt.data.tokenizer import Tokenizer
+from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.runtime import parallel
@@ -94,6 +97,25 @@ def test_only_the_adapters_train_and_the_saved_params_are_the_merged_model(train
   saved, description = helpers.load_params(config, work, "latest")
   assert description.startswith("step3")
   helpers.assert_trees_equal(saved, end.params)
+  # CTranslate2's export is the merged model too: greedy, line for line our output.
+  import ctranslate2  # pylint: disable=g-import-not-at-top  # the [test] extra has it
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  out = tmp_path / "ct2"
+  modes.export(config, str(work), "latest", "ctranslate2", str(out), "float32")
+  sources = [s for s, _ in demo.make_demo_split("test", 12, 0)]
+  ours = Session(components, end.params).translate_with(sources, 1)
+  sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+  translator = ctranslate2.Translator(str(out), device="cpu")
+  for line, want in zip(sources, ours, strict=True):
+    pieces = sp.encode(line, out_type=str)
+    cap = len(pieces) + 1 + config.decode.max_len_offset  # our output cap
+    (result,) = translator.translate_batch([pieces], beam_size=1, max_decoding_length=cap)
+    assert sp.decode(result.hypotheses[0]) == want
+  assert len(set(ours)) > 1
+  # ...and not the source's: 3 steps moved the output, so unmerged kernels would show.
+  source_params = traverse_util.unflatten_dict(wanted)
+  assert Session(components, source_params).translate_with(sources, 1) != ours
 
 
 def test_averaging_lora_checkpoints_averages_the_merged_kernels(trained_demo, tmp_path):

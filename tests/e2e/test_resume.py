@@ -200,9 +200,26 @@ def trainer_float16(tmp_path_factory) -> Trainer:
   return _trainer_with_reference(tmp_path_factory, "resume16", tuple(FLOAT16))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.fixture(scope="module")
+def trainer_lora(tmp_path_factory, trainer) -> Trainer:
+  """LoRA fine-tuning of the float32 reference (rank 2 on q, k, v, o; no EMA, which LoRA refuses;
+  the vocabulary is the source's, adopted by init_from)."""
+  base = tmp_path_factory.mktemp("resume_lora")
+  extra = (
+    f"--config.init_from={trainer.reference}",
+    "--config.optim.lora_rank=2",
+    "--config.optim.ema_decay=0.0",
+  )
+  lora = Trainer(base, jax_caches.session_of(tmp_path_factory), extra)
+  proc = lora.start(lora.reference, f"--config.num_train_steps={TOTAL}")
+  assert lora.finish(proc, lora.reference) == 0, lora.log(lora.reference)[-4000:]
+  return lora
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "lora"])
 def test_kill9_at_random_steps_then_resume_is_bitwise_identical(request, dtype, tmp_path):
-  trainer = request.getfixturevalue("trainer" if dtype == "float32" else "trainer_float16")
+  fixture = {"float32": "trainer", "float16": "trainer_float16", "lora": "trainer_lora"}[dtype]
+  trainer = request.getfixturevalue(fixture)
   workdir = tmp_path / "killed"
   rng = random.Random(int(os.environ.get("RESUME_TEST_SEED", "0")))
   # From step 5 on, checkpoint 2 is surely committed, so every segment after the first resumes.
@@ -229,7 +246,11 @@ def test_kill9_at_random_steps_then_resume_is_bitwise_identical(request, dtype, 
   want_state, want_data = _read(trainer.reference, TOTAL)
   got_state, got_data = _read(workdir, TOTAL)
   assert got_data == want_data
-  assert "ema" in want_state["opt_state"]["1"]  # the EMA is compared bit for bit too
+  if dtype == "lora":  # the adapters, W0 and the adapters' moments are compared bit for bit
+    assert set(want_state["lora"]) == {"base", "adapters"}
+    assert "ema" not in want_state["opt_state"]["1"]
+  else:
+    assert "ema" in want_state["opt_state"]["1"]  # the EMA is compared bit for bit too
   if dtype == "float16":  # the loss scale too, after it moved both ways
     scales = [r["loss_scale"] for r in _metrics(trainer.reference)]
     assert any(b < a for a, b in zip(scales, scales[1:], strict=False))
