@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from flaxformer_nmt import errors, modes
+from flaxformer_nmt import api, errors, modes
 from flaxformer_nmt.checkpoints import averaging, reader
 from flaxformer_nmt.data import demo
 from flaxformer_nmt.data import pipeline as data_lib
@@ -173,3 +173,19 @@ def test_a_stopped_and_resumed_lora_run_is_the_uninterrupted_run_bitwise(trained
   b = reader.CheckpointDir(split.checkpoints).read(6, template)[0]
   assert set(a) >= {"params", "opt_state", "lora"}
   helpers.assert_trees_equal(a, b)
+  # Translate from the command line and through the API (what the server loads too) on the LoRA
+  # run: its merged parameters, the same lines.
+  session = api.load(str(whole.path), checkpoint="latest", overrides={"decode.beam_size": 1})
+  helpers.assert_trees_equal(jax.device_get(session.params), a["params"])
+  lines = [s for s, _ in demo.make_demo_split("test", 6, 0)]
+  (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+  proc = helpers.run_main(
+    f"--workdir={whole.path}",
+    "--mode=translate",
+    "--checkpoint=latest",
+    "--config.decode.beam_size=1",
+    f"--input={tmp_path / 'in.txt'}",
+    "--output=-",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.splitlines()[: len(lines)] == session.translate(lines)

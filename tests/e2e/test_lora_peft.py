@@ -2,7 +2,8 @@
 random Marian, tests/marian_models.py) imported, LoRA-fine-tuned on every target for a few
 steps, its adapters exported with --format=peft and loaded by `peft.PeftModel.from_pretrained`
 onto the transformers model it was imported from. Issue 62 asks: PEFT's scores equal ours within
-1e-4, and the merged export (--format=huggingface) equals the unmerged PEFT model within 1e-5.
+1e-4, and the merged export (--format=huggingface) equals the unmerged PEFT model within 1e-5;
+the adapters loaded onto our own --format=huggingface export of the base score as ours too.
 """
 
 from __future__ import annotations
@@ -88,3 +89,17 @@ def test_peft_loads_our_adapters_onto_the_imported_model_and_scores_as_ours(tmp_
   print(f"PEFT vs ours {to_ours:.2e}, vs the merged export {to_merged:.2e}; adapters moved {moved}")
   assert moved > 1e-2  # the adapters change the model: the comparisons below can fail
   assert to_ours < 1e-4 and to_merged < 1e-5
+  # The same adapters onto our own transformers export of the base run (not the folder it was
+  # imported from): what a user without the original folder loads them onto.
+  exported_base = tmp_path / "base"
+  proc = helpers.run_main(
+    f"--workdir={run}", "--mode=export", "--format=huggingface", f"--output={exported_base}"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  base_again = MarianMTModel.from_pretrained(exported_base).double().eval()
+  on_export = PeftModel.from_pretrained(base_again, str(adapters)).double().eval()
+  to_ours_on_export = float(
+    np.abs(np.subtract(_log_probs(on_export, tokenizer, sources, targets), ours)).max()
+  )
+  print(f"PEFT on our export of the base vs ours {to_ours_on_export:.2e}")
+  assert to_ours_on_export < 1e-4
