@@ -78,7 +78,6 @@ def test_an_imported_m2m100_translates_as_transformers_generates(tmp_path):
   vocabulary, so the comparison is of tokens, not of two decoders' spellings."""
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import (  # pylint: disable=g-import-not-at-top
-    M2M100ForConditionalGeneration,
     M2M100Tokenizer,
   )
 
@@ -86,35 +85,12 @@ def test_an_imported_m2m100_translates_as_transformers_generates(tmp_path):
   model = m2m100_models.tiny_m2m100(folder, encoder_layers=2, decoder_layers=2, seed=1)
   api.import_model(str(folder), str(tmp_path / "run"))
   session = api.load(str(tmp_path / "run"), overrides={"decode.method": "greedy"})
-  vocab = session.components.tokenizer
-  ours_of = np.argsort(vocab.fairseq_ids)  # fairseq id -> ours
   lines = [s for s, _ in marian_models.demo_pairs("test", 40)]
   for tgt in ("de", "fr"):
-    ours = session.translate(lines, target_lang=tgt)
     tokenizer = M2M100Tokenizer.from_pretrained(folder, src_lang="en", tgt_lang=tgt)
-    theirs = []
-    with torch.no_grad():
-      for line in lines:
-        batch = tokenizer([line], return_tensors="pt")
-        out = model.generate(
-          **batch,
-          num_beams=1,
-          do_sample=False,
-          forced_bos_token_id=tokenizer.get_lang_id(tgt),
-          suppress_tokens=[model.config.pad_token_id],
-          max_new_tokens=batch["input_ids"].shape[1] + 50,  # our decode.max_len_offset
-        )
-        assert int(out[0][1]) == tokenizer.get_lang_id(tgt)
-        theirs.append(vocab.decode([int(ours_of[int(i)]) for i in out[0][1:]]))
-    agree = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(lines)
-    print(f"M2M100 greedy into {tgt}: {agree:.1%} of 40 lines equal to transformers' generate")
-    assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs, strict=True) if a != b][:3]
+    _greedy_as_generate(model, tokenizer, session, lines, tgt, tokenizer.get_lang_id(tgt))
   # Exported back: transformers loads every weight, and its tokenizer reads the files.
-  api.export(None, str(tmp_path / "run"), str(tmp_path / "hf"), fmt="huggingface")
-  again, info = M2M100ForConditionalGeneration.from_pretrained(
-    tmp_path / "hf", output_loading_info=True
-  )
-  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  again = _exported(tmp_path)
   tokenizer = M2M100Tokenizer.from_pretrained(tmp_path / "hf", src_lang="en", tgt_lang="de")
   batch = tokenizer(lines[:3], return_tensors="pt", padding=True)
   settings = dict(num_beams=1, max_new_tokens=30, suppress_tokens=[1], do_sample=False)
@@ -130,9 +106,7 @@ def test_an_nllb_model_scores_tokenizes_and_generates_as_transformers(tmp_path):
   (renumbered) on 40 pairs, teacher-forced scores within 1e-4, and greedy with the target code
   forced equal to generate(forced_bos_token_id=...) on >= 95% of 40 lines into two languages;
   the export's tokenizer reads the same ids and transformers loads every weight."""
-  import torch  # pylint: disable=g-import-not-at-top
   from transformers import (  # pylint: disable=g-import-not-at-top
-    M2M100ForConditionalGeneration,
     NllbTokenizer,
   )
 
@@ -141,7 +115,6 @@ def test_an_nllb_model_scores_tokenizes_and_generates_as_transformers(tmp_path):
   api.import_model(str(folder), str(tmp_path / "run"))
   session = api.load(str(tmp_path / "run"), overrides={"decode.method": "greedy"})
   vocab = session.components.tokenizer
-  ours_of = np.argsort(vocab.fairseq_ids)  # fairseq id -> ours
   pairs = marian_models.demo_pairs("test", 40)
   sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
   eng, deu = vocab.language_id("eng_Latn"), vocab.language_id("deu_Latn")
@@ -159,29 +132,52 @@ def test_an_nllb_model_scores_tokenizes_and_generates_as_transformers(tmp_path):
   print(f"NLLB: largest |difference| {diffs.max():.3g}")
   assert diffs.max() < 1e-4, diffs.max()
   for code in ("deu_Latn", "fra_Latn"):
-    ours = session.translate(sources, target_lang=code)
-    forced = tokenizer.convert_tokens_to_ids(code)
-    theirs = []
-    with torch.no_grad():
-      for line in sources:
-        inputs = tokenizer([line], return_tensors="pt")
-        out = model.generate(
-          **inputs,
-          num_beams=1,
-          do_sample=False,
-          forced_bos_token_id=forced,
-          suppress_tokens=[model.config.pad_token_id],
-          max_new_tokens=inputs["input_ids"].shape[1] + 50,  # our decode.max_len_offset
-        )
-        assert int(out[0][1]) == forced
-        theirs.append(vocab.decode([int(ours_of[int(i)]) for i in out[0][1:]]))
-    agree = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(sources)
-    print(f"NLLB greedy into {code}: {agree:.1%} of 40 lines equal to transformers' generate")
-    assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs, strict=True) if a != b][:3]
+    _greedy_as_generate(
+      model, tokenizer, session, sources, code, tokenizer.convert_tokens_to_ids(code)
+    )
+  _exported(tmp_path)
+  exported = NllbTokenizer.from_pretrained(tmp_path / "hf", src_lang="eng_Latn")
+  assert exported(sources[:5])["input_ids"] == batch["input_ids"][:5]
+
+
+def _greedy_as_generate(model, tokenizer, session, lines, lang: str, forced: int) -> None:
+  """Our greedy translations into `lang` (its token forced first) against transformers'
+  generate(forced_bos_token_id=forced) on >= 95% of `lines`. transformers may output `<pad>` (a
+  random model's zero row can win); fairseq's search, and ours, never do, so generate is told so
+  (suppress_tokens). Its ids are read back through our vocabulary, so the comparison is of
+  tokens, not of two decoders' spellings."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  vocab = session.components.tokenizer
+  ours_of = np.argsort(vocab.fairseq_ids)  # fairseq id -> ours
+  ours = session.translate(lines, target_lang=lang)
+  theirs = []
+  with torch.no_grad():
+    for line in lines:
+      batch = tokenizer([line], return_tensors="pt")
+      out = model.generate(
+        **batch,
+        num_beams=1,
+        do_sample=False,
+        forced_bos_token_id=forced,
+        suppress_tokens=[model.config.pad_token_id],
+        max_new_tokens=batch["input_ids"].shape[1] + 50,  # our decode.max_len_offset
+      )
+      assert int(out[0][1]) == forced
+      theirs.append(vocab.decode([int(ours_of[int(i)]) for i in out[0][1:]]))
+  agree = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(lines)
+  print(f"greedy into {lang}: {agree:.1%} of {len(lines)} lines equal to transformers' generate")
+  assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs, strict=True) if a != b][:3]
+
+
+def _exported(tmp_path):
+  """The run at tmp_path/run exported to tmp_path/hf and loaded by transformers, every weight
+  found and none left over."""
+  from transformers import M2M100ForConditionalGeneration  # pylint: disable=g-import-not-at-top
+
   api.export(None, str(tmp_path / "run"), str(tmp_path / "hf"), fmt="huggingface")
   again, info = M2M100ForConditionalGeneration.from_pretrained(
     tmp_path / "hf", output_loading_info=True
   )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
-  exported = NllbTokenizer.from_pretrained(tmp_path / "hf", src_lang="eng_Latn")
-  assert exported(sources[:5])["input_ids"] == batch["input_ids"][:5]
+  return again
