@@ -113,16 +113,7 @@ PRETRAINED_CASES = [
   Case(
     "import of an M2M100 model with another tokenizer",
     # M2M100's architecture with a tokenizer neither M2M100's nor NLLB-200's.
-    importing(
-      "m2m100-t5-tokenizer",
-      {"tokenizer_class": "T5Tokenizer"},
-      model_type="m2m_100",
-      vocab_size=32128,
-      d_model=512,
-      encoder_layers=6,
-      decoder_layers=6,
-      encoder_ffn_dim=2048,
-    ),
+    importing("m2m100-t5-tokenizer", {"tokenizer_class": "T5Tokenizer"}, model_type="m2m_100"),
     "tokenizer_class 'T5Tokenizer'; --mode=import reads an M2M100 model with M2M100's or "
     "NLLB-200's tokenizer",
     trained=False,
@@ -148,15 +139,11 @@ PRETRAINED_CASES = [
   ),
   Case(
     "import of an NLLB-200 model in its old token layout",
+    # Refused from tokenizer_config.json alone, before config.json's sizes are read.
     importing(
       "nllb-legacy",
       {"tokenizer_class": "NllbTokenizer", "legacy_behaviour": True},
       model_type="m2m_100",
-      vocab_size=256206,
-      d_model=1024,
-      encoder_layers=12,
-      decoder_layers=12,
-      encoder_ffn_dim=4096,
     ),
     "legacy_behaviour is true (NLLB's old layout, the language code after </s>)",
     trained=False,

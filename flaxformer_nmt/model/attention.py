@@ -268,8 +268,8 @@ class MultiHeadAttention(Module):
     auto = self.implementation == "auto"
     if auto:
       narrow = query.shape[-1] != value.shape[-1]
-      dropout = self.dropout_rate > 0.0
-      kind = attention_choice.auto(self.dtype, dropout, narrow, step, training=not deterministic)
+      has_dropout = self.dropout_rate > 0.0  # (not `dropout`: layers.dropout is used above)
+      kind = attention_choice.auto(self.dtype, has_dropout, narrow, step, not deterministic)
     else:
       kind = attention_choice.explicit(self.implementation, step)
     out = None

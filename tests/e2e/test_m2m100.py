@@ -26,6 +26,28 @@ import marian_models
 pytestmark = [pytest.mark.hf, pytest.mark.xdist_group("pretrained")]
 
 
+def _pairs_as_ids(vocab, src_lang: str, tgt_lang: str):
+  """40 demo test pairs, and our ids of each side as the model reads them: the language's token,
+  the pieces, EOS."""
+  pairs = marian_models.demo_pairs("test", 40)
+  sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+  first, second = vocab.language_id(src_lang), vocab.language_id(tgt_lang)
+  src = [[first, *vocab.encode(s), EOS_ID] for s in sources]
+  tgt = [[second, *vocab.encode_target(t), EOS_ID] for t in targets]
+  return sources, targets, src, tgt
+
+
+def _scores_as_transformers(
+  cfg, params, folder, sources, targets, src, tgt, src_lang, tgt_lang, name
+):
+  """Our teacher-forced totals of `src` -> `tgt` within 1e-4 per sentence of transformers' own."""
+  mine, _ = scoring.token_log_probs(Transformer(cfg), params, _padded(src), _padded(tgt))
+  theirs = m2m100_models.teacher_forced_log_probs(folder, sources, targets, src_lang, tgt_lang)
+  diffs = np.abs(np.asarray(mine) - np.asarray(theirs))
+  print(f"{name}: largest |difference| {diffs.max():.3g}")
+  assert diffs.max() < 1e-4, diffs.max()
+
+
 def _padded(rows: list[list[int]]) -> np.ndarray:
   width = max(map(len, rows))
   return np.asarray([r + [0] * (width - len(r)) for r in rows], np.int32)
@@ -41,11 +63,7 @@ def test_m2m100_scores_as_transformers(tmp_path, encoder_layers, decoder_layers)
   m = model.config.model
   assert (m.pre_ln, m.positional, m.decoder_start, m.logits_bias) == (True, "m2m100", "eos", False)
   vocab = model.vocabulary
-  pairs = marian_models.demo_pairs("test", 40)
-  sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
-  en, de = vocab.language_id("en"), vocab.language_id("de")
-  src = [[en, *vocab.encode(s), EOS_ID] for s in sources]
-  tgt = [[de, *vocab.encode_target(t), EOS_ID] for t in targets]
+  sources, targets, src, tgt = _pairs_as_ids(vocab, "en", "de")
   # Our ids are M2M100Tokenizer's, renumbered.
   tokenizer = M2M100Tokenizer.from_pretrained(folder, src_lang="en", tgt_lang="de")
   batch = tokenizer(sources[:5], text_target=targets[:5])
@@ -55,11 +73,8 @@ def test_m2m100_scores_as_transformers(tmp_path, encoder_layers, decoder_layers)
   text = tokenizer.decode(batch["labels"][0][1:], skip_special_tokens=True)
   assert vocab.decode(tgt[0]) == text and text == targets[0]
   cfg = TransformerConfig.from_config(m, vocab.vocab_size)
-  mine, _ = scoring.token_log_probs(Transformer(cfg), model.params, _padded(src), _padded(tgt))
-  theirs = m2m100_models.teacher_forced_log_probs(folder, sources, targets, "en", "de")
-  diffs = np.abs(np.asarray(mine) - np.asarray(theirs))
-  print(f"M2M100 {encoder_layers}/{decoder_layers}: largest |difference| {diffs.max():.3g}")
-  assert diffs.max() < 1e-4, diffs.max()
+  scored = (folder, sources, targets, src, tgt, "en", "de")
+  _scores_as_transformers(cfg, model.params, *scored, f"M2M100 {encoder_layers}/{decoder_layers}")
   # And back out: every weight transformers saved, bitwise.
   sd = state_dict(str(folder))
   out = m2m100.to_m2m100(
@@ -115,22 +130,14 @@ def test_an_nllb_model_scores_tokenizes_and_generates_as_transformers(tmp_path):
   api.import_model(str(folder), str(tmp_path / "run"))
   session = api.load(str(tmp_path / "run"), overrides={"decode.method": "greedy"})
   vocab = session.components.tokenizer
-  pairs = marian_models.demo_pairs("test", 40)
-  sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
-  eng, deu = vocab.language_id("eng_Latn"), vocab.language_id("deu_Latn")
-  src = [[eng, *vocab.encode(s), EOS_ID] for s in sources]
-  tgt = [[deu, *vocab.encode_target(t), EOS_ID] for t in targets]
+  sources, targets, src, tgt = _pairs_as_ids(vocab, "eng_Latn", "deu_Latn")
   tokenizer = NllbTokenizer.from_pretrained(folder, src_lang="eng_Latn", tgt_lang="deu_Latn")
   batch = tokenizer(sources, text_target=targets)
   for ours, theirs in zip(src + tgt, batch["input_ids"] + batch["labels"], strict=True):
     assert [int(vocab.fairseq_ids[i]) for i in ours] == theirs
-  m = session.config.model
-  cfg = TransformerConfig.from_config(m, vocab.vocab_size)
-  mine, _ = scoring.token_log_probs(Transformer(cfg), session.params, _padded(src), _padded(tgt))
-  theirs = m2m100_models.teacher_forced_log_probs(folder, sources, targets, "eng_Latn", "deu_Latn")
-  diffs = np.abs(np.asarray(mine) - np.asarray(theirs))
-  print(f"NLLB: largest |difference| {diffs.max():.3g}")
-  assert diffs.max() < 1e-4, diffs.max()
+  cfg = TransformerConfig.from_config(session.config.model, vocab.vocab_size)
+  scored = (folder, sources, targets, src, tgt, "eng_Latn", "deu_Latn")
+  _scores_as_transformers(cfg, session.params, *scored, "NLLB")
   for code in ("deu_Latn", "fra_Latn"):
     _greedy_as_generate(
       model, tokenizer, session, sources, code, tokenizer.convert_tokens_to_ids(code)
