@@ -90,6 +90,18 @@ PRETRAINED_CASES = [
     "'wq' is not a LoRA target",
   ),
   Case(
+    "LoRA dropout without adapters",
+    in_trained("--config=configs/demo.py", "--config.optim.lora_dropout=0.1"),
+    "config.optim.lora_dropout=0.1 drops out the adapters' inputs, but config.optim.lora_rank=0",
+  ),
+  Case(
+    "LoRA dropout outside [0, 1)",
+    in_trained(
+      "--config=configs/demo.py", "--config.optim.lora_rank=8", "--config.optim.lora_dropout=1.0"
+    ),
+    "config.optim.lora_dropout must be in [0, 1), got 1.0.",
+  ),
+  Case(
     "LoRA with a parameter average",
     fine_tuning("{trained}", "--config.optim.lora_rank=8", "--config.optim.ema_decay=0.9"),
     "a parameter average of the adapters is not the average of the merged models",

@@ -223,11 +223,20 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_lora(config: ml_collections.ConfigDict) -> None:
-  """config.optim.lora_*: a rank, a positive alpha, known targets, no EMA. (That a new LoRA run
+  """config.optim.lora_*: a rank, a positive alpha, known targets, a dropout rate only with
+  adapters, no EMA. (That a new LoRA run
   names a model to adapt is training/loop.py's check: a resumed one needs none.)"""
   o = config.optim
   _at_least(config, "optim.lora_rank", 0)
+  lora_dropout = o.get("lora_dropout", 0.0)  # absent from configs saved before it existed
+  if "lora_dropout" in o:
+    _in_unit(config, "optim.lora_dropout")
   if not o.lora_rank:
+    if lora_dropout:
+      _fail(
+        f"config.optim.lora_dropout={lora_dropout:g} drops out the adapters' inputs, but "
+        "config.optim.lora_rank=0 trains none: set lora_rank > 0 (with init_from), or leave it 0."
+      )
     return
   if _get(config, "optim.lora_alpha") <= 0:
     _fail(f"config.optim.lora_alpha must be > 0, got {o.lora_alpha!r}.")

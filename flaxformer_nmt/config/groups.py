@@ -36,10 +36,12 @@ def optim_config() -> ml_collections.ConfigDict:
       # > 0: fine-tune low-rank adapters of this rank instead of every parameter (LoRA,
       # training/lora.py): each targeted kernel W trains as W0 + (lora_alpha / lora_rank) * A @ B
       # with W0 frozen; needs config.init_from (the model to adapt). lora_targets: which kernels,
-      # of q, k, v, o (every attention's projections) and ffn_in, ffn_out.
+      # of q, k, v, o (every attention's projections) and ffn_in, ffn_out. lora_dropout: dropout
+      # on the adapters' inputs only (PEFT's lora_dropout; the model's own dropout applies too).
       lora_rank=0,
       lora_alpha=16.0,
       lora_targets="q,k,v,o",
+      lora_dropout=0.0,
     )
   )
 

@@ -79,6 +79,7 @@ ADDED_FIELDS: dict[str, object] = {
   "optim.lora_rank": 0,
   "optim.lora_alpha": 16.0,
   "optim.lora_targets": "q,k,v,o",
+  "optim.lora_dropout": 0.0,
   "eval.max_test_sentences": 0,
   "eval.bleu_protocol": "",  # a published BLEU protocol beside the others (decoding/bleu.py)
 }
@@ -145,6 +146,7 @@ KINDS: dict[str, str] = {
   "model.dropout_rate": DECODING,
   "model.attention_dropout_rate": DECODING,
   "model.relu_dropout_rate": DECODING,
+  "optim.lora_dropout": DECODING,
   "data.tokens_per_batch": DECODING,
   "model.remat": RESUME,
   # --- the optimizer: today's rules (training/state.check_resume_fits)

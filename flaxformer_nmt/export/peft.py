@@ -5,8 +5,9 @@ run's frozen weights W0: its `config.init_from` source exported with `--format=h
 source's parameters are W0 bit for bit, training/lora.py). The folder holds:
 
 - adapter_config.json: LoRA's rank, alpha and targets under transformers' module names (q_proj,
-  k_proj, v_proj, out_proj, fc1, fc2: PEFT has no default target list for Marian or M2M100), no
-  dropout, `base_model_name_or_path` the source as the run recorded it;
+  k_proj, v_proj, out_proj, fc1, fc2: PEFT has no default target list for Marian or M2M100), the
+  run's `lora_dropout` (which PEFT, like us, applies in training only),
+  `base_model_name_or_path` the source as the run recorded it;
 - adapter_model.safetensors: lora_A.weight [r, in] and lora_B.weight [out, r] per adapted module,
   under PEFT's saved names (`base_model.model.` + the module's name in the model's state dict).
   Our A [in, r] and B [r, out] are transposed, and their residual-stream side reordered exactly as
@@ -126,7 +127,7 @@ def adapter_config(o: ml_collections.ConfigDict, base: str) -> dict[str, Any]:
     "base_model_name_or_path": base,
     "r": int(o.lora_rank),
     "lora_alpha": float(o.lora_alpha),
-    "lora_dropout": 0.0,
+    "lora_dropout": float(o.get("lora_dropout", 0.0)),  # PEFT's, as ours: training only
     "target_modules": sorted(lora.HF_MODULES[t] for t in targets),
     "bias": "none",
     "fan_in_fan_out": False,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flaxformer_nmt.model import attention_choice
-from flaxformer_nmt.model.layers import Module, dropout, einsum_f32
+from flaxformer_nmt.model.layers import Module, dropout, einsum_f32, lora_dropout_term
 
 Array = jax.Array
 Dtype = Any
@@ -174,6 +174,7 @@ class MultiHeadAttention(Module):
   # Biases on the four projections (`<name>_bias`, zeros at init): the paper has none; Marian and
   # BART models have them (transformers' MarianAttention: nn.Linear(..., bias=True)).
   use_bias: bool = False
+  lora_dropout: float = 0.0  # a LoRA run's adapter-input dropout (layers.lora_dropout_term)
 
   @nn.compact
   def __call__(
@@ -194,41 +195,53 @@ class MultiHeadAttention(Module):
     d_qk = n * (self.d_k or d // n)  # the width of all heads' queries (and keys) together
     # Xavier over (fan_in, fan_out) of each unsplit matrix, as the paper's W's.
     shapes = {"query": (d, d_qk), "key": (d, d_qk), "value": (d, d), "out": (d, d)}
-    w_q, w_k, w_v, w_o = (self.param(name, self.kernel_init, shapes[name]) for name in _PROJECTIONS)
-    w_o = w_o.astype(self.dtype)
-    biases: dict[int, Array] = {}  # by id() of the weight it belongs to
+    w = {name: self.param(name, self.kernel_init, shapes[name]) for name in _PROJECTIONS}
+    w_o = w["out"].astype(self.dtype)
+    biases: dict[str, Array] = {}
     b_o = None
     if self.use_bias:
       zeros = nn.initializers.zeros
-      for name, w in zip(_PROJECTIONS[:3], (w_q, w_k, w_v), strict=True):
-        biases[id(w)] = self.param(f"{name}_bias", zeros, (shapes[name][1],))
+      for name in _PROJECTIONS[:3]:
+        biases[name] = self.param(f"{name}_bias", zeros, (shapes[name][1],))
       b_o = self.param("out_bias", zeros, (d,))
 
+    def lora_term(name: str, x: Array) -> Array | None:
+      return lora_dropout_term(
+        self, name, x, self.lora_dropout, self.dropout_kind, deterministic or decode
+      )
+
     # The residual stream is float32; the products run in self.dtype (e.g. bfloat16).
-    def project(x: Array, *weights: Array) -> list[Array]:
+    def project(x: Array, *names: str) -> list[Array]:
       # x: [B, S, D] -> one [B, S, N, H] array per weight (H its width / N), from one product.
-      w = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, sum of the widths]
-      out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), w)  # [B, S, sum of the widths]
+      weights = [w[name] for name in names]
+      joined = jnp.concatenate(weights, axis=1).astype(self.dtype)  # [D, sum of the widths]
+      out = jnp.einsum("BSD,DE->BSE", x.astype(self.dtype), joined)  # [B, S, sum of the widths]
       if biases:
-        out = out + jnp.concatenate([biases[id(weight)] for weight in weights]).astype(out.dtype)
+        out = out + jnp.concatenate([biases[name] for name in names]).astype(out.dtype)
       ends = np.cumsum([weight.shape[1] for weight in weights])[:-1]
-      return [p.reshape(*x.shape[:2], n, -1) for p in jnp.split(out, ends, axis=-1)]
+      parts = jnp.split(out, ends, axis=-1)  # [B, S, width] each
+      for i, name in enumerate(names):
+        if (term := lora_term(name, x)) is not None:
+          parts[i] = parts[i] + term.astype(out.dtype)
+      return [p.reshape(*x.shape[:2], n, -1) for p in parts]
 
     def output(heads: Array) -> Array:
       # [B, T, D] (heads concatenated) -> [B, T, D]
       out = heads @ w_o
+      if (term := lora_term("out", heads)) is not None:
+        out = out + term.astype(out.dtype)
       return out if b_o is None else out + b_o.astype(out.dtype)
 
     if inputs_kv is inputs_q and not cross:
-      query, key, value = project(inputs_q, w_q, w_k, w_v)
+      query, key, value = project(inputs_q, "query", "key", "value")
     else:
-      (query,) = project(inputs_q, w_q)
+      (query,) = project(inputs_q, "query")
       key = value = None  # projected below, except where the cache already holds them
 
     if decode and cross:
-      key, value = self._cached_cross_kv(inputs_kv, lambda kv: tuple(project(kv, w_k, w_v)))
+      key, value = self._cached_cross_kv(inputs_kv, lambda kv: tuple(project(kv, "key", "value")))
     elif key is None:
-      key, value = project(inputs_kv, w_k, w_v)  # [B, S, N, H]
+      key, value = project(inputs_kv, "key", "value")  # [B, S, N, H]
     if decode and not cross and self.has_variable("cache", "cached_key"):
       out = self._cached_self_attention(query, key, value, mask)  # [B, 1, N, H]
       return output(out.reshape(query.shape[0], -1, d))

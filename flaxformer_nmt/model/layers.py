@@ -179,6 +179,33 @@ class Dropout(nn.Module):
     return dropout(x, self.rate, self.make_rng("dropout"), self.rng_kind)
 
 
+# The collection a LoRA run's train step passes when `optim.lora_dropout` > 0 (training/lora.py
+# `dropout_inputs`): per adapted kernel {"a": A [d_in, r], "b": s * B [r, d_out]}, nested as the
+# params (a Dense child's under its "kernel").
+LORA_COLLECTION = "lora"
+
+
+def lora_dropout_term(
+  module: nn.Module, name: str, x: Array, rate: float, kind: str, deterministic: bool
+) -> Array | None:
+  """PEFT's `lora_dropout` on a merged kernel: what to add to x @ W for the kernel `name`.
+
+  A LoRA run keeps each adapted kernel merged, W = W0 + s A B (training/lora.py), so the model
+  needs no adapter path of its own. PEFT drops out the adapter path's input only:
+  x W0 + s drop(x) A B, which is x W + s (drop(x) - x) A B. This returns that second term
+  ([..., d_out], float32), drawn from the module's "dropout" keys, or None where there is none
+  to add: in evaluation and decoding, at rate 0, or for a kernel without adapters. The gradient
+  reaches A and B through both terms, so it is PEFT's.
+  """
+  if deterministic or rate == 0.0 or not module.has_variable(LORA_COLLECTION, name):
+    return None
+  adapter = module.get_variable(LORA_COLLECTION, name)
+  adapter = adapter.get("kernel", adapter)  # a Dense child's adapters sit under its kernel
+  dropped = dropout(x, rate, module.make_rng("dropout"), kind) - x  # [..., d_in]
+  low = jnp.einsum("...i,ir->...r", dropped.astype(jnp.float32), adapter["a"])  # [..., r]
+  return jnp.einsum("...r,ro->...o", low, adapter["b"])  # [..., d_out]
+
+
 # ----------------------------------------------------------------------------------------------
 # Positional encodings.
 
@@ -288,12 +315,20 @@ class FeedForward(Module):
   dtype: Dtype = jnp.float32
   dropout_kind: str = "threefry16"  # choices.DROPOUT_RNGS
   activation: str = "relu"  # a key of ACTIVATIONS
+  lora_dropout: float = 0.0  # a LoRA run's adapter-input dropout (`lora_dropout_term`)
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
     # x: [B, T, D]
     init = nn.initializers.xavier_uniform()
-    h = Dense(self.d_ff, dtype=self.dtype, kernel_init=init, name="wi")(x)
-    h = ACTIVATIONS[self.activation](h)  # [B, T, F]
+
+    def dense(width: int, name: str, inputs: Array) -> Array:
+      out = Dense(width, dtype=self.dtype, kernel_init=init, name=name)(inputs)
+      term = lora_dropout_term(
+        self, name, inputs, self.lora_dropout, self.dropout_kind, deterministic
+      )
+      return out if term is None else out + term.astype(out.dtype)
+
+    h = ACTIVATIONS[self.activation](dense(self.d_ff, "wi", x))  # [B, T, F]
     h = Dropout(self.relu_dropout_rate, self.dropout_kind)(h, deterministic=deterministic)
-    return Dense(self.d_model, dtype=self.dtype, kernel_init=init, name="wo")(h)
+    return dense(self.d_model, "wo", h)

@@ -69,6 +69,9 @@ class TransformerConfig:
   # The decoder's first input (choices.DECODER_STARTS): "pad" (PAD_ID, the paper runs'), or "eos"
   # (EOS_ID: fairseq's and M2M100's `</s>`, transformers' decoder_start_token_id).
   decoder_start: str = "pad"
+  # A LoRA run's dropout on its adapters' inputs (config.optim.lora_dropout; layers.py
+  # `lora_dropout_term`): set by training only (training/state.py), which alone passes adapters.
+  lora_dropout: float = 0.0
 
   @property
   def decoder_depth(self) -> int:
@@ -85,7 +88,7 @@ class TransformerConfig:
     on CPUs).
     """
     # Fields carry over by name, so a field added to both places needs no code here.
-    copied = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype"}
+    copied = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "lora_dropout"}
     dtype = auto_dtype if model.dtype == "auto" else model.dtype
     return cls(vocab_size=vocab_size, dtype=_DTYPES[dtype], **{k: model[k] for k in copied})
 
@@ -105,6 +108,7 @@ def _attention(cfg: TransformerConfig, name: str) -> attention_layers.MultiHeadA
     implementation=cfg.attention,
     d_k=cfg.d_k,
     use_bias=cfg.attention_bias,
+    lora_dropout=cfg.lora_dropout,
     name=name,
   )
 
@@ -117,6 +121,7 @@ def _feed_forward(cfg: TransformerConfig) -> layers.FeedForward:
     cfg.dtype,
     cfg.dropout_rng,
     activation=cfg.activation,
+    lora_dropout=cfg.lora_dropout,
     name="ffn",
   )
 

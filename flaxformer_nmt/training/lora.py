@@ -13,8 +13,13 @@ fine-tuning from a LoRA run read plain parameters; `LoraState` holds W0 and the 
 them. The optimizer sees only the adapters, so the frozen weights hold no Adam moments, and the
 gradient of A and B is the exact LoRA gradient (s * dW @ B^T and s * A^T @ dW). Averaging
 checkpoints averages the merged kernels: the mean of W0 + s * A @ B, i.e. of B.A as a product,
-never of A and B apart. PEFT's adapter dropout (on the adapter path's input only) has no
-counterpart in this form and is not offered.
+never of A and B apart.
+
+PEFT's adapter dropout (`optim.lora_dropout`: dropout on the adapter path's input only,
+x W0 + s drop(x) A B) is the one thing the merged form cannot compute alone: its train step also
+passes the adapters to the model (`dropout_inputs`), whose adapted products add
+s (drop(x) - x) A B to x W (model/layers.py `lora_dropout_term`). Evaluation and decoding never
+drop out, so they still read the merged params only.
 """
 
 from __future__ import annotations
@@ -119,6 +124,15 @@ def merged(params: PyTree, lora: LoraState, s: float) -> PyTree:
     adapter = {"a": adapters[path + ("a",)], "b": adapters[path + ("b",)]}
     flat[path] = w0 + delta(adapter, s)
   return traverse_util.unflatten_dict(flat)
+
+
+def dropout_inputs(adapters: PyTree, s: float) -> PyTree:
+  """The model's "lora" collection (model/layers.py LORA_COLLECTION) for adapter dropout: per
+  adapted kernel {"a": A, "b": s * B}, nested as the params. Differentiable in `adapters`."""
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(adapters))
+  return traverse_util.unflatten_dict(
+    {path: s * x if path[-1] == "b" else x for path, x in flat.items()}
+  )
 
 
 def count(tree: PyTree) -> int:

@@ -8,6 +8,7 @@ a resume restores into (`abstract_state`, allocating nothing: the real initial s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -17,7 +18,7 @@ import ml_collections
 from flaxformer_nmt import errors
 from flaxformer_nmt.checkpoints import params as params_lib
 from flaxformer_nmt.checkpoints import reader
-from flaxformer_nmt.model.transformer import init_params
+from flaxformer_nmt.model.transformer import Transformer, init_params
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.training import lora, loss_scale, optim
@@ -37,6 +38,12 @@ class TrainSetup:
     self.lora_rank = int(o.get("lora_rank", 0))  # 0: every parameter trains
     self.lora_targets = lora.parse_targets(o.lora_targets) if self.lora_rank else ()
     self.lora_scale = lora.scale(self.lora_rank, o.lora_alpha) if self.lora_rank else 1.0
+    # The model the train step runs: the Components' own, unless adapter dropout needs the
+    # adapters' path (training/lora.py); the same parameters either way.
+    self.train_model = components.model
+    if self.lora_rank and float(o.get("lora_dropout", 0.0)) > 0.0:
+      cfg = dataclasses.replace(components.model_cfg, lora_dropout=float(o.lora_dropout))
+      self.train_model = Transformer(cfg)
 
   def _initial_loss_scale(self) -> loss_scale.LossScale | None:
     return loss_scale.initial(self.config.optim) if self.scales_loss else None

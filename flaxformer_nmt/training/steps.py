@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from flaxformer_nmt.model import losses
+from flaxformer_nmt.model.layers import LORA_COLLECTION
 from flaxformer_nmt.model.transformer import Transformer
 from flaxformer_nmt.training import lora as lora_lib
 from flaxformer_nmt.training import loss_scale as loss_scale_lib
@@ -62,9 +63,12 @@ def _with_trainable(state: TrainState, new: Any, lora_scale: float) -> TrainStat
   return state.replace(params=lora_lib.merged(state.params, lora, lora_scale), lora=lora)
 
 
-def _forward(model: Transformer, params: Any, batch: Batch, train: bool, rngs=None) -> Array:
+def _forward(
+  model: Transformer, params: Any, batch: Batch, train: bool, rngs=None, lora: Any = None
+) -> Array:
+  variables = {"params": params} if lora is None else {"params": params, LORA_COLLECTION: lora}
   return model.apply(
-    {"params": params},
+    variables,
     batch["inputs"],
     batch["targets"],
     batch.get("inputs_position"),
@@ -138,7 +142,8 @@ def train_step(
   `skip_nonfinite` says (training/loss_scale.py); `loss_scale_period` finite steps double it.
 
   A LoRA run (`state.lora` set) differentiates with respect to the adapters only, through the
-  merged kernels W0 + lora_scale * A @ B (training/lora.py); grad_norm is then the adapters'.
+  merged kernels W0 + lora_scale * A @ B (training/lora.py); grad_norm is then the adapters'. A
+  model built with `lora_dropout` > 0 also gets the adapters themselves, for their dropout.
   """
   scaling = state.loss_scale
   weights = (batch["targets"] > 0).astype(jnp.float32)  # [rows, tgt_len]
@@ -152,10 +157,12 @@ def train_step(
     micro_weights = (micro["targets"] > 0).astype(jnp.float32)
 
     def loss_fn(trained):  # the params, or a LoRA run's adapters
-      params = trained
+      params, adapters = trained, None
       if state.lora is not None:
         params = lora_lib.merged(state.params, state.lora.replace(adapters=trained), lora_scale)
-      logits = _forward(model, params, micro, train=True, rngs={"dropout": rng})
+        if model.cfg.lora_dropout > 0.0:  # the adapters' own path, for its dropout
+          adapters = lora_lib.dropout_inputs(trained, lora_scale)
+      logits = _forward(model, params, micro, train=True, rngs={"dropout": rng}, lora=adapters)
       loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
         logits, micro["targets"], micro_weights, label_smoothing
       )

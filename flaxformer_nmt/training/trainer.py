@@ -139,19 +139,20 @@ class Trainer:
     self.trained_parameters = lora.count(steps.trainable(state))
     if state.lora is not None:
       logging.info(
-        "LoRA: %d adapter parameters train (%.3f%% of the model's %d; rank %d on %s, scale %g); "
-        "the other weights are frozen.",
+        "LoRA: %d adapter parameters train (%.3f%% of the model's %d; rank %d on %s, scale %g, "
+        "adapter dropout %g); the other weights are frozen.",
         lora.count(state.lora.adapters),
         100 * lora.count(state.lora.adapters) / lora.count(state.params),
         lora.count(state.params),
         setup.lora_rank,
         ",".join(setup.lora_targets),
         setup.lora_scale,
+        setup.train_model.cfg.lora_dropout,
       )
     self.start_step = self.step = int(state.step)
     self.p_train_step = parallel.pmap_train_step(
       steps.train_step,
-      model=model,
+      model=setup.train_model,
       tx=setup.tx,
       schedule=setup.schedule,
       label_smoothing=config.label_smoothing,

@@ -202,12 +202,14 @@ def trainer_float16(tmp_path_factory) -> Trainer:
 
 @pytest.fixture(scope="module")
 def trainer_lora(tmp_path_factory, trainer) -> Trainer:
-  """LoRA fine-tuning of the float32 reference (rank 2 on q, k, v, o; no EMA, which LoRA refuses;
-  the vocabulary is the source's, adopted by init_from)."""
+  """LoRA fine-tuning of the float32 reference (rank 2 on q, k, v, o, with adapter dropout, whose
+  masks must come back as the model's do; no EMA, which LoRA refuses; the vocabulary is the
+  source's, adopted by init_from)."""
   base = tmp_path_factory.mktemp("resume_lora")
   extra = (
     f"--config.init_from={trainer.reference}",
     "--config.optim.lora_rank=2",
+    "--config.optim.lora_dropout=0.1",
     "--config.optim.ema_decay=0.0",
   )
   lora = Trainer(base, jax_caches.session_of(tmp_path_factory), extra)

@@ -129,6 +129,7 @@ def test_unknown_size_or_pair_is_one_clear_error():
     ("decode.beam_size", 0, "config.decode.beam_size must be >= 1"),
     ("decode.batch_size", 0, "config.decode.batch_size must be >= 1"),
     ("optim.lora_rank", -1, "config.optim.lora_rank must be >= 0, got -1"),
+    ("optim.lora_dropout", 0.1, "config.optim.lora_dropout=0.1 drops out the adapters' inputs"),
   ],
 )
 def test_validate_names_the_field(field, value, message):
@@ -150,6 +151,8 @@ def test_validate_names_the_field(field, value, message):
     ("lora_alpha", 0.0, "config.optim.lora_alpha must be > 0, got 0.0"),
     ("lora_targets", "", "'' is not a LoRA target"),
     ("lora_targets", "q,ffn", "'ffn' is not a LoRA target"),
+    ("lora_dropout", 1.0, "config.optim.lora_dropout must be in [0, 1), got 1.0"),
+    ("lora_dropout", -0.1, "config.optim.lora_dropout must be in [0, 1), got -0.1"),
   ],
 )
 def test_validate_lora_fields_when_lora_is_on(field, value, message):

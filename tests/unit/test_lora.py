@@ -1,7 +1,10 @@
-"""training/lora.py: which kernels are adapted, the initial adapters, and the merged form's
-gradients (the trained runs are tests/e2e/test_lora.py's)."""
+"""training/lora.py: which kernels are adapted, the initial adapters, the merged form's
+gradients, and adapter dropout (the trained runs are tests/e2e/test_lora.py's)."""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +12,13 @@ import numpy as np
 from flax import traverse_util
 
 from flaxformer_nmt.config import builders, choices
-from flaxformer_nmt.model.transformer import TransformerConfig, init_params
-from flaxformer_nmt.training import lora
+from flaxformer_nmt.model import layers
+from flaxformer_nmt.model.layers import LORA_COLLECTION
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.training import lora, optim, steps
+
+import checkpoint_states
+import helpers
 
 
 def _abstract_params(num_layers: int = 2):
@@ -75,3 +83,110 @@ def test_the_merged_kernels_gradient_is_loras_gradient():
   got, want = jax.grad(merged_loss)(adapter), jax.grad(side_path_loss)(adapter)
   for name in ("a", "b"):
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-4)  # float32 sums
+
+
+# ------------------------------------------------------------------------ adapter dropout
+
+
+def _dropout_run(lora_dropout: float, s: float):
+  """A narrow one-layer model (no other dropout) with random non-zero adapters on every target:
+  (its config with `lora_dropout`, W0, the LoRA state, a copy-task batch)."""
+  c = helpers.narrow(builders.base_config("tiny"))
+  c.model.dropout_rate = 0.0
+  cfg = TransformerConfig.from_config(c.model, 64)
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  state = lora.init(params, 2, list(lora.TARGETS), jax.random.PRNGKey(1))
+  leaves, tree = jax.tree.flatten(state.adapters)
+  keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
+  noisy = [0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
+  state = state.replace(adapters=jax.tree.unflatten(tree, noisy))
+  tokens = np.random.default_rng(0).integers(3, 64, (2, 7)).astype(np.int32)
+  return dataclasses.replace(cfg, lora_dropout=lora_dropout), params, state, tokens
+
+
+def _logits(cfg, params, tokens, adapters=None, train=True, seed=0):
+  variables = {"params": params}
+  if adapters is not None:
+    variables[LORA_COLLECTION] = adapters
+  rngs = {"dropout": jax.random.PRNGKey(seed)}
+  return Transformer(cfg).apply(variables, tokens, tokens, train=train, rngs=rngs)
+
+
+def test_adapter_dropout_drops_the_adapters_inputs_only(monkeypatch):
+  """PEFT's form, x W0 + s drop(x) A B, through every adapted product (q, k, v, o of self- and
+  cross-attention, both FFN matrices): a mask that keeps everything gives the merged model at
+  scale s / (1 - p); one that drops everything gives W0's model; evaluation is the merged model
+  bit for bit; and real masks differ per key."""
+  p, s = 0.25, 2.0
+  cfg, w0, state, tokens = _dropout_run(p, s)
+  plain = dataclasses.replace(cfg, lora_dropout=0.0)
+  adapters = lora.dropout_inputs(state.adapters, s)
+  merged = lora.merged(w0, state, s)
+  dropped = _logits(cfg, merged, tokens, adapters)
+  assert not np.allclose(dropped, _logits(cfg, merged, tokens, adapters, seed=1))
+  assert not np.allclose(dropped, _logits(plain, merged, tokens))
+  np.testing.assert_array_equal(
+    _logits(cfg, merged, tokens, adapters, train=False), _logits(plain, merged, tokens, train=False)
+  )
+  keep_all = lambda rng, rate, shape, kind: jnp.ones(shape, bool)
+  monkeypatch.setattr(layers, "dropout_keep_mask", keep_all)
+  np.testing.assert_allclose(
+    _logits(cfg, merged, tokens, adapters),
+    _logits(plain, lora.merged(w0, state, s / (1 - p)), tokens),
+    rtol=1e-5,
+    atol=1e-5,
+  )
+  monkeypatch.setattr(layers, "dropout_keep_mask", lambda *a: ~keep_all(*a))
+  np.testing.assert_allclose(
+    _logits(cfg, merged, tokens, adapters), _logits(plain, w0, tokens), rtol=1e-5, atol=1e-5
+  )
+
+
+def _one_step(cfg, w0, state, tokens, s: float):
+  """One pmapped (1 device) train step of the LoRA run: its new state and metrics."""
+  tx, schedule = optim.make_optimizer(builders.base_config("tiny").optim, cfg.d_model)
+  start = steps.create_train_state(
+    lora.merged(w0, state, s), tx, jax.random.PRNGKey(3), None, state
+  )
+  step = jax.pmap(
+    functools.partial(
+      steps.train_step,
+      model=Transformer(cfg),
+      tx=tx,
+      schedule=schedule,
+      label_smoothing=0.1,
+      axis_name="batch",
+      lora_scale=s,
+    ),
+    axis_name="batch",
+    devices=jax.local_devices()[:1],
+  )
+  batch = {"inputs": tokens[None], "targets": tokens[None]}
+  return jax.device_get(step(jax.tree.map(lambda x: np.asarray(x)[None], start), batch))
+
+
+def test_the_train_steps_adapter_dropout_gradient_is_loras(monkeypatch):
+  """The step passes the adapters to a model with lora_dropout, and differentiates through both
+  their paths: with a mask that keeps everything, its gradient is that of the merged model at
+  scale s / (1 - p) (the same function of A and B); with real masks only the adapters and the
+  kernels they merge into move."""
+  p, s = 0.5, 2.0
+  cfg, w0, state, tokens = _dropout_run(p, s)
+  after, metrics = _one_step(cfg, w0, state, tokens, s)
+  checkpoint_states.assert_bitwise_equal(
+    after.lora.base, jax.tree.map(lambda x: x[None], state.base)
+  )
+  flat_new, flat_old = (traverse_util.flatten_dict(t) for t in (after.params, w0))
+  changed = {k for k in flat_new if not np.array_equal(flat_new[k][0], flat_old[k])}
+  assert changed == set(lora.targeted_paths(w0, list(lora.TARGETS)))
+  monkeypatch.setattr(
+    layers, "dropout_keep_mask", lambda rng, rate, shape, kind: jnp.ones(shape, bool)
+  )
+  kept, kept_metrics = _one_step(cfg, w0, state, tokens, s)
+  plain = dataclasses.replace(cfg, lora_dropout=0.0)
+  wide, wide_metrics = _one_step(plain, w0, state, tokens, s / (1 - p))
+  np.testing.assert_allclose(kept_metrics["grad_norm"], wide_metrics["grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(kept_metrics["loss_sum"], wide_metrics["loss_sum"], rtol=1e-6)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  jax.tree.map(close, kept.lora.adapters, wide.lora.adapters)
+  assert not np.allclose(metrics["grad_norm"], kept_metrics["grad_norm"])
