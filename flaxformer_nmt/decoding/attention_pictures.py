@@ -23,16 +23,24 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-
-from flaxformer_nmt.decoding import decode  # noqa: E402
+from flaxformer_nmt.decoding import decode
 from flaxformer_nmt.model import layers
-from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID  # noqa: E402
-from flaxformer_nmt.model.transformer import Transformer  # noqa: E402
+from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
+from flaxformer_nmt.model.transformer import Transformer
+
+
+def _pyplot() -> Any:
+  """matplotlib.pyplot on the file-only Agg backend, imported when a picture is drawn: a second
+  of every import of this module (the Session's, the API's, each test worker's) otherwise."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")  # files only; no display needed
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  return plt
+
 
 KINDS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 PANEL_INCHES = 1.6  # side of one layer x head panel
@@ -105,6 +113,7 @@ def plot_grid(
   """
   num_layers, num_heads = weights.shape[:2]
   size = grid_figure_inches(num_layers, num_heads)
+  plt = _pyplot()
   fig, axes = plt.subplots(num_layers, num_heads, figsize=size, squeeze=False)
   font = max(3.0, min(7.0, 110.0 / max(len(row_labels), len(col_labels), 1)))
   for layer in range(num_layers):
@@ -142,6 +151,7 @@ def grid_figure_inches(num_layers: int, num_heads: int) -> tuple[float, float]:
 def plot_positional_encoding(d_model: int, length: int, path: str) -> None:
   """The sinusoidal table (Sec. 3.5), positions x dimensions, as used by the model."""
   table = np.asarray(layers.sinusoidal_encoding(jnp.arange(length), d_model))  # [length, d_model]
+  plt = _pyplot()
   fig, ax = plt.subplots(figsize=(8, 4))
   image = ax.imshow(table, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto")
   ax.set_xlabel("dimension (sin and cos interleaved: 2i, 2i + 1)")
