@@ -6,6 +6,7 @@ conftest.py.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.run import selection
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
+from flaxformer_nmt.training import steps
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The real corpus beside the checkout (../shared/data/multi30k), or where FLAXFORMER_NMT_MULTI30K
@@ -158,6 +160,21 @@ def narrow(config: ml_collections.ConfigDict, layers: int = 1) -> ml_collections
   as well as a wide one, at a fraction of the compile and run time."""
   config.model.update(num_layers=layers, d_model=32, d_ff=64, num_heads=4)
   return config
+
+
+def pmapped_train_step(model: Any, tx: Any, schedule: Any, devices: int = 1, **options: Any):
+  """steps.train_step pmapped over the first `devices` local devices (axis "batch", label
+  smoothing 0.1), with `options` (accumulate_steps, lora_scale, ...) as given."""
+  step = functools.partial(
+    steps.train_step,
+    model=model,
+    tx=tx,
+    schedule=schedule,
+    label_smoothing=0.1,
+    axis_name="batch",
+    **options,
+  )
+  return jax.pmap(step, axis_name="batch", devices=jax.local_devices()[:devices])
 
 
 def assert_trees_equal(a: Any, b: Any) -> None:

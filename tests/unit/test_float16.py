@@ -8,7 +8,6 @@ steps. The kill -9 resume and the 2 x 4 = 1 x 8 runs in float16 are end-to-end t
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -128,21 +127,15 @@ def _pmapped_run(
 
   # In one program (eagerly, every initializer's and Adam's zeros would be one each).
   state = jax.jit(make)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
-  step = jax.pmap(
-    functools.partial(
-      steps.train_step,
-      model=Transformer(cfg),
-      tx=tx,
-      schedule=schedule,
-      label_smoothing=0.1,
-      axis_name="batch",
-      accumulate_steps=accumulate_steps,
-      skip_nonfinite=skip_nonfinite,
-      loss_scale_period=int(c.optim.loss_scale_period),
-      lora_scale=1.0,
-    ),
-    axis_name="batch",
-    devices=jax.local_devices()[:devices],
+  step = helpers.pmapped_train_step(
+    Transformer(cfg),
+    tx,
+    schedule,
+    devices,
+    accumulate_steps=accumulate_steps,
+    skip_nonfinite=skip_nonfinite,
+    loss_scale_period=int(c.optim.loss_scale_period),
+    lora_scale=1.0,
   )
   replicated = jax.tree.map(lambda x: np.stack([np.asarray(x)] * devices), state)
   return step, replicated

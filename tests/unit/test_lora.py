@@ -4,7 +4,6 @@ gradients, and adapter dropout (the trained runs are tests/e2e/test_lora.py's)."
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -148,19 +147,7 @@ def _one_step(cfg, w0, state, tokens, s: float):
   start = steps.create_train_state(
     lora.merged(w0, state, s), tx, jax.random.PRNGKey(3), None, state
   )
-  step = jax.pmap(
-    functools.partial(
-      steps.train_step,
-      model=Transformer(cfg),
-      tx=tx,
-      schedule=schedule,
-      label_smoothing=0.1,
-      axis_name="batch",
-      lora_scale=s,
-    ),
-    axis_name="batch",
-    devices=jax.local_devices()[:1],
-  )
+  step = helpers.pmapped_train_step(Transformer(cfg), tx, schedule, lora_scale=s)
   batch = {"inputs": tokens[None], "targets": tokens[None]}
   return jax.device_get(step(jax.tree.map(lambda x: np.asarray(x)[None], start), batch))
 
