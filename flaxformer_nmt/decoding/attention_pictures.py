@@ -32,8 +32,8 @@ from flaxformer_nmt.model.transformer import Transformer
 
 
 def _pyplot() -> Any:
-  """matplotlib.pyplot on the file-only Agg backend, imported when a picture is drawn: a second
-  of every import of this module (the Session's, the API's, each test worker's) otherwise."""
+  """matplotlib.pyplot on the file-only Agg backend, imported when a picture is drawn, not with
+  this module (about a second: each test worker that imports the module paid it)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")  # files only; no display needed
