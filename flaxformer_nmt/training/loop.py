@@ -171,7 +171,7 @@ def _train(
     )
   stopped_early = trainer.exhausted()
   last = last or stopped_early
-  if not last and trainer.budget_reached():  # every process asks: one collective decision
+  if not last and trainer.budget_reached(before_this_run=True):  # every process asks, together
     # A run that stopped at its budget, rerun: it would otherwise train one step past it.
     logging.info(
       "Already used config.max_train_minutes=%g (step %d).", config.max_train_minutes, trainer.step

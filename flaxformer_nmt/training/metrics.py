@@ -92,6 +92,10 @@ class TrainClock:
   def seconds(self) -> float:
     return self._before + time.monotonic() - self._start - self._excluded
 
+  def seconds_before(self) -> float:
+    """The training time of the earlier runs (the checkpoint's), without this process's start-up."""
+    return self._before
+
   def exclude(self, seconds: float) -> None:
     """Takes time spent on something else (an evaluation) out of the training time."""
     self._excluded += seconds

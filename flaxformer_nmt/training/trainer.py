@@ -319,8 +319,10 @@ class Trainer:
     """Whether config.early_stopping_patience evaluations in a row brought no improvement."""
     return self.keeper is not None and self.keeper.exhausted(self.step)
 
-  def budget_reached(self) -> bool:
+  def budget_reached(self, before_this_run: bool = False) -> bool:
     """Whether config.max_train_minutes is used up; one clock (process 0's) decides for all.
+    `before_this_run`: by the earlier runs' time alone (asked before the first step, so a slow
+    start-up never ends a run, fresh or resumed, before it trains a step).
 
     Several processes would disagree at some step, and the one that stopped first would leave the
     others waiting in the next collective forever. So multi-process runs decide only at log steps,
@@ -329,7 +331,8 @@ class Trainer:
     budget = self.config.max_train_minutes * 60.0
     if not budget:
       return False
-    reached = self.clock.seconds() >= budget
+    used = self.clock.seconds_before() if before_this_run else self.clock.seconds()
+    reached = used >= budget
     if not self.multi_process:
       return reached
     if self.step % self.config.log_every_steps:
