@@ -72,7 +72,12 @@ class Tokenizer:
     return self._sp.encode(list(texts), num_threads=num_threads)
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids` up to the first EOS; PAD ids are ignored (decoder outputs are padded)."""
+    """Text of `ids` up to the first EOS; PAD ids are ignored (decoder outputs are padded).
+
+    A lone "\u2581" piece at the end (a tiny or early model emits one) decodes to a trailing space;
+    the text is stripped, as MarianTokenizer's and data/pair_vocabulary.py's decode strip theirs,
+    so a run and its export or re-import print the same line.
+    """
     out = []
     for i in ids:
       i = int(i)
@@ -80,7 +85,7 @@ class Tokenizer:
         break
       if i != PAD_ID:
         out.append(i)
-    return self._sp.decode(out)
+    return self._sp.decode(out).strip()
 
   def id_to_piece(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))

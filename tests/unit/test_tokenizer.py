@@ -55,6 +55,16 @@ def test_decode_stops_at_eos_and_ignores_pad(tokenizer: tok.Tokenizer) -> None:
   assert tokenizer.decode(a + [1, 0, 0]) == "I have two apples."
 
 
+def test_decode_strips_a_lone_word_boundary(tokenizer: tok.Tokenizer) -> None:
+  """A final "\u2581" piece read as a trailing space, which an export's or import's
+  MarianTokenizer-style decode strips: the same hypothesis printed two ways (seen in the hf leg)."""
+  boundary = tokenizer.piece_id("\u2581")
+  assert boundary is not None
+  ids = tokenizer.encode("the third house")
+  assert tokenizer.decode([*ids, boundary]) == "the third house"
+  assert tokenizer.decode([boundary, *ids, boundary, tok.EOS_ID]) == "the third house"
+
+
 def test_encode_batch_matches_encode(tokenizer: tok.Tokenizer) -> None:
   texts = _SENTENCES[:50]
   assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
