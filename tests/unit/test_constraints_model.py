@@ -29,7 +29,10 @@ def _outputs(**kwargs) -> modes.Outputs:
   return modes.Outputs(constraints="terms.txt", **kwargs)
 
 
-@pytest.mark.parametrize("style", ["shrinking", "t2t"])
+@pytest.mark.parametrize(
+  "style",
+  ["shrinking", pytest.param("t2t", marks=pytest.mark.slow)],  # over 10 s cold
+)
 def test_every_term_appears_and_lines_without_terms_are_unchanged(saved_run, style):
   config, workdir = saved_run
   config.decode.beam_style = style

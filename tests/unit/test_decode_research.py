@@ -65,6 +65,7 @@ def _sample_lines(tiny, lines, **fields):
   )
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_samples_depend_on_the_seed_and_line_only(tiny):
   """The same seed and lines give the same samples however they are batched (other batch-mates,
   other padded lengths); another seed gives other samples; top_k=1 gives greedy output."""

@@ -62,7 +62,9 @@ def trained_tiny():
   tx = optax.adam(1e-3)
   opt_state = tx.init(params)
 
-  @jax.jit
+  # Compiled at XLA's usual optimisation level: the unit tier's -O0 (tests/conftest.py) compiles
+  # faster, but this program runs 70 times, and at -O0 the steps take about twice as long.
+  @functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 2})
   def train_step(params, opt_state, inputs, targets):
     def loss_fn(p):
       logits = model.apply({"params": p}, inputs, targets)

@@ -312,6 +312,7 @@ def _lora_run(c, accumulate_steps: int, skip_nonfinite: bool = False):
   return lambda s, b: jax.device_get(step(s, b)), jax.device_get(state)
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_a_lora_runs_overflow_keeps_its_adapters_and_its_accumulated_step_is_the_whole_batchs():
   """LoRA with float16's loss scale and with accumulation (#62 left them untested): an overflow
   skips the adapters' update and their Adam moments as it does a full run's; a finite float16

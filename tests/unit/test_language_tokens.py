@@ -86,6 +86,7 @@ def test_the_constrained_beam_keeps_the_forced_token_and_its_terms(m2m_like):
   assert 22 in tokens[1].tolist()
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_the_scorer_scores_a_forced_token_as_the_search_does(m2m_like):
   """Greedy's total log-probability of its own output equals the teacher-forced one in which the
   forced token counts 0 (scoring.token_log_probs(forced_first=True)); without that rule the

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import traverse_util
 
 from flaxformer_nmt.config import builders, choices
@@ -156,6 +157,7 @@ def _one_step(cfg, w0, state, tokens, s: float):
   return merged, after, grads, metrics
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_the_train_steps_adapter_dropout_gradient_is_loras(monkeypatch):
   """The step passes the adapters to a model with lora_dropout, and differentiates through both
   their paths: with a mask that keeps everything, the adapters' gradient is that of the merged

@@ -197,6 +197,7 @@ def _loss_and_grad(cfg):
   return jax.jit(jax.value_and_grad(loss))
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_jax_attention_trains_as_ours(monkeypatch):
   """model.attention="jax" (jax.nn.dot_product_attention; on CPU its XLA implementation) gives
   our attention's loss and gradients on a padded batch with dropout elsewhere on."""
@@ -218,6 +219,7 @@ def test_jax_attention_trains_as_ours(monkeypatch):
   jax.tree.map(close, grad_jax, grad_ours)
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_remat_changes_memory_not_results():
   """Rematerialised layers: same loss and gradients, smaller temporary buffers (XLA's analysis)."""
   plain, remat = tiny(dropout_rate=0.1), tiny(dropout_rate=0.1, remat=True)

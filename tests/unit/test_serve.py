@@ -322,6 +322,7 @@ def test_a_full_queue_is_503_and_a_failed_batch_500():
 # The real model: the committed small trained workdir.
 
 
+@pytest.mark.slow  # over 10 s cold (docs/developing.md)
 def test_the_served_model_answers_concurrent_requests_as_translate_does(saved_run, tmp_path):
   config, workdir = saved_run
   lines = ["We need forty-two chairs.", "", "three hundred and five", "nine", "one thousand"]
