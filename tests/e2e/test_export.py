@@ -78,7 +78,7 @@ def _ct2_translate(
     length_penalty=0.6,
     max_decoding_length=max_decoding_length,
   )
-  return [sp.decode(r.hypotheses[0]) for r in results]
+  return [sp.decode(r.hypotheses[0]).strip() for r in results]  # as docs/translating.md
 
 
 def test_greedy_output_is_ours(exported):
