@@ -175,13 +175,20 @@ def test_multi_head_attention_in_bfloat16_keeps_float32_parameters():
 def test_dropout_masks_keep_the_rate_and_the_mean(kind, rate):
   """Every mask generator drops `rate` of the entries (to sampling error) and keeps E[x]."""
   x = jnp.ones((1000, 1001))  # an odd size: threefry16 draws ceil(n / 2) words
-  y = np.asarray(layers.dropout(x, rate, jax.random.PRNGKey(3), kind))
+  # One program at XLA's usual level: op by op at the unit tier's -O0 (tests/conftest.py), a
+  # million rbg bits took about 2 s a mask; compiled so, 0.02 s.
+  dropout = jax.jit(
+    layers.dropout,
+    static_argnums=(1, 3),
+    compiler_options={"xla_backend_optimization_level": 2},
+  )
+  y = np.asarray(dropout(x, rate, jax.random.PRNGKey(3), kind))
   dropped = float(np.mean(y == 0.0))
   assert abs(dropped - rate) < 5 * math.sqrt(rate * (1 - rate) / y.size), dropped
   np.testing.assert_allclose(y[y != 0], 1.0 / (1.0 - rate), rtol=1e-6)
   assert abs(float(y.mean()) - 1.0) < 0.01
   # Different keys, different masks; the same key, the same mask.
-  again = np.asarray(layers.dropout(x, rate, jax.random.PRNGKey(3), kind))
-  other = np.asarray(layers.dropout(x, rate, jax.random.PRNGKey(4), kind))
+  again = np.asarray(dropout(x, rate, jax.random.PRNGKey(3), kind))
+  other = np.asarray(dropout(x, rate, jax.random.PRNGKey(4), kind))
   np.testing.assert_array_equal(y, again)
   assert np.mean(y != other) > rate
