@@ -9,8 +9,11 @@ developer types: first cold (what a new machine and CI's first run get), then wa
 later run gets). The unit tier also runs `-m "not slow"` warm: the edit-test loop of
 docs/developing.md. Each run's wall-clock seconds (pytest's start to exit), its counts, its
 per-file totals and its 20 slowest tests (setup and teardown included, from pytest's JUnit XML)
-go into the record. The figures so far are written after every run (<record>.json.partial, until
-the record replaces it), so a long run loses nothing.
+go into the record, with where JAX's time went in the test processes (`jax`: programs
+compiled, seconds compiling, tracing and lowering, in all, per file and per program;
+tests/compile_profile.py; not the commands end-to-end tests launch). The figures so far are
+written after every run (<record>.json.partial, until the record replaces it), so a long run
+loses nothing.
 Last line JSON, recorded in benchmarks/results/<--record>.json (default test_times).
 """
 
@@ -51,11 +54,17 @@ def run_tier(paths: list[str], cache: str, scratch: str, name: str, *extra: str)
   env["FLAXFORMER_NMT_TEST_CACHE"] = cache
   print(f"[{name}] {' '.join(argv[1:])} (cache {cache})", flush=True)
   start = time.perf_counter()
+  profile = os.path.join(scratch, f"{name}.compile.json")
   proc = subprocess.run(
-    [*argv, f"--junitxml={report}", "-p", "no:cacheprovider"], cwd=REPO, env=env
+    [*argv, f"--junitxml={report}", f"--compile-profile={profile}", "-p", "no:cacheprovider"],
+    cwd=REPO,
+    env=env,
   )
   seconds = time.perf_counter() - start
   result = junit.summarize(report, seconds, proc.returncode, _SLOWEST.value)
+  if os.path.exists(profile):  # where JAX's time went (tests/compile_profile.py)
+    with open(profile) as f:
+      result["jax"] = json.load(f)
   result["command"] = " ".join(["python", *argv[1:]])
   print(f"[{name}] {result['seconds']} s, {result['outcomes']}", flush=True)
   return result

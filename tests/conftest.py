@@ -36,10 +36,23 @@ import pathlib  # noqa: E402
 import pytest  # noqa: E402
 
 
+def pytest_addoption(parser):
+  parser.addoption(
+    "--compile-profile",
+    metavar="FILE",
+    help="Write where the run's JAX time went (programs compiled, per test file) to FILE as JSON "
+    "(tests/compile_profile.py; benchmarks/test_times.py records it).",
+  )
+
+
 def pytest_configure(config):
   # Registered in pyproject.toml too; repeated here so a bare `pytest tests/x.py` knows it.
   config.addinivalue_line("markers", "readme: runs the README's commands (.ci/run: -m readme)")
   config.addinivalue_line("markers", "slow: over 10 s cold; -m 'not slow' leaves them out")
+  if config.getoption("compile_profile"):
+    import compile_profile  # pylint: disable=g-import-not-at-top
+
+    compile_profile.register(config, config.getoption("compile_profile"))
 
 
 def pytest_sessionstart(session):

@@ -66,7 +66,11 @@ _BENCHMARKS = {
   "recipe_cost": ["--notpu_estimate"],
   "input_pipeline": ["--num_batches=3", "--tokens_per_batch=2048", "--max_len=32"]
   + ["--vocab_size=300"],
-  "test_times": ["--tiers=unit", "--paths=tests/unit/test_junit_summary.py"],  # one small file
+  # Two small files, one of them compiling JAX programs (its compile profile is checked).
+  "test_times": [
+    "--tiers=unit",
+    "--paths=tests/unit/test_junit_summary.py,tests/unit/test_averaging.py",
+  ],
   # The server against translate on 16 demo lines, 1 and 2 clients, small batches and buckets.
   "serve": ["--num_lines=16", "--clients=1,2", "--latency_lines=2"]
   + ["--set=decode.batch_size=4", "--set=data.max_len=24"],
@@ -324,7 +328,7 @@ def test_benchmark_commands(tmp_path):
   """The benchmark scripts, the demo experiments made small, and the server benchmark on the
   demo model they trained."""
   overrides = {**_BENCHMARKS, "demo": readme.DEMO}
-  ran_precisions = False
+  ran_precisions = ran_test_times = False
   for command, proc, box in run_chain("benchmarks", tmp_path, overrides):
     result = readme_checks.last_json(proc)
     assert result, command.text
@@ -336,10 +340,15 @@ def test_benchmark_commands(tmp_path):
         assert saved["model"]["dtype"] == dtype and run["steps_per_s"] > 0
       assert result["runs"]["float16"]["loss_scale_first"] == 2.0**15
       ran_precisions = True
+    if "benchmarks/test_times.py" in command.text:  # JAX's compile events, from both workers
+      cold, warm = result["unit"]["cold"]["jax"], result["unit"]["warm"]["jax"]
+      assert cold["files"]["tests/unit/test_averaging.py"]["programs"] > 0, cold
+      assert cold["total"]["cache_misses"] > 0 and warm["total"]["cache_hits"] > 0, warm
+      ran_test_times = True
     if "benchmarks/serve.py" in command.text:
       assert all(c["answers_equal_translate"] for c in result["clients"].values()), result
       assert result["server_exit_status"] == 0
-  assert ran_precisions
+  assert ran_precisions and ran_test_times
 
 
 @readme_run
