@@ -270,6 +270,37 @@ def shared_once(tmp_path_factory: Any, name: str, build: Any) -> tuple[Any, path
   return json.loads(done.read_text()), folder
 
 
+def random_params(cfg: Any, seed: int = 0) -> Any:
+  """Parameters for the model config `cfg`, drawn on the host from the distributions
+  `init_params` uses (model/layers.py, attention.py, transformer.py): Xavier-uniform matrices,
+  normal embeddings (std d_model^-0.5; a learned position table 0.02), zero biases, unit scales.
+
+  For tests of structure (masks, caches, searches, conversions), which hold for any parameters of
+  the right shapes and scales: `init_params` is a program of its own per model config, the
+  costliest the unit tier compiles per config (1.6 s from an empty cache, 0.4 s to load from a
+  kept one; tests/compile_profile.py), and these tests don't check its values. Tests of the
+  initialization itself, and those whose tolerances were set on its values, keep `init_params`.
+  """
+  from flaxformer_nmt.model.shapes import abstract_params  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+
+  def draw(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> np.ndarray:
+    name = path[-1].key
+    if name == "scale":
+      return np.ones(leaf.shape, leaf.dtype)
+    if len(leaf.shape) == 1:  # every bias, the logits' bias among them
+      return np.zeros(leaf.shape, leaf.dtype)
+    if name == "embedding":
+      return rng.normal(0.0, cfg.d_model**-0.5, leaf.shape).astype(leaf.dtype)
+    if name == "pos_embedding":
+      return rng.normal(0.0, 0.02, leaf.shape).astype(leaf.dtype)
+    limit = np.sqrt(6.0 / sum(leaf.shape))  # Xavier uniform of a [fan_in, fan_out] matrix
+    return rng.uniform(-limit, limit, leaf.shape).astype(leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(draw, abstract_params(cfg))
+
+
 def load_params(config: ml_collections.ConfigDict, workdir: Any, which: str = "auto") -> Any:
   """(params, description) of `--checkpoint=which` in `workdir`, as the inference modes load
   them (the workdir's Components, the location it resolves)."""

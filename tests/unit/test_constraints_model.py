@@ -16,10 +16,12 @@ from flaxformer_nmt.decoding import constraints, decode, scoring, search
 from flaxformer_nmt.decoding.session import Session
 from flaxformer_nmt.model.ensemble import Ensemble
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, service
+
+import helpers
 
 LINES = ["We need forty-two chairs.", "three hundred and five", "", "nine", "one thousand"]
 TERMS = [["Tische"], [], ["neun"], ["neun", "zehn"], []]
@@ -131,7 +133,7 @@ def test_the_server_decodes_constrained_requests_as_translate(saved_run):
 def _tiny(seed: int):
   c = config_lib.base_config("tiny")
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=24))
-  return model, jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(seed))
+  return model, helpers.random_params(model.cfg, seed)
 
 
 @pytest.mark.parametrize("ensemble", [False, True])

@@ -21,7 +21,7 @@ from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.decoding import alignments, decode
 from flaxformer_nmt.decoding import translator as translate
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 
 import helpers
 
@@ -36,7 +36,7 @@ def tiny():
   c = helpers.narrow(config_lib.base_config("tiny"))
   vocab = 40
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=vocab))
-  params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(0))
+  params = helpers.random_params(model.cfg)
   return model, params, vocab
 
 
@@ -148,7 +148,7 @@ def test_an_ensemble_of_the_model_with_itself_is_the_model(tiny, method):
   two = decode.decode_batch(model, decode.Ensemble((params, params)), inputs, search)
   np.testing.assert_array_equal(two.tokens, one.tokens)
   np.testing.assert_allclose(two.normalized_scores, one.normalized_scores, rtol=1e-4, atol=1e-5)
-  other = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(1))
+  other = helpers.random_params(model.cfg, seed=1)
   mixed = decode.decode_batch(model, decode.Ensemble((params, other)), inputs, search)
   assert not np.allclose(mixed.normalized_scores, one.normalized_scores)
 
@@ -285,9 +285,7 @@ def test_alignments_follow_the_cross_attention_of_a_hand_built_model():
   c.model.update(num_layers=1, d_model=16, d_ff=16, num_heads=1, max_len=16)
   c.model.update(positional="learned", dtype="float32")
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=16))
-  params = flax.core.unfreeze(
-    jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(0))
-  )
+  params = flax.core.unfreeze(helpers.random_params(model.cfg))
   eye, zero = np.eye(16, dtype=np.float32), np.zeros((16, 16), np.float32)
   params["embedding"]["embedding"] = eye
   for name in ("encoder_positions", "decoder_positions"):

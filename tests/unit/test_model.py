@@ -123,9 +123,9 @@ def test_variants_build_and_stay_causal(overrides):
   np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-5)
 
 
-def test_dropout_is_active_only_in_training():
-  cfg = tiny(dropout_rate=0.5)
-  model, params = Transformer(cfg), _init(cfg, jax.random.PRNGKey(0))
+def test_dropout_is_active_only_in_training(setup):
+  cfg = tiny(dropout_rate=0.5)  # the rate is no parameter's: the shared model's parameters fit
+  model, params = Transformer(cfg), setup[1]
   src, tgt = _ids(10, (2, 5)), _ids(11, (2, 5))
   eval_a = _logits(model, params, src, tgt)
   eval_b = _logits(model, params, src, tgt)

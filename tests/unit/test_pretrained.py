@@ -15,8 +15,9 @@ from flaxformer_nmt.data.tokenizer import open_vocabulary
 from flaxformer_nmt.export import marian
 from flaxformer_nmt.model import layers
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 
+import helpers
 import marian_models
 
 _CFG = TransformerConfig(
@@ -34,7 +35,7 @@ _CFG = TransformerConfig(
 
 
 def _random_params(cfg: TransformerConfig, seed: int = 0):
-  params = jax.device_get(init_params(cfg, jax.random.PRNGKey(seed)))
+  params = helpers.random_params(cfg, seed)
   leaves, tree = jax.tree.flatten(params)
   rng = np.random.default_rng(seed)
   return jax.tree.unflatten(tree, [rng.normal(size=x.shape).astype(np.float32) for x in leaves])
@@ -63,7 +64,7 @@ def test_zero_attention_biases_and_logits_bias_change_nothing():
   plain = TransformerConfig(vocab_size=50, num_layers=1, d_model=16, d_ff=32, num_heads=2)
   biased = TransformerConfig(**{**plain.__dict__, "attention_bias": True, "logits_bias": True})
   params = _random_params(plain)
-  with_zeros = jax.device_get(init_params(biased, jax.random.PRNGKey(0)))
+  with_zeros = helpers.random_params(biased)
   flat = dict(jax.tree_util.tree_leaves_with_path(params))
   with_zeros = jax.tree_util.tree_map_with_path(
     lambda p, v: flat[p] if p in flat else np.zeros_like(v), with_zeros

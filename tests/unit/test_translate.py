@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import jax
 import ml_collections
 import numpy as np
 
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.decoding import translator as translate
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 
 import helpers
 
@@ -97,7 +96,7 @@ def test_translating_lines_with_the_tiny_model(tmp_path):
   c = helpers.narrow(config_lib.base_config("tiny"))
   vocab = 40
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=vocab))
-  params = jax.jit(init_params, static_argnums=0)(model.cfg, jax.random.PRNGKey(0))
+  params = helpers.random_params(model.cfg)
   decode_config = ml_collections.ConfigDict(
     dict(beam_size=2, alpha=0.6, max_len_offset=3, batch_size=4)
   )
