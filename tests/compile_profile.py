@@ -18,6 +18,7 @@ controller, which writes the one file.
 from __future__ import annotations
 
 import collections
+import heapq
 import json
 import os
 from typing import Any
@@ -29,7 +30,9 @@ _COMPILE = "/jax/core/compile/backend_compile_duration"  # includes a persistent
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 _HITS, _MISSES = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
-_OUTSIDE = "<outside a test>"  # collection, fixtures' teardown after the last test
+# Collection and imports. (A module or session fixture's teardown runs inside the protocol of
+# the last test that needed it, and counts to that test.)
+_OUTSIDE = "<outside a test>"
 _KEPT = 30  # the costliest programs and compiles kept in the file
 
 
@@ -49,10 +52,30 @@ class CompileProfile:
 
   # ---- counting (in every process that runs tests) -------------------------------------------
   def pytest_configure(self, config: pytest.Config) -> None:
+    if _xdist_controller(config):
+      return  # its workers run the tests; it needs no JAX (importing it would cost seconds)
     import jax  # pylint: disable=g-import-not-at-top  (after tests/conftest.py set XLA_FLAGS)
 
     jax.monitoring.register_event_duration_secs_listener(self._duration)
     jax.monitoring.register_event_listener(self._event)
+
+  def pytest_unconfigure(self, config: pytest.Config) -> None:
+    """Stops listening: a second `pytest.main` in this process must not count twice."""
+    if _xdist_controller(config):
+      return
+    import jax  # pylint: disable=g-import-not-at-top
+
+    for public, private, listener in (
+      (
+        "unregister_event_duration_listener",
+        "_unregister_event_duration_listener_by_callback",
+        self._duration,
+      ),
+      ("unregister_event_listener", "_unregister_event_listener_by_callback", self._event),
+    ):  # public from JAX 0.8 on; Colab's 0.7 has the private one
+      remove = getattr(jax.monitoring, public, None) or getattr(jax.monitoring, private, None)
+      if remove is not None:
+        remove(listener)
 
   def _duration(self, event: str, seconds: float, **kwargs: Any) -> None:
     field = {_COMPILE: "compile_s", _TRACE: "trace_s", _LOWER: "lower_s"}.get(event)
@@ -66,7 +89,7 @@ class CompileProfile:
       self.names[name]["programs"] += 1
       self.compiles.append((seconds, name, self.test))
 
-  def _event(self, event: str, **kwargs: Any) -> None:  # noqa: ARG002
+  def _event(self, event: str, **kwargs: Any) -> None:  # noqa: ARG002  (no program name)
     if event in (_HITS, _MISSES):
       self.tests[self.test]["cache_hits" if event == _HITS else "cache_misses"] += 1
 
@@ -80,11 +103,12 @@ class CompileProfile:
     return {
       "tests": {k: dict(v) for k, v in self.tests.items()},
       "names": {k: dict(v) for k, v in self.names.items()},
-      "compiles": self.compiles,
+      "compiles": heapq.nlargest(_KEPT, self.compiles),
     }
 
   # ---- writing (the controller, or the one process without xdist) ----------------------------
-  def pytest_testnodedown(self, node: Any, error: Any) -> None:  # noqa: ARG002  (xdist's hook)
+  @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown to pytest without it
+  def pytest_testnodedown(self, node: Any, error: Any) -> None:  # noqa: ARG002
     received = getattr(node, "workeroutput", {}).get("compile_profile")
     if received:
       self.from_workers.append(json.loads(received))
@@ -94,9 +118,12 @@ class CompileProfile:
     if workeroutput is not None:  # an xdist worker: the controller writes
       workeroutput["compile_profile"] = json.dumps(self._counts())
       return
-    parts = self.from_workers or [self._counts()]
+    workers = self.from_workers if _xdist_controller(session.config) else None
+    summary = summarize(workers if workers is not None else [self._counts()])
+    if workers is not None:  # a worker that crashed sent nothing: the figures say so
+      summary["workers_reported"] = len(workers)
     with open(self.path, "w") as f:
-      json.dump(summarize(parts), f, indent=1)
+      json.dump(summary, f, indent=1)
       f.write("\n")
 
 
@@ -115,18 +142,27 @@ def summarize(parts: list[dict[str, Any]]) -> dict[str, Any]:
       names[name].update(counts)
     compiles += [tuple(c) for c in part["compiles"]]
 
-  def rounded(counts: collections.Counter) -> dict[str, float]:
-    return {k: round(counts[k], 1) if k.endswith("_s") else counts[k] for k in fields}
+  def rounded(counts: collections.Counter, keys: tuple[str, ...] = fields) -> dict[str, float]:
+    return {k: round(counts[k], 1) if k.endswith("_s") else counts[k] for k in keys}
 
   by_cost = lambda item: -(item[1]["compile_s"] + item[1]["trace_s"] + item[1]["lower_s"])
   return {
     "total": rounded(total),
     "files": {k: rounded(v) for k, v in sorted(files.items(), key=by_cost)},
-    "costliest_programs": {k: rounded(v) for k, v in sorted(names.items(), key=by_cost)[:_KEPT]},
+    # Cache hits and misses are JAX events without a program's name: counted per file only.
+    "costliest_programs": {
+      k: rounded(v, fields[:4]) for k, v in sorted(names.items(), key=by_cost)[:_KEPT]
+    },
     "costliest_compiles": [
       [round(s, 2), name, test] for s, name, test in sorted(compiles, reverse=True)[:_KEPT]
     ],
   }
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+  """Whether this process hands the tests to xdist workers (`-n N`, N > 0) and runs none."""
+  workers = getattr(config.option, "numprocesses", None)
+  return not hasattr(config, "workerinput") and bool(workers)
 
 
 def _bare(name: str) -> str:

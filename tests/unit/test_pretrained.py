@@ -14,10 +14,10 @@ from flaxformer_nmt.data import pair_vocabulary
 from flaxformer_nmt.data.tokenizer import open_vocabulary
 from flaxformer_nmt.export import marian
 from flaxformer_nmt.model import layers
+from flaxformer_nmt.model.shapes import abstract_params
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID, UNK_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 
-import helpers
 import marian_models
 
 _CFG = TransformerConfig(
@@ -35,8 +35,8 @@ _CFG = TransformerConfig(
 
 
 def _random_params(cfg: TransformerConfig, seed: int = 0):
-  params = helpers.random_params(cfg, seed)
-  leaves, tree = jax.tree.flatten(params)
+  """Unit-normal values in every parameter (biases and scales too: every weight must be used)."""
+  leaves, tree = jax.tree.flatten(abstract_params(cfg))
   rng = np.random.default_rng(seed)
   return jax.tree.unflatten(tree, [rng.normal(size=x.shape).astype(np.float32) for x in leaves])
 
@@ -64,10 +64,10 @@ def test_zero_attention_biases_and_logits_bias_change_nothing():
   plain = TransformerConfig(vocab_size=50, num_layers=1, d_model=16, d_ff=32, num_heads=2)
   biased = TransformerConfig(**{**plain.__dict__, "attention_bias": True, "logits_bias": True})
   params = _random_params(plain)
-  with_zeros = helpers.random_params(biased)
+  with_zeros = abstract_params(biased)  # the shapes; the new biases zero, the rest `params`
   flat = dict(jax.tree_util.tree_leaves_with_path(params))
   with_zeros = jax.tree_util.tree_map_with_path(
-    lambda p, v: flat[p] if p in flat else np.zeros_like(v), with_zeros
+    lambda p, v: flat[p] if p in flat else np.zeros(v.shape, v.dtype), with_zeros
   )
   src, tgt = jnp.array([[5, 6, 7, EOS_ID]]), jnp.array([[8, 9, EOS_ID]])
   a = jax.jit(Transformer(plain).apply)({"params": params}, src, tgt)  # one program each: op by
