@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import model_params
 import numpy as np
 import pytest
 
@@ -20,8 +21,6 @@ from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.serving import batcher as batcher_lib
 from flaxformer_nmt.serving import protocol, service
-
-import helpers
 
 LINES = ["We need forty-two chairs.", "three hundred and five", "", "nine", "one thousand"]
 TERMS = [["Tische"], [], ["neun"], ["neun", "zehn"], []]
@@ -133,7 +132,7 @@ def test_the_server_decodes_constrained_requests_as_translate(saved_run):
 def _tiny(seed: int):
   c = config_lib.base_config("tiny")
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=24))
-  return model, helpers.random_params(model.cfg, seed)
+  return model, model_params.random_params(model.cfg, seed)
 
 
 @pytest.mark.parametrize("ensemble", [False, True])

@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_collections
+import model_params
 import numpy as np
 import pytest
 
@@ -36,7 +37,7 @@ def tiny():
   c = helpers.narrow(config_lib.base_config("tiny"))
   vocab = 40
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=vocab))
-  params = helpers.random_params(model.cfg)
+  params = model_params.random_params(model.cfg)
   return model, params, vocab
 
 
@@ -148,7 +149,7 @@ def test_an_ensemble_of_the_model_with_itself_is_the_model(tiny, method):
   two = decode.decode_batch(model, decode.Ensemble((params, params)), inputs, search)
   np.testing.assert_array_equal(two.tokens, one.tokens)
   np.testing.assert_allclose(two.normalized_scores, one.normalized_scores, rtol=1e-4, atol=1e-5)
-  other = helpers.random_params(model.cfg, seed=1)
+  other = model_params.random_params(model.cfg, seed=1)
   mixed = decode.decode_batch(model, decode.Ensemble((params, other)), inputs, search)
   assert not np.allclose(mixed.normalized_scores, one.normalized_scores)
 
@@ -285,7 +286,7 @@ def test_alignments_follow_the_cross_attention_of_a_hand_built_model():
   c.model.update(num_layers=1, d_model=16, d_ff=16, num_heads=1, max_len=16)
   c.model.update(positional="learned", dtype="float32")
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=16))
-  params = flax.core.unfreeze(helpers.random_params(model.cfg))
+  params = flax.core.unfreeze(model_params.random_params(model.cfg))
   eye, zero = np.eye(16, dtype=np.float32), np.zeros((16, 16), np.float32)
   params["embedding"]["embedding"] = eye
   for name in ("encoder_positions", "decoder_positions"):

@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import model_params
 import numpy as np
 import optax
 import pytest
@@ -22,7 +23,6 @@ from flaxformer_nmt.model.shapes import init_decode_cache
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
 
-import helpers
 import m2m100_models
 
 # One xdist worker runs the module, so `trained_tiny` (12 s) is trained once, not once per worker.
@@ -96,7 +96,7 @@ def test_narrow_keys_decode_as_they_train():
   cache keeps keys d_k wide and values d_v wide, and cached decoding gives the full pass's
   logits."""
   cfg = TransformerConfig(vocab_size=_VOCAB, num_layers=1, d_model=16, d_ff=32, num_heads=2, d_k=3)
-  model, params = Transformer(cfg), helpers.random_params(cfg, seed=3)
+  model, params = Transformer(cfg), model_params.random_params(cfg, seed=3)
   attention = params["decoder_0"]["self_attention"]
   assert [attention[w].shape for w in ("query", "key", "value", "out")] == [
     (16, 6),
@@ -116,7 +116,7 @@ def test_m2m100s_options_decode_as_they_train():
   decoder started from `</s>`, attention biases: cached decoding gives the full pass's logits."""
   cfg = m2m100_models.layout(_VOCAB)
   _assert_cached_decoding_matches_full_forward_pass(
-    Transformer(cfg), helpers.random_params(cfg, seed=4)
+    Transformer(cfg), model_params.random_params(cfg, seed=4)
   )
 
 

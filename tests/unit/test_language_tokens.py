@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import ml_collections
+import model_params
 import numpy as np
 import pytest
 
@@ -22,7 +23,6 @@ from flaxformer_nmt.model.tokens import EOS_ID
 from flaxformer_nmt.model.transformer import Transformer
 from flaxformer_nmt.serving import protocol
 
-import helpers
 import m2m100_models
 
 _VOCAB = 40
@@ -31,7 +31,7 @@ _VOCAB = 40
 @pytest.fixture(scope="module")
 def m2m_like():
   cfg = m2m100_models.layout(_VOCAB, max_len=64)
-  return Transformer(cfg), helpers.random_params(cfg, seed=3)
+  return Transformer(cfg), model_params.random_params(cfg, seed=3)
 
 
 _SOURCES = np.array([[7, 8, 9, 10, EOS_ID, 0], [11, 12, EOS_ID, 0, 0, 0]], np.int32)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import math
 
 import jax
+import model_params
 import numpy as np
 
 from flaxformer_nmt.model import layers
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
-
-import helpers
 
 
 def _their_table(num_embeddings: int, dim: int, padding_idx: int = 1) -> np.ndarray:
@@ -50,7 +49,7 @@ def test_the_decoder_starts_from_eos_and_reads_no_pad_row():
   EOS row changes the first position's."""
   cfg = TransformerConfig(vocab_size=20, num_layers=1, d_model=16, d_ff=32, num_heads=2)
   eos_cfg = TransformerConfig(**{**cfg.__dict__, "decoder_start": "eos"})
-  params = helpers.random_params(cfg)
+  params = model_params.random_params(cfg)
   src = np.array([[5, 6, 7, EOS_ID]], np.int32)
   tgt = np.array([[8, 9, EOS_ID]], np.int32)
 
@@ -85,7 +84,7 @@ def test_weights_to_m2m100_and_back_are_bitwise_and_every_weight_is_used():
     decoder_start="eos",
     attention_bias=True,
   )
-  params = helpers.random_params(cfg)
+  params = model_params.random_params(cfg)
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
   order = np.concatenate([[1, 2, 3, 0], np.arange(4, 30)])  # fairseq: <s> 0, <pad> 1, </s> 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ml_collections
+import model_params
 import numpy as np
 
 from flaxformer_nmt.config import builders as config_lib
@@ -96,7 +97,7 @@ def test_translating_lines_with_the_tiny_model(tmp_path):
   c = helpers.narrow(config_lib.base_config("tiny"))
   vocab = 40
   model = Transformer(TransformerConfig.from_config(c.model, vocab_size=vocab))
-  params = helpers.random_params(model.cfg)
+  params = model_params.random_params(model.cfg)
   decode_config = ml_collections.ConfigDict(
     dict(beam_size=2, alpha=0.6, max_len_offset=3, batch_size=4)
   )
