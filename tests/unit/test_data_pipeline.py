@@ -223,7 +223,7 @@ def test_over_long_and_empty_train_pairs_are_dropped(corpus, tmp_path, caplog) -
   de[7] = ""
   (corpus / "train.en").write_text("\n".join(en) + "\n")
   (corpus / "train.de").write_text("\n".join(de) + "\n")
-  caplog.set_level("INFO")
+  caplog.set_level("INFO", logger="absl")  # absl's own level, as in test_data_packing.py
   data = _make_data(_config(corpus), str(tmp_path / "run"), 8, 0, 1)
   assert data.train.examples_per_epoch == 298
   assert "dropped 1 with a side longer than data.max_len=32" in caplog.text

@@ -10,6 +10,7 @@ byte-for-byte and timestamp-for-timestamp as it was. tests/e2e/test_errors.py ru
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import re
 import sys
@@ -58,12 +59,16 @@ def test_one_line_exit_2_and_nothing_touched(case, tmp_path, monkeypatch, capsys
   if case.name in FLAG_CASES:
     argv, saved = ["main.py", *args], sys.argv[:]
     sys.argv[:] = argv  # ml_collections finds `--config.x=y` overrides in sys.argv itself
+    absl_level = logging.getLogger("absl").level
     flags.FLAGS.unparse_flags()  # a flag the case before gave would still count as present
     try:
       with pytest.raises(SystemExit) as exit_info:
         cli.parse_flags(argv)
     finally:
       sys.argv[:] = saved
+      # Flags set absl's logger to --verbosity's level (WARNING): a later test in this worker
+      # would no longer see INFO lines in caplog (test_data_pipeline.py's drop counts did not).
+      logging.getLogger("absl").setLevel(absl_level)
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
