@@ -70,44 +70,47 @@ def test_a_reused_pid_does_not_count_as_the_holder(tmp_path):
     pass
 
 
-def _beating(path: str, seconds: float, every: float) -> threading.Thread:
-  """A holder on another host, alive: its heartbeat touches `path` every `every` s."""
+def _beating(path: str, every: float) -> tuple[threading.Thread, threading.Event]:
+  """A holder on another host, alive: its heartbeat touches `path` every `every` s until the
+  event is set (the test sets it once it has its answer, rather than sleeping out a fixed span)."""
+  stop = threading.Event()
 
   def beat() -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-      time.sleep(every)
+    while not stop.wait(every):
       os.utime(path)
 
   thread = threading.Thread(target=beat, daemon=True)
   thread.start()
-  return thread
+  return thread, stop
 
 
 def test_another_hosts_live_holder_keeps_its_lock(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 3.0)
   monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
   path = helpers.write_lock(tmp_path, host="other-host", pid=1, started="then", token="theirs")
-  beats = _beating(path, seconds=2.0, every=0.3)
+  beats, stop = _beating(path, every=0.3)
   start = time.monotonic()
-  with pytest.raises(errors.WorkdirLockedError, match="host other-host, pid 1, started then"):
-    with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
-      pass
-  assert time.monotonic() - start < 2.0  # refused at the first heartbeat seen, not after a wait
-  beats.join()
+  try:
+    with pytest.raises(errors.WorkdirLockedError, match="host other-host, pid 1, started then"):
+      with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
+        pass
+    assert time.monotonic() - start < 2.0  # refused at the first heartbeat seen, not after a wait
+  finally:
+    stop.set()
+    beats.join()
   assert json.loads(open(path).read())["token"] == "theirs"
 
 
 def test_another_hosts_silent_lock_is_taken_over_within_the_window(tmp_path, monkeypatch, caplog):
   """A new Colab runtime on a Drive workdir: the old runtime's lock is fresh but never touched
   again, so it is taken over after STALE_AFTER_S of silence, not refused."""
-  monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 1.5)
+  monkeypatch.setattr(workdir_lock, "STALE_AFTER_S", 0.6)
   monkeypatch.setattr(workdir_lock, "POLL_S", 0.05)
   path = helpers.write_lock(tmp_path, host="dead-runtime", pid=1, started="then")
   start = time.monotonic()
   with workdir_lock.WorkdirLock(Workdir(str(tmp_path))):
     assert json.loads(open(path).read())["pid"] == os.getpid()
-  assert 1.0 < time.monotonic() - start < 6.0
+  assert 0.4 < time.monotonic() - start < 6.0  # the window waited out, and not much longer
   assert "Took over the lock" in caplog.text
 
 
