@@ -73,7 +73,11 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--scenario", choices=("translate", "train_setup"), required=True)
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--config", default="demo")
+  parser.add_argument(
+    "--config",
+    default="demo",
+    help="a config name or path; empty (translate only): the run's own config.json",
+  )
   args = parser.parse_args()
 
   import flaxformer_nmt  # noqa: F401  (after sys.path is as the caller set it)
@@ -131,7 +135,7 @@ def main() -> int:
     # object handed over.
     (climbs if caller in below.get(callee, set()) else hidden).append(edge)
 
-  config = api.load_config(args.config)
+  config = api.load_config(args.config) if args.config else None
   workdir = args.workdir
   if args.scenario == "train_setup":
     copy = os.path.join(tempfile.mkdtemp(), "workdir")
