@@ -3,11 +3,12 @@
 import functools
 
 import jax
+import model_params
 import numpy as np
 import optax
 
 from flaxformer_nmt.config import builders as config_lib
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 from flaxformer_nmt.runtime import parallel
 from flaxformer_nmt.training import optim, steps
 
@@ -43,9 +44,7 @@ def test_eight_devices_equal_one_device():
   # Plain SGD with rate 1: the update *is* the gradient, so any cross-device error shows in the
   # parameters at full size (Adam would hide a scale error and magnify rounding on ~0 gradients).
   tx, schedule = optax.sgd(1.0), optim.paper_schedule(cfg.d_model, c.optim.warmup_steps)
-  state = steps.create_train_state(
-    init_params(cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
-  )
+  state = steps.create_train_state(model_params.random_params(cfg), tx, jax.random.PRNGKey(1))
   batches = [_packed_batch(16, 12, 64) for _ in range(2)]
   results = {}
   for n in (1, 8):
@@ -96,7 +95,7 @@ def test_accumulating_four_micro_batches_equals_one_large_step():
   c = helpers.narrow(config_lib.base_config("tiny"))
   c.model.dropout_rate = 0.0  # micro-batches draw their own dropout masks; nothing else may differ
   model = Transformer(TransformerConfig.from_config(c.model, 64))
-  params = init_params(model.cfg, jax.random.PRNGKey(0))
+  params = model_params.random_params(model.cfg)
   devices = jax.local_devices()[:2]
   batches = [_packed_batch(16, 12, 64) for _ in range(2)]  # 8 rows per device: 4 x 2
   # Adam, as training runs. Its moments hold the summed gradients themselves (mu is a weighted
@@ -134,9 +133,7 @@ def test_accumulate_steps_must_divide_the_rows():
   c = helpers.narrow(config_lib.base_config("tiny"))
   model = Transformer(TransformerConfig.from_config(c.model, 64))
   tx = optax.sgd(1.0)
-  state = steps.create_train_state(
-    init_params(model.cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
-  )
+  state = steps.create_train_state(model_params.random_params(model.cfg), tx, jax.random.PRNGKey(1))
   with pytest.raises(ValueError, match="do not split into optim.accumulate_steps=3"):
     _run_steps(state, [_packed_batch(16, 12, 64)], tx, model, jax.local_devices()[:2], 3)
 

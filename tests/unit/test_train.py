@@ -8,13 +8,14 @@ import re
 
 import jax
 import jax.numpy as jnp
+import model_params
 import numpy as np
 import pytest
 
 from flaxformer_nmt import api, errors, modes
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model import losses
-from flaxformer_nmt.model.transformer import Transformer, TransformerConfig, init_params
+from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
 from flaxformer_nmt.run.components import Components
 from flaxformer_nmt.run.folder import Workdir
 from flaxformer_nmt.training import optim, steps
@@ -72,9 +73,7 @@ def test_skipped_updates_log_the_learning_rate_actually_applied(monkeypatch):
   cfg = TransformerConfig.from_config(c.model, 64)
   c.optim.warmup_steps = 4
   tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
-  state = steps.create_train_state(
-    init_params(cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
-  )
+  state = steps.create_train_state(model_params.random_params(cfg), tx, jax.random.PRNGKey(1))
   step = jax.pmap(
     functools.partial(
       steps.train_step, model=Transformer(cfg), tx=tx, schedule=schedule, label_smoothing=0.1,
