@@ -79,6 +79,8 @@ def main() -> int:
     help="a config name or path; empty (translate only): the run's own config.json",
   )
   args = parser.parse_args()
+  if not args.config and args.scenario != "translate":
+    parser.error("--config= (the run's own config) is for --scenario=translate only")
 
   import flaxformer_nmt  # noqa: F401  (after sys.path is as the caller set it)
   from flaxformer_nmt import api

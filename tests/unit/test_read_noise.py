@@ -30,7 +30,7 @@ def _unretrieved(make: str, error: Exception) -> None:
       loop.run_until_complete(asyncio.sleep(0))
     assert future.done()
     del future  # the last reference: no cycle holds a finished future, so it is reported here
-    gc.collect(1)  # the young generations, in case one did: a full pass costs ~0.4 s in a worker
+    gc.collect(1)  # young generations, should a cycle hold it: a full pass costs ~0.4 s in a worker
   finally:
     loop.close()
 
