@@ -2,6 +2,7 @@
 
   python tools/call_path.py --scenario=translate --workdir=runs/demo   # a trained demo workdir
   python tools/call_path.py --scenario=train_setup --workdir=runs/demo  # resume set-up
+  python tools/call_path.py --scenario=translate --workdir=COPY --config=  # its own config.json
 
 Also counted: how often the vocabulary is loaded (`Tokenizer.__init__`) and the model's parameters
 are initialised or shaped (`init_params`, also under jax.eval_shape).
