@@ -68,6 +68,10 @@ from flaxformer_nmt.checkpoints.reader import (
   state_dict,
 )
 
+# The barrier names of the two writing managers (reader.open_manager): the training checkpoints'
+# asynchronous saves may still be finishing when `write` saves `best/` or an average.
+TRAIN_BARRIERS, WRITE_BARRIERS = "train_checkpoints", "one_step_write"
+
 
 def _host_leaf(x: Any) -> np.ndarray:
   dtype = getattr(x, "dtype", None)
@@ -91,7 +95,7 @@ def write(
   the old step or the new one, never half of one). Returns the step's path. Every process of a
   multi-process run calls it (orbax writes from process 0).
   """
-  manager = open_manager(epath.Path(directory))
+  manager = open_manager(epath.Path(directory), barrier_prefix=WRITE_BARRIERS)
   try:
     if step in manager.all_steps():
       if not replace:
@@ -135,7 +139,7 @@ class Checkpointer:
     self._directory = epath.Path(os.path.abspath(directory))  # `--workdir=runs/x` is relative
     self._every_steps = every_steps
     self._every_secs = float(every_secs)
-    self._manager = open_manager(self._directory, keep=keep)
+    self._manager = open_manager(self._directory, keep=keep, barrier_prefix=TRAIN_BARRIERS)
     self._reader = CheckpointDir(str(self._directory))  # reads with its own, local manager
     self._last_save_time = time.monotonic()
     self._closed = False

@@ -80,18 +80,31 @@ def _shows_corruption(e: BaseException) -> bool:
 
 
 def open_manager(
-  directory: epath.Path, *, keep: int | None = None, read_only: bool = False
+  directory: epath.Path,
+  *,
+  keep: int | None = None,
+  read_only: bool = False,
+  barrier_prefix: str | None = None,
 ) -> ocp.CheckpointManager:
   """An orbax manager with our two items; read-only managers create and clean nothing.
 
   A read-only manager is this process's own: orbax's restore ends in a barrier across the
   processes of the job, which would make a read that one process does alone (process 0 choosing
   the step to resume) wait forever. Reads share nothing between processes, so none is needed.
+
+  A writing manager names its barriers with `barrier_prefix` (the same on every process). Orbax's
+  barrier names are fixed strings, and two managers of one process synchronising at once under
+  the same name fail ("Barrier ... is already ongoing"): the training checkpoint's asynchronous
+  save finishing in its thread while `best/` is written in the main thread did, in a two-process
+  run. Each writer passes its own prefix.
   """
   directory = epath.Path(os.path.abspath(directory))  # orbax rejects relative paths
-  local = ocp.options.MultiprocessingOptions(
-    primary_host=jax.process_index(), active_processes={jax.process_index()}
-  )
+  if read_only:
+    processes = ocp.options.MultiprocessingOptions(
+      primary_host=jax.process_index(), active_processes={jax.process_index()}
+    )
+  else:
+    processes = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=barrier_prefix)
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep,
     save_interval_steps=0 if read_only else 1,  # our own `due` decides; orbax is forced
@@ -99,7 +112,7 @@ def open_manager(
     read_only=read_only,
     cleanup_tmp_directories=not read_only,
     enable_async_checkpointing=not read_only,
-    **({"multiprocessing_options": local} if read_only else {}),
+    multiprocessing_options=processes,
   )
   return ocp.CheckpointManager(
     directory,

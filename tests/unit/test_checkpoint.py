@@ -249,3 +249,28 @@ def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):
   assert step == 3 and data_state == {"epoch": 0, "index": 5}
   np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
   assert (tmp_path / "runs/demo/checkpoints/3").is_dir()
+
+
+def test_the_two_writing_managers_synchronise_under_their_own_barrier_names(tmp_path, monkeypatch):
+  """Orbax's barrier names are fixed strings: in a two-process run, the training checkpoints'
+  asynchronous save finishing in its thread while `best/` was written failed with "Barrier ... is
+  already ongoing". Each writing manager prefixes its barriers with a name of its own."""
+  prefixes = {}
+  real = checkpoint.open_manager
+
+  def recording(directory, **kwargs):
+    manager = real(directory, **kwargs)
+    prefixes[os.path.basename(directory)] = manager._options.multiprocessing_options  # orbax's
+    return manager
+
+  monkeypatch.setattr(checkpoint, "open_manager", recording)
+  ckpt = new_ckpt(tmp_path / "checkpoints")
+  save_steps(ckpt, [1])
+  checkpoint.write(str(tmp_path / "best"), 1, {"params": {"w": np.zeros(2, np.float32)}}, {})
+  ckpt.close()
+  train, best = prefixes["checkpoints"], prefixes["best"]
+  assert train.barrier_sync_key_prefix and best.barrier_sync_key_prefix
+  assert train.barrier_sync_key_prefix != best.barrier_sync_key_prefix
+  # Otherwise the defaults: every process of the job takes part, process 0 writes.
+  assert train.active_processes is best.active_processes is None
+  assert train.primary_host == best.primary_host == 0
