@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import model_params
 import numpy as np
 import optax
 import pytest
@@ -49,7 +50,7 @@ def test_targets_find_every_attentions_projections_and_the_ffn_matrices():
 
 def test_fresh_adapters_leave_the_model_bit_for_bit_and_abstract_params_give_the_shapes():
   model_cfg = TransformerConfig.from_config(builders.base_config("tiny").model, 64)
-  params = init_params(model_cfg, jax.random.PRNGKey(0))
+  params = model_params.random_params(model_cfg)  # any W0: not a program per initializer op
   state = lora.init(params, 4, ["q", "ffn_in"], jax.random.PRNGKey(1))
   adapters = traverse_util.flatten_dict(state.adapters)
   a = adapters[("encoder_0", "self_attention", "query", "a")]
