@@ -117,11 +117,11 @@ def open_vocabulary(path: str, size: int | None = None) -> Vocabulary:
   model's source.spm, target.spm and vocab.json (an imported OPUS-MT model's:
   data/pair_vocabulary.py), or an M2M100 model's sentencepiece.bpe.model and vocab.json
   (data/fairseq_vocabulary.py; `size`, config.data.vocab_size, counts its padding rows)."""
+  if not os.path.isdir(path):  # a file (or nothing: Tokenizer names what is missing)
+    return Tokenizer(path)
   if fairseq_vocabulary.is_fairseq_vocabulary(path):
     return fairseq_vocabulary.FairseqVocabulary(path, size)
-  if os.path.isdir(path):
-    return pair_vocabulary.PairVocabulary(path)
-  return Tokenizer(path)
+  return pair_vocabulary.PairVocabulary(path)
 
 
 def vocabulary_exists(path: str) -> bool:
