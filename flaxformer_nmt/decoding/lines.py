@@ -1,5 +1,6 @@
 """What a translator works with, line by line: the tokenizer it needs, the hypotheses and figures it
-returns, the decode functions it calls, and the padded shapes of its batches (translator.py)."""
+returns and the decode functions it calls (translator.py, which also owns its batches' padded
+shapes)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,6 @@ BatchDecodeFn = Callable[[np.ndarray, np.ndarray], Any]
 # The constrained search with a given beam: (beam) -> (source ids, line numbers, then the terms as
 # constraints.pack's arrays) -> the search's result.
 ConstrainedDecodeFn = Callable[[int], Callable[..., Any]]
-
-
-# Padded source lengths. Roughly geometric, so padding wastes at most ~1/3 of a batch while a
-# full run compiles about ten programs.
-BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class TextTokenizer(Protocol):
@@ -61,16 +57,3 @@ class TranslationStats:
     if out["constraints"] is None:
       del out["constraints"]
     return out
-
-
-def bucket_lengths(max_src_len: int) -> list[int]:
-  """The padded lengths a batch may take: the fixed buckets below `max_src_len`, then it."""
-  return [b for b in BUCKETS if b < max_src_len] + [max_src_len]
-
-
-def bucket(length: int, buckets: Sequence[int]) -> int:
-  return next(b for b in buckets if b >= length)
-
-
-def next_power_of_two(n: int) -> int:
-  return 1 << max(n - 1, 0).bit_length()
