@@ -47,7 +47,7 @@ def _logits(model: Transformer, params, *args, **kwargs) -> np.ndarray:
 
 # Causality, padding, packing, dropout, bfloat16, remat and the attention kernels hold for any
 # parameters of init_params' shapes and scales: drawn on the host (tests/model_params.py), each
-# config's initializer is not a program to compile (about 2-3.5 s each from an empty cache).
+# config's initializer is not a program to compile (up to 3.5 s each from an empty cache).
 def _init(cfg: TransformerConfig):
   return model_params.random_params(cfg)
 
@@ -234,7 +234,7 @@ def test_remat_changes_memory_not_results():
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
   # Recomputation may fuse differently: float rounding, not a different gradient. The rounding of
   # a sum is relative to its largest terms, so a small entry of a large gradient can move by a few
-  # ulps of the gradient's scale (1.2e-6 on an entry of 8e-5 where entries reach 2.6).
+  # ulps of the gradient's scale, not of its own.
   close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
   jax.tree.map(close, g1, g2)
 
