@@ -46,16 +46,13 @@ def _logits(model: Transformer, params, *args, **kwargs) -> np.ndarray:
 
 
 # Causality, padding, packing, dropout, bfloat16, remat and the attention kernels hold for any
-# parameters of init_params' shapes and scales: drawn on the host (tests/model_params.py), each
-# config's initializer is not a program to compile (up to 3.5 s each from an empty cache).
-def _init(cfg: TransformerConfig):
-  return model_params.random_params(cfg)
-
-
+# parameters of init_params' shapes and scales, so the tests draw them on the host
+# (model_params.random_params): each config's initializer is not a program to compile (up to
+# 3.5 s each from an empty cache).
 @pytest.fixture(scope="module")
 def setup():
   cfg = tiny()
-  return Transformer(cfg), _init(cfg)
+  return Transformer(cfg), model_params.random_params(cfg)
 
 
 def _ids(seed, shape) -> np.ndarray:
@@ -118,7 +115,7 @@ def test_packed_row_equals_separate_rows(setup):
 )
 def test_variants_build_and_stay_causal(overrides):
   cfg = tiny(**overrides)
-  model, params = Transformer(cfg), _init(cfg)
+  model, params = Transformer(cfg), model_params.random_params(cfg)
   src, tgt = _ids(8, (2, 5)), _ids(9, (2, 6))
   a = _logits(model, params, src, tgt)
   b = _logits(model, params, src, _with(tgt, (slice(None), 3), 4))
@@ -178,7 +175,7 @@ def test_dtype_auto_resolves():
 @pytest.mark.parametrize("overrides", [{}, dict(pre_ln=True, share_embeddings=False)])
 def test_bfloat16_keeps_float32_parameters_and_logits_and_tracks_float32(overrides):
   cfg32, cfg16 = tiny(dtype="float32", **overrides), tiny(dtype="bfloat16", **overrides)
-  params = _init(cfg16)
+  params = model_params.random_params(cfg16)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
   src, tgt = _ids(12, (2, 9)), _ids(13, (2, 7))
   low = _logits(Transformer(cfg16), params, src, tgt)
@@ -212,7 +209,7 @@ def test_jax_attention_trains_as_ours(monkeypatch):
     jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or jax_attention(*a, **k)
   )
   cfg_ours, cfg_jax = tiny(), tiny(attention="jax")
-  params = _init(cfg_ours)
+  params = model_params.random_params(cfg_ours)
   src = _with(_ids(10, (2, 7)), (1, slice(5, None)), 0)  # padding in the second row
   tgt = _with(_ids(11, (2, 6)), (1, slice(4, None)), 0)
   (loss_ours, grad_ours), (loss_jax, grad_jax) = (
@@ -228,7 +225,7 @@ def test_jax_attention_trains_as_ours(monkeypatch):
 def test_remat_changes_memory_not_results():
   """Rematerialised layers: same loss and gradients, smaller temporary buffers (XLA's analysis)."""
   plain, remat = tiny(dropout_rate=0.1), tiny(dropout_rate=0.1, remat=True)
-  params = _init(plain)
+  params = model_params.random_params(plain)
   src, tgt = _ids(14, (4, 16)), _ids(15, (4, 16))
   (l1, g1), (l2, g2) = (_loss_and_grad(cfg)(params, src, tgt) for cfg in (plain, remat))
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
