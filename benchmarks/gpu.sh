@@ -92,12 +92,16 @@ run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $
 # runtime/xla_flags.py's GPU options (Triton GEMMs and command buffers off), kept by the A/Bs of
 # 2026-11-28 (benchmarks/results/ab_step_h200_base_cudnn.json). Triton's block-level norm fusion
 # (0.87x) and cuDNN layer norm (1.00x) were measured there and dropped.
+# Compiled in this order while they fit (ab_step.py --deadline_s): the noise, then what may be
+# faster (rbg's masks; cuBLASLt, whose epilogues can fuse what cuBLAS leaves to XLA), then the
+# choices the defaults replaced, timed against the new baseline.
 AB_BASE=(
   --variant="again"
-  --variant="ours;model.attention=ours"
+  --variant="rbg;model.dropout_rng=rbg"
+  --variant="cublaslt;xla_gpu_enable_cublaslt=True"
   --variant="triton_gemm_on;xla_gpu_enable_triton_gemm=True"
   --variant="jax;model.attention=jax"
-  --variant="rbg;model.dropout_rng=rbg"
+  --variant="ours;model.attention=ours"
 )
 AB_BIG=(--variant="ours;model.attention=ours" --variant="rbg;model.dropout_rng=rbg")
 [ -z "${SMOKE:-}" ] || { AB_BASE=(--variant="fastmath;xla_cpu_enable_fast_math=True"); AB_BIG=(); }
