@@ -107,7 +107,7 @@ AB_BIG=(--variant="ours;model.attention=ours" --variant="rbg;model.dropout_rng=r
 [ -z "${SMOKE:-}" ] || { AB_BASE=(--variant="fastmath;xla_cpu_enable_fast_math=True"); AB_BIG=(); }
 for stage in "${stages[@]}"; do
   case "$stage" in
-    profile) TAIL=13 run 120 "profile_step_${GPU}_base" profile_step.py --size=base "${SHAPES[@]}" ;;
+    profile) TAIL=13 run 120 "profile_step_${GPU}_base" profile_step.py --size=base "${SHAPES[@]}" --top=40 ;;
     flax)
       if [ -z "${FLAX_WMT_DIR:-}" ]; then
         echo "SKIPPED: flax (set FLAX_WMT_DIR to the Flax example's folder)"
