@@ -1,23 +1,26 @@
 """XLA options this package turns on for NVIDIA GPUs, unless the user's XLA_FLAGS names them.
 
-Each was kept by an A/B of the base train step on one H200, every variant compiled in one process
-and timed round-robin, the loss of 20 fixed steps within 1e-4 of the baseline's
-(benchmarks/results/ab_step_h200_base_cudnn.json, docs/performance.md):
+One is kept, by an A/B of the base train step on one H200 (every variant compiled in one process
+and timed round-robin, the loss of 20 fixed steps within 1e-4 of the baseline's;
+benchmarks/results/ab_step_h200_base_cudnn.json, docs/performance.md):
 
   xla_gpu_enable_triton_gemm=false   matrix products by cuBLAS rather than XLA's Triton kernels:
-                                     1.278x against 1.206x (cuDNN attention alone)
-  xla_gpu_enable_command_buffer=     no CUDA graphs: 1.288x with both, 1.278x without; the first
-                                     timed round is no slower than the rest
+                                     1.278x against 1.206x (cuDNN attention alone); Triton's
+                                     back on: 0.944x (ab_step_h200_base_defaults.json)
 
-They apply to every program of the process, decoding's too, which was not A/B'd under them (only
-the train step was). XLA reads XLA_FLAGS once, when JAX starts its first backend, so they are
-added to the environment when runtime/parallel.py is imported (before any command touches a
-device; in a process that has started JAX already, a notebook's say, nothing is changed, since
-it would not take effect), and only where JAX's CUDA plugin is installed
-(jax[cuda12], jax[cuda13]): elsewhere XLA_FLAGS is left as it was. A user's own setting of
-either flag, in XLA_FLAGS, wins; so does FLAXFORMER_NMT_XLA_DEFAULTS=0, which adds none. The flags
-are part of the key under which compiled programs are kept (runtime/executables.py), so a cached
-program never mixes the two.
+It applies to every program of the process; beam-4 decoding at batch 32 runs as fast with it as
+without (decode_h200_base_tritonoff_r*.json against decode_h200_base_xla_r*.json). Turning off
+command buffers (`xla_gpu_enable_command_buffer=`, no CUDA graphs) was a default too, for 1.01x
+on the train step, until the same decoding ran at half the speed under it (the search is many
+small launch-bound steps; decode_h200_base_pkg_r*.json): it is no longer added.
+
+XLA reads XLA_FLAGS once, when JAX starts its first backend, so the option is added to the
+environment when runtime/parallel.py is imported (before any command touches a device; in a
+process that has started JAX already, a notebook's say, nothing is changed, since it would not
+take effect), and only where JAX's CUDA plugin is installed (jax[cuda12], jax[cuda13]):
+elsewhere XLA_FLAGS is left as it was. A user's own setting of it, in XLA_FLAGS, wins; so does
+FLAXFORMER_NMT_XLA_DEFAULTS=0, which adds none. The flags are part of the key under which
+compiled programs are kept (runtime/executables.py), so a cached program never mixes the two.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from collections.abc import MutableMapping
 
 GPU_DEFAULTS: dict[str, str] = {
   "xla_gpu_enable_triton_gemm": "false",
-  "xla_gpu_enable_command_buffer": "",
 }
 OPT_OUT = "FLAXFORMER_NMT_XLA_DEFAULTS"
 

@@ -7,13 +7,10 @@ from flaxformer_nmt.runtime import xla_flags
 
 def test_defaults_are_added_after_the_users_flags():
   flags = xla_flags.with_defaults("--xla_force_host_platform_device_count=8")
-  assert flags == (
-    "--xla_force_host_platform_device_count=8 --xla_gpu_enable_triton_gemm=false "
-    "--xla_gpu_enable_command_buffer="
-  )
-  assert xla_flags.with_defaults("") == (
-    "--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_command_buffer="
-  )
+  assert flags == "--xla_force_host_platform_device_count=8 --xla_gpu_enable_triton_gemm=false"
+  assert xla_flags.with_defaults("") == "--xla_gpu_enable_triton_gemm=false"
+  # Command buffers stay XLA's own: turned off, they halved beam search's speed on an H200.
+  assert "command_buffer" not in xla_flags.with_defaults("")
 
 
 def test_a_flag_the_user_sets_is_left_as_set():
