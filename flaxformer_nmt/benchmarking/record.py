@@ -49,6 +49,11 @@ PACKAGES = (
   "ctranslate2",
   "libtpu",
 )
+# Variables that change what XLA compiles, and so a figure: a record lists those set (XLA_FLAGS as
+# the run saw it, runtime/xla_flags.py's GPU defaults included). Decoding on an H200 ran at half
+# the speed under one option (docs/performance.md), and records made before this field cannot say
+# which options they ran under.
+ENVIRONMENT = ("XLA_FLAGS", "FLAXFORMER_NMT_XLA_DEFAULTS", "LIBTPU_INIT_ARGS")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -98,6 +103,11 @@ def versions() -> dict[str, str]:
   return found
 
 
+def environment() -> dict[str, str]:
+  """The `ENVIRONMENT` variables set in this process, with their values."""
+  return {name: os.environ[name] for name in ENVIRONMENT if os.environ.get(name)}
+
+
 def commit() -> str:
   """The checkout's commit, with "+ uncommitted changes" when its tracked files differ from it
   (records aside: measuring several figures in a row rewrites them)."""
@@ -136,6 +146,7 @@ def make_record(name: str, result: dict[str, Any], command: str) -> dict[str, An
     "commit": commit(),
     "machine": machine(),
     "versions": versions(),
+    "environment": environment(),
     "result": result,
   }
 

@@ -1,4 +1,5 @@
-"""A benchmark record names the commit it was measured at (benchmarking/record.commit)."""
+"""A benchmark record names the commit it was measured at (benchmarking/record.commit) and the
+XLA options it ran under (record.environment)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,18 @@ def test_no_git_is_said_so(monkeypatch):
   monkeypatch.delenv("RECORD_COMMIT", raising=False)
   monkeypatch.setattr(record.subprocess, "run", fail)
   assert record.commit() == "unknown (not a git checkout)"
+
+
+def test_the_record_names_the_xla_options_it_ran_under(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=false")
+  monkeypatch.setenv("FLAXFORMER_NMT_XLA_DEFAULTS", "0")
+  monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+  monkeypatch.setattr(record, "commit", lambda: "66f8fd32291c")
+  made = record.make_record("decode_x", {"sentences_per_s": 1.0}, "python benchmarks/decode.py")
+  assert made["environment"] == {
+    "XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
+    "FLAXFORMER_NMT_XLA_DEFAULTS": "0",
+  }
+  monkeypatch.delenv("XLA_FLAGS")
+  monkeypatch.delenv("FLAXFORMER_NMT_XLA_DEFAULTS")
+  assert record.environment() == {}
