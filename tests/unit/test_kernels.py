@@ -146,6 +146,25 @@ def test_one_library_kernel_name_for_two_products_stays_two_entries():
   assert top[1]["op_name"] == "pmap(step)/decoder_1/ffn/wi/dot_general"
 
 
+def test_an_instruction_is_named_by_its_costliest_kernel_not_its_first():
+  """On the H200 each cuBLAS and cuDNN call came with a "Memset" first, and the record named every
+  product and attention "Memset 3" (profile_step_h200_base_cudnn.json)."""
+  hlo = kernels.hlo_index(HLO)
+  events = [
+    ("Memset 3", 1.0, "custom_call_5"),
+    ("nvjet_sm90_tst", 300.0, "custom_call_5"),
+    ("Memset 3", 1.0, "custom_call_5"),
+    ("nvjet_sm90_tst", 300.0, "custom_call_5"),
+  ]
+  (top,) = kernels.summarize(events, hlo, steps=2)["top"]
+  assert (top["kernel"], top["hlo"], top["ms_per_step"]) == (
+    "nvjet_sm90_tst",
+    "custom-call.5",
+    0.301,
+  )
+  assert top["calls_per_step"] == 2.0  # kernels launched, the helpers counted
+
+
 def test_a_gpu_trace_counts_stream_kernels_once_per_step(tmp_path):
   steps = 3
   path = tmp_path / "plugins" / "profile" / "run" / "host.trace.json.gz"
