@@ -15,6 +15,7 @@
 #            round-robin, with the loss of 20 fixed steps beside the baseline's (ab_step.py)
 #   ab_big   the same for big, fewer variants
 #   steps    the earlier records: base and big (our attention), decoding at 32 and 256
+#   decode_xla  decoding at batch 32 under the package's GPU defaults and XLA's own, in turns
 #   fp16     base in float16 with its dynamic loss scale (the T4/V100 path of model.dtype=auto)
 # Records go to $OUT as <bench>_<gpu>_<what>.json (gpu = h100, h200, ... from the device name;
 # a SMOKE=1 dry run's end in _smoke).
@@ -25,8 +26,10 @@
 # from the shared cache; nine took 250 s, and with their builds outran the stage's 300 s:
 # ab_step.py now gets --deadline_s and builds only the variants that fit, most promising first).
 # The second lease's `GPU_BUDGET_S=555 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh ab_base flax` took
-# 372 s (7 of 9 variants compiled; the side by side 126 s). The next run is
-# `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh profile flax ab_base` (docs/performance.md).
+# 372 s (7 of 9 variants compiled; the side by side 126 s). The third's (2026-11-29)
+# `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh profile flax ab_base` took 387 s (profile
+# 61 s, side by side 135 s, all 6 ab_base variants compiled in 187 s). The next run is
+# `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh decode_xla flax steps` (docs/performance.md).
 # SMOKE=1 runs every stage but `steps` at the tiny size, on any machine (a dry run on the CPU;
 # tests/e2e/test_scripts.py runs its profile and ab_base stages so; the others ran so by hand).
 #
@@ -53,8 +56,8 @@ PY=${PYTHON:-python3}
 BUDGET=${GPU_BUDGET_S:-480}
 start=$SECONDS
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || [ -z "${SMOKE:-}" ] || stages=(profile flax ab_base ab_big fp16)
-[ ${#stages[@]} -gt 0 ] || stages=(profile flax ab_base ab_big steps fp16)
+[ ${#stages[@]} -gt 0 ] || [ -z "${SMOKE:-}" ] || stages=(profile flax ab_base ab_big decode_xla fp16)
+[ ${#stages[@]} -gt 0 ] || stages=(profile flax ab_base ab_big steps decode_xla fp16)
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 \
@@ -65,7 +68,9 @@ GPU=${GPU:-${GPU_NAME:-$([ -n "${SMOKE:-}" ] && echo cpu || echo gpu)}}
 $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 SHAPES=(--dtype=bfloat16 --tokens_per_step=25000 --max_len=256)
 PEAK=(--peak_n=8192)
-[ -z "${SMOKE:-}" ] || { SHAPES=(--size=tiny --tokens_per_step=1024 --max_len=32); PEAK=(--peak_n=256); }
+DECODE_SIZE=(--size=base)
+[ -z "${SMOKE:-}" ] || { SHAPES=(--size=tiny --tokens_per_step=1024 --max_len=32); PEAK=(--peak_n=256)
+  DECODE_SIZE=(--size=tiny --vocab_size=1000); }
 
 run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $OUT/<name>.json
   # A dry run's records end in _smoke: they hold the tiny size, whatever the stage's name says.
@@ -130,9 +135,21 @@ for stage in "${stages[@]}"; do
       run 70 "decode_${GPU}_base_b256" decode.py --size=base --noctranslate2 --repeats=5 \
         --batch_size=256
       ;;
+    decode_xla)
+      # Beam-4 decoding at batch 32 under the package's GPU defaults and under XLA's own
+      # (FLAXFORMER_NMT_XLA_DEFAULTS=0), in turns, twice: an XLA option kept for the train step
+      # must not slow the search (turning command buffers off halved it, 2026-11-29).
+      for r in 1 2; do
+        run 60 "decode_${GPU}_base_pkg_r$r" decode.py "${DECODE_SIZE[@]}" --noctranslate2 \
+          --repeats=5 --batch_size=32
+        FLAXFORMER_NMT_XLA_DEFAULTS=0 run 60 "decode_${GPU}_base_xla_r$r" decode.py \
+          "${DECODE_SIZE[@]}" --noctranslate2 --repeats=5 --batch_size=32
+      done
+      ;;
     fp16) run 85 "train_step_${GPU}_base_fp16" train_step.py --size=base "${SHAPES[@]}" \
       --dtype=float16 --steps=20 "${PEAK[@]}" ;;
-    *) echo "gpu.sh: unknown stage '$stage' (profile flax ab_base ab_big steps fp16)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown stage '$stage' (profile flax ab_base ab_big steps decode_xla fp16)" >&2
+      exit 2 ;;
   esac
 done
 ls "$OUT"

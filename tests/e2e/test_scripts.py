@@ -58,11 +58,11 @@ def test_recipe_cost_estimate_follows_the_flop_count(tmp_path):
   assert record["versions"]["jax"] == importlib.metadata.version("jax")
 
 
-def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
-  """benchmarks/gpu.sh is what the first run on an NVIDIA GPU runs, with minutes to spare: its
-  profile and A/B stages run here at the tiny size (SMOKE=1), and their records say what the GPU
-  run's will: the step's kernels by kind with the costliest named, and each variant's time and
-  loss beside the baseline's."""
+def test_the_gpu_script_runs_its_profile_ab_and_decode_stages_on_the_cpu(tmp_path):
+  """benchmarks/gpu.sh is what a run on an NVIDIA GPU runs, with minutes to spare: its profile,
+  A/B and decoding stages run here at the tiny size (SMOKE=1), and their records say what the GPU
+  run's will: the step's kernels by kind with the costliest named, each variant's time and loss
+  beside the baseline's, and decoding under the package's XLA defaults and under XLA's own."""
   env = {
     **os.environ,
     "SMOKE": "1",
@@ -76,7 +76,7 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   if flags.strip():  # XLA reads a value that does not start with "--" as a file name
     env["XLA_FLAGS"] = flags.strip()
   proc = subprocess.run(
-    ["bash", "benchmarks/gpu.sh", "profile", "ab_base"],
+    ["bash", "benchmarks/gpu.sh", "profile", "ab_base", "decode_xla"],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -98,6 +98,12 @@ def test_the_gpu_script_runs_its_profile_and_ab_stages_on_the_cpu(tmp_path):
   assert list(variants) == ["baseline", "fastmath"]
   assert variants["baseline"]["max_loss_diff"] == 0.0 and variants["baseline"]["speedup"] == 1.0
   assert variants["fastmath"]["compiler_options"] == {"xla_cpu_enable_fast_math": True}
+  for r in (1, 2):  # in turns, each record saying which options it ran under
+    pkg = json.loads((tmp_path / f"decode_cpu_base_pkg_r{r}_smoke.json").read_text())
+    xla = json.loads((tmp_path / f"decode_cpu_base_xla_r{r}_smoke.json").read_text())
+    assert xla["environment"]["FLAXFORMER_NMT_XLA_DEFAULTS"] == "0"
+    assert "FLAXFORMER_NMT_XLA_DEFAULTS" not in pkg["environment"]
+    assert pkg["result"]["sentences_per_s"] > 0 and xla["result"]["sentences_per_s"] > 0
   assert variants["fastmath"]["max_loss_diff"] < 1e-3  # an XLA option keeps the numerics
   assert variants["fastmath"]["max_grad_norm_rel_diff"] < 1e-3  # the backward's too
   assert len(ab["baseline_losses"]) == 3
