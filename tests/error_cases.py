@@ -83,6 +83,16 @@ CASES = [
     "config.model.attention='jax' needs keys as wide as values, but config.model.d_k=2",
   ),
   Case(
+    "blocked loss on an untied output layer",
+    in_trained_before_config_json(
+      "--config=configs/demo.py",
+      "--config.model.loss_block_tokens=64",
+      "--config.model.share_embeddings=False",
+    ),
+    "config.model.loss_block_tokens=64 computes the tied output layer in blocks, but "
+    "config.model.share_embeddings=False",
+  ),
+  Case(
     "export of a model CTranslate2 cannot hold",
     in_trained_before_config_json(
       "--config=configs/demo.py", "--mode=export", "--config.model.d_k=2", "--output={base}/ct2"

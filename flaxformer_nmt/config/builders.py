@@ -105,6 +105,11 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       num_decoder_layers=0,  # the decoder's depth; 0 = num_layers
       logits_bias=False,  # a learned bias on the logits (Marian's final_logits_bias)
       decoder_start="pad",  # the decoder's first input: "pad" (ours), "eos" (M2M100's </s>)
+      # Training's output layer and loss in blocks of this many target positions, each block's
+      # float32 logits recomputed in the backward, so the [tokens, vocabulary] logits are never
+      # held whole (3.7 GB at the paper's batch): less memory for one more product. 0 = whole.
+      # Tied embeddings only (share_embeddings).
+      loss_block_tokens=0,
     )
   )
 

@@ -191,6 +191,13 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
       "use 'ours'."
     )
   _one_of(config, "model.dtype", DTYPES)
+  if "loss_block_tokens" in m:  # absent from configs saved before it existed
+    _at_least(config, "model.loss_block_tokens", 0)
+    if m.loss_block_tokens and not m.share_embeddings:
+      _fail(
+        f"config.model.loss_block_tokens={m.loss_block_tokens} computes the tied output layer in "
+        "blocks, but config.model.share_embeddings=False: set it to 0."
+      )
   if m.attention == "cudnn" and m.dtype == "float32":
     _fail(
       "config.model.attention='cudnn' computes in bfloat16 or float16 only, but "

@@ -22,8 +22,9 @@ of every installed config has one):
              objective).
   RESUME     the length of training, evaluation and checkpoint cadence, checkpoints kept,
              early-stopping patience, the optimizer (its own rule stays: the EMA cannot be
-             switched on or off, training/state.py), rematerialisation, fine-tuning's source
-             (read at step 0 only). Free when training resumes, and irrelevant to other commands.
+             switched on or off, training/state.py), rematerialisation and the blocked loss
+             (memory), fine-tuning's source (read at step 0 only). Free when training resumes,
+             and irrelevant to other commands.
   FREE       decoding settings, which test set to score, evaluation batch sizes, the compile
              cache, where TFDS keeps its files and where a corpus is downloaded from.
 
@@ -82,6 +83,7 @@ ADDED_FIELDS: dict[str, object] = {
   "optim.lora_dropout": 0.0,
   "eval.max_test_sentences": 0,
   "eval.bleu_protocol": "",  # a published BLEU protocol beside the others (decoding/bleu.py)
+  "model.loss_block_tokens": 0,  # training's blocked output layer and loss came later
 }
 
 
@@ -149,6 +151,7 @@ KINDS: dict[str, str] = {
   "optim.lora_dropout": DECODING,
   "data.tokens_per_batch": DECODING,
   "model.remat": RESUME,
+  "model.loss_block_tokens": RESUME,  # memory, as remat: a resume on a smaller GPU may turn it on
   # --- the optimizer: today's rules (training/state.check_resume_fits)
   "optim": RESUME,
   # --- data: the training data's identity is FIXED; which test set, where files come from: FREE

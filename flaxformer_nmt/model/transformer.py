@@ -72,6 +72,9 @@ class TransformerConfig:
   # A LoRA run's dropout on its adapters' inputs (config.optim.lora_dropout; layers.py
   # `lora_dropout_term`): set by training only (training/state.py), which alone passes adapters.
   lora_dropout: float = 0.0
+  # Training's output layer and loss in blocks of this many target positions (0: whole), so the
+  # float32 [tokens, vocabulary] logits are never held at once (losses.blocked_output_loss).
+  loss_block_tokens: int = 0
 
   @property
   def decoder_depth(self) -> int:
@@ -284,8 +287,11 @@ class Transformer(nn.Module):
     *,
     train: bool = False,
     decode: bool = False,
+    logits: bool = True,
   ) -> Array:
-    """Logits for each target position.
+    """Logits for each target position (with `logits=False`: the decoder's output before the
+    output layer, [B, T, D] float32, for a loss that computes the output layer itself in blocks,
+    losses.blocked_output_loss).
 
     Training / scoring (`decode=False`): `targets` [B, T] are the reference ids; the
     decoder input is `targets` shifted right by one with 0 in front (per packed segment), so
@@ -322,7 +328,7 @@ class Transformer(nn.Module):
       y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
     if cfg.pre_ln:
       y = self.decoder_norm(y)
-    return self._logits(y)
+    return self._logits(y) if logits else y
 
   def __call__(
     self,
@@ -334,8 +340,9 @@ class Transformer(nn.Module):
     targets_segmentation: Array | None = None,
     *,
     train: bool = False,
+    logits: bool = True,
   ) -> Array:
-    """Teacher-forced forward pass: [B, S], [B, T] -> [B, T, V]."""
+    """Teacher-forced forward pass: [B, S], [B, T] -> [B, T, V] (`logits=False`: [B, T, D])."""
     encoded = self.encode(inputs, inputs_position, inputs_segmentation, train=train)
     return self.decode(
       encoded,
@@ -345,6 +352,7 @@ class Transformer(nn.Module):
       inputs_segmentation,
       targets_segmentation,
       train=train,
+      logits=logits,
     )
 
 

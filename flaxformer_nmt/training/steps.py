@@ -64,7 +64,13 @@ def _with_trainable(state: TrainState, new: Any, lora_scale: float) -> TrainStat
 
 
 def _forward(
-  model: Transformer, params: Any, batch: Batch, train: bool, rngs=None, lora: Any = None
+  model: Transformer,
+  params: Any,
+  batch: Batch,
+  train: bool,
+  rngs=None,
+  lora: Any = None,
+  logits: bool = True,
 ) -> Array:
   variables = {"params": params} if lora is None else {"params": params, LORA_COLLECTION: lora}
   return model.apply(
@@ -77,7 +83,40 @@ def _forward(
     batch.get("targets_segmentation"),
     train=train,
     rngs=rngs,
-  )  # [rows, tgt_len, vocab]
+    logits=logits,
+  )  # [rows, tgt_len, vocab] (logits=False: [rows, tgt_len, d_model])
+
+
+def _train_loss(
+  model: Transformer,
+  params: Any,
+  micro: Batch,
+  weights: Array,
+  label_smoothing: float,
+  rngs: dict[str, Array],
+  lora: Any,
+) -> tuple[Array, Array]:
+  """(loss sum, nll sum) of a training micro-batch: the output layer and the loss over the whole
+  batch, or in blocks of `model.cfg.loss_block_tokens` positions (losses.blocked_output_loss)."""
+  block = model.cfg.loss_block_tokens
+  if not block:
+    logits = _forward(model, params, micro, train=True, rngs=rngs, lora=lora)
+    loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
+      logits, micro["targets"], weights, label_smoothing
+    )
+    return loss_sum, nll_sum
+  features = _forward(model, params, micro, train=True, rngs=rngs, lora=lora, logits=False)
+  loss_sum, nll_sum, _ = losses.blocked_output_loss(
+    features,
+    params["embedding"]["embedding"],
+    params.get("logits_bias"),
+    micro["targets"],
+    weights,
+    label_smoothing,
+    block,
+    model.cfg.dtype,
+  )
+  return loss_sum, nll_sum
 
 
 def applied_count(state: TrainState) -> Array:
@@ -162,9 +201,8 @@ def train_step(
         params = lora_lib.merged(state.params, state.lora.replace(adapters=trained), lora_scale)
         if model.cfg.lora_dropout > 0.0:  # the adapters' own path, for its dropout
           adapters = lora_lib.dropout_inputs(trained, lora_scale)
-      logits = _forward(model, params, micro, train=True, rngs={"dropout": rng}, lora=adapters)
-      loss_sum, nll_sum, _ = losses.label_smoothed_cross_entropy(
-        logits, micro["targets"], micro_weights, label_smoothing
+      loss_sum, nll_sum = _train_loss(
+        model, params, micro, micro_weights, label_smoothing, {"dropout": rng}, adapters
       )
       loss = loss_sum / jnp.maximum(global_tokens, 1.0)
       if scaling is not None:

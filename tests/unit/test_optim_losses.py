@@ -120,3 +120,40 @@ def test_loss_and_gradients_match_explicit_smoothed_targets(eps):
     np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for got, want in grads:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("block", [1, 4, 64])
+def test_the_blocked_output_loss_equals_the_whole_one(block):
+  """losses.blocked_output_loss (the tied output layer and the loss over blocks of positions,
+  recomputed in the backward) gives the whole-batch path's losses and gradients: for the
+  decoder's output, the table and the logits' bias. 15 positions: the last block is padded."""
+  from flaxformer_nmt.model import layers  # pylint: disable=g-import-not-at-top
+
+  rs = np.random.RandomState(1)
+  features = jnp.asarray(rs.randn(3, 5, 8).astype(np.float32))
+  table = jnp.asarray(rs.randn(11, 8).astype(np.float32))
+  bias = jnp.asarray(rs.randn(11).astype(np.float32))
+  targets = jnp.asarray(rs.randint(0, 11, (3, 5)))
+  weights = jnp.asarray((rs.rand(3, 5) > 0.3).astype(np.float32))
+
+  def whole(f, t, b):
+    logits = layers.tied_logits(f, t) + b
+    loss, nll, _ = losses.label_smoothed_cross_entropy(logits, targets, weights, 0.1)
+    return loss, nll
+
+  def blocked(f, t, b):
+    loss, nll, count = losses.blocked_output_loss(
+      f, t, b, targets, weights, 0.1, block, jnp.float32
+    )
+    assert count.shape == ()
+    return loss, nll
+
+  @jax.jit
+  def both(f, t, b):
+    mix = lambda fn: lambda *a: 2.0 * fn(*a)[0] - 0.5 * fn(*a)[1]  # noqa: E731  both cotangents
+    return [(fn(f, t, b), jax.grad(mix(fn), argnums=(0, 1, 2))(f, t, b)) for fn in (whole, blocked)]
+
+  (want, want_grads), (got, got_grads) = jax.device_get(both(features, table, bias))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(got_grads, want_grads, strict=True):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)

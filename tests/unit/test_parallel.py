@@ -183,3 +183,39 @@ def test_distributed_start_up_follows_the_cluster(monkeypatch):
   assert len(calls) == 1
   with pytest.raises(ValueError, match="--distributed must be one of"):
     parallel.maybe_initialize_distributed("yes")
+
+
+def test_the_blocked_output_loss_trains_as_the_whole_one(monkeypatch):
+  """model.loss_block_tokens=N: the train step computes the output layer and the loss in blocks
+  of N positions (losses.blocked_output_loss) and gives the whole-batch step's loss and update,
+  on 2 devices with uneven shards (96 positions each: blocks of 40, the last one padded)."""
+  from flaxformer_nmt.model import losses  # pylint: disable=g-import-not-at-top
+
+  calls = []
+  blocked_loss = losses.blocked_output_loss
+  monkeypatch.setattr(
+    losses, "blocked_output_loss", lambda *a: calls.append(a[6]) or blocked_loss(*a)
+  )
+  c = helpers.narrow(config_lib.base_config("tiny"))
+  c.model.dropout_rate = 0.0
+  whole = Transformer(TransformerConfig.from_config(c.model, 64))
+  c.model.loss_block_tokens = 40
+  blocked = Transformer(TransformerConfig.from_config(c.model, 64))
+  assert blocked.cfg.loss_block_tokens == 40
+  params = model_params.random_params(whole.cfg)
+  tx = optax.sgd(1.0)  # the update is the gradient
+  state = steps.create_train_state(params, tx, jax.random.PRNGKey(1))
+  devices = jax.local_devices()[:2]
+  batches = [_packed_batch(16, 12, 64)]
+  s_whole, m_whole = _run_steps(state, batches, tx, whole, devices, accumulate_steps=1)
+  assert not calls
+  s_blocked, m_blocked = _run_steps(state, batches, tx, blocked, devices, accumulate_steps=1)
+  assert calls == [40]  # traced once, with the config's block
+  np.testing.assert_allclose(m_blocked["loss_sum"], m_whole["loss_sum"], rtol=1e-5)
+  np.testing.assert_allclose(m_blocked["nll_sum"], m_whole["nll_sum"], rtol=1e-5)
+  np.testing.assert_allclose(m_blocked["grad_norm"], m_whole["grad_norm"], rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+    s_blocked.params,
+    s_whole.params,
+  )
