@@ -29,7 +29,7 @@
 # 372 s (7 of 9 variants compiled; the side by side 126 s). The third's (2026-11-29)
 # `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh profile flax ab_base` took 387 s (profile
 # 61 s, side by side 135 s, all 6 ab_base variants compiled in 187 s). The next run is
-# `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh decode_xla flax steps` (docs/performance.md).
+# `GPU_BUDGET_S=540 FLAX_DECODE_BATCH_SIZES=32 ... gpu.sh decode_xla flax ab_base` (docs/performance.md).
 # SMOKE=1 runs every stage but `steps` at the tiny size, on any machine (a dry run on the CPU;
 # tests/e2e/test_scripts.py runs its profile and ab_base stages so; the others ran so by hand).
 #
@@ -98,18 +98,21 @@ run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $
 # 2026-11-28 (benchmarks/results/ab_step_h200_base_cudnn.json). Triton's block-level norm fusion
 # (0.87x) and cuDNN layer norm (1.00x) were measured there and dropped.
 # Compiled in this order while they fit (ab_step.py --deadline_s): the noise, then what may be
-# faster (rbg's masks; cuBLASLt, whose epilogues can fuse what cuBLAS leaves to XLA), then the
-# choices the defaults replaced, timed against the new baseline.
+# faster (the output layer and loss in blocks of positions, never holding the whole float32
+# logits: 21% of the step on the H200, docs/performance.md; rbg's masks), then the choices the
+# defaults replaced, timed against them. cuBLASLt (0.9965x) and `jax` attention (0.828x) were
+# measured on 2026-11-29 and left out.
 AB_BASE=(
   --variant="again"
+  --variant="blocks4k;model.loss_block_tokens=4096"
+  --variant="blocks8k;model.loss_block_tokens=8192"
   --variant="rbg;model.dropout_rng=rbg"
-  --variant="cublaslt;xla_gpu_enable_cublaslt=True"
   --variant="triton_gemm_on;xla_gpu_enable_triton_gemm=True"
-  --variant="jax;model.attention=jax"
   --variant="ours;model.attention=ours"
 )
-AB_BIG=(--variant="ours;model.attention=ours" --variant="rbg;model.dropout_rng=rbg")
-[ -z "${SMOKE:-}" ] || { AB_BASE=(--variant="fastmath;xla_cpu_enable_fast_math=True"); AB_BIG=(); }
+AB_BIG=(--variant="blocks4k;model.loss_block_tokens=4096" --variant="rbg;model.dropout_rng=rbg")
+[ -z "${SMOKE:-}" ] || { AB_BASE=(--variant="fastmath;xla_cpu_enable_fast_math=True"
+  --variant="blocks;model.loss_block_tokens=256"); AB_BIG=(); }
 for stage in "${stages[@]}"; do
   case "$stage" in
     profile) TAIL=13 run 120 "profile_step_${GPU}_base" profile_step.py --size=base "${SHAPES[@]}" --top=40 ;;

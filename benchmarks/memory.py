@@ -2,6 +2,7 @@ r"""Accelerator memory of one train step, from XLA's compiled memory analysis; n
 
   python benchmarks/memory.py --sizes=base --dtypes=bfloat16 --tokens_per_device=25000
   python benchmarks/memory.py --sizes=big --dtypes=float32 --remat --target=tpu:v5p
+  python benchmarks/memory.py --sizes=base --loss_block_tokens=4096 --target=tpu:v5p --probe_k=0
   python benchmarks/memory.py --sizes=base,big --dtypes=bfloat16,float32 --target=tpu:v5p  # table
   python benchmarks/memory.py --sizes=nllb-600m,nllb-1.3b --lora_ranks=0,16 --target=tpu:v5p \
       --vocab_size=256206 --tokens_per_device=4096 --max_len=128 --probe_k=0  # full vs LoRA
@@ -54,6 +55,9 @@ flags.DEFINE_integer("tokens_per_device", 25_000, "Target tokens per device per 
 flags.DEFINE_integer("max_len", 256, "Row length of the packed batch.")
 flags.DEFINE_integer("vocab_size", 37_000, "Shared vocabulary size.")
 flags.DEFINE_bool("remat", False, "Rematerialise each layer (model.remat).")
+flags.DEFINE_integer(
+  "loss_block_tokens", 0, "Output layer and loss in blocks of this many positions (0 = whole)."
+)
 flags.DEFINE_integer("probe_k", 8, "The second compilation's accumulate_steps.")
 flags.DEFINE_list("capacities_gb", ["16", "40", "80"], "Device memories to fit (GiB).")
 flags.DEFINE_string("target", "host", "host, or tpu:<generation> (v4, v5e, v5p, v6e).")
@@ -91,6 +95,7 @@ def compile_step(
   if size in PRETRAINED:
     c.model.update(size=size, **PRETRAINED[size], **_M2M100_FIELDS)
   c.model.dtype, c.model.remat, c.model.max_len = dtype, FLAGS.remat, FLAGS.max_len
+  c.model.loss_block_tokens = FLAGS.loss_block_tokens
   cfg = TransformerConfig.from_config(c.model, FLAGS.vocab_size)
   model = Transformer(cfg)
   tx, schedule = optim.make_optimizer(c.optim, cfg.d_model)
@@ -167,8 +172,10 @@ def _row(size: str, dtype: str, rank: int, device: jax.Device) -> dict[str, obje
   """One size, dtype and way of training: compiled at 1 and --probe_k micro-batches."""
   one = compile_step(size, dtype, 1, device, rank)
   row: dict[str, object] = {"size": size, "dtype": dtype, "remat": FLAGS.remat, "lora_rank": rank}
+  row["loss_block_tokens"] = FLAGS.loss_block_tokens
   row["k1"] = one
   how = f"{size} {dtype}{' remat' if FLAGS.remat else ''}{f' LoRA r{rank}' if rank else ''}"
+  how += f" loss blocks of {FLAGS.loss_block_tokens}" if FLAGS.loss_block_tokens else ""
   line = f"{how}: {one['total_gib']:.2f} GiB at {one['tokens_per_micro_batch']} tokens"
   if FLAGS.probe_k:
     probe = compile_step(size, dtype, FLAGS.probe_k, device, rank)

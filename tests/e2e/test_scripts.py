@@ -95,7 +95,10 @@ def test_the_gpu_script_runs_its_profile_ab_and_decode_stages_on_the_cpu(tmp_pat
   assert profile["kernels_per_step"] > 100
   ab = json.loads((tmp_path / "ab_step_cpu_base_smoke.json").read_text())["result"]
   variants = {v["name"]: v for v in ab["variants"]}
-  assert list(variants) == ["baseline", "fastmath"]
+  assert list(variants) == ["baseline", "fastmath", "blocks"]
+  # The output layer and loss in blocks of 256 of the 1,024 positions: the same losses.
+  assert variants["blocks"]["overrides"] == ["model.loss_block_tokens=256"]
+  assert variants["blocks"]["max_loss_diff"] < 1e-4, variants["blocks"]
   assert variants["baseline"]["max_loss_diff"] == 0.0 and variants["baseline"]["speedup"] == 1.0
   assert variants["fastmath"]["compiler_options"] == {"xla_cpu_enable_fast_math": True}
   for r in (1, 2):  # in turns, each record saying which options it ran under
