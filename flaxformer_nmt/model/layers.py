@@ -108,8 +108,12 @@ def tied_logits(y: Array, table: Array) -> Array:
   of y^T @ dlogits). Left to autodiff, XLA:CPU wrote a transposed copy of the whole logit
   gradient ([V, B*T], 131 MB at 4,096 tokens and 8k vocabulary) for the table's gradient: 10% of
   a small model's step.
+
+  A `table` wider than `y` (float32 parameters, bfloat16 products) is cast to y's dtype for the
+  products, and its gradient is returned in float32 unrounded: the blocked loss
+  (losses.blocked_output_loss) sums the gradients of many blocks so.
   """
-  return einsum_f32("BTD,VD->BTV", y, table)
+  return einsum_f32("BTD,VD->BTV", y, table.astype(y.dtype))
 
 
 def _tied_logits_fwd(y: Array, table: Array) -> tuple[Array, tuple[Array, Array]]:
@@ -119,7 +123,7 @@ def _tied_logits_fwd(y: Array, table: Array) -> tuple[Array, tuple[Array, Array]
 def _tied_logits_bwd(residuals: tuple[Array, Array], d_logits: Array) -> tuple[Array, Array]:
   y, table = residuals  # [B, T, D], [V, D]
   d_logits = d_logits.astype(y.dtype)  # [B, T, V]
-  d_y = einsum_f32("BTV,VD->BTD", d_logits, table)
+  d_y = einsum_f32("BTV,VD->BTD", d_logits, table.astype(y.dtype))
   y_t = y.reshape(-1, y.shape[-1]).T  # [D, B*T]: a small copy, instead of one of d_logits
   d_table_t = einsum_f32("DN,NV->DV", y_t, d_logits.reshape(-1, d_logits.shape[-1]))  # [D, V]
   return d_y.astype(y.dtype), d_table_t.T.astype(table.dtype)  # [B, T, D], [V, D]

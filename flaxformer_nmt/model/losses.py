@@ -54,15 +54,19 @@ def blocked_output_loss(
   the output layer and the loss were 21% of the base step (docs/performance.md). Here the
   positions go through in blocks of `block_tokens` (`lax.scan`), each block's logits made,
   reduced to its loss sums and dropped; `jax.checkpoint` recomputes them in the backward, one
-  block at a time, for one more output-layer product. The table's gradient is summed over the
-  blocks in float32 (`table` comes in float32 and is cast to `dtype` inside each block).
+  block at a time, for one more output-layer product. `table` stays float32 and is cast to
+  `dtype` inside each product (layers.tied_logits), whose backward returns each block's table
+  gradient in float32: the blocks' gradients are summed without rounding each to `dtype`.
 
   Args:
     features: [B, T, D] float32, the decoder's output (Transformer(..., logits=False)).
     table: [V, D] float32, the shared embedding.
     bias: [V] float32 (Marian's final_logits_bias) or None.
     targets, weights: [B, T], as `label_smoothed_cross_entropy`'s.
-    block_tokens: positions per block; the last block is padded with weight-0 positions.
+    block_tokens: the most positions a block holds. The N positions are split into
+      ceil(N / block_tokens) blocks of equal size, padded with fewer weight-0 positions than
+      there are blocks (a last block padded to the full size would compute up to a block of
+      padding: 15% more at 24,832 positions in blocks of 4,096).
     dtype: the products' dtype (the model's).
 
   Returns:
@@ -72,15 +76,17 @@ def blocked_output_loss(
   y = features.reshape(-1, width)  # [N, D]
   t, w = targets.reshape(-1), weights.reshape(-1)  # [N]
   blocks = -(-y.shape[0] // block_tokens)
-  pad = blocks * block_tokens - y.shape[0]
-  y = jnp.pad(y, ((0, pad), (0, 0))).reshape(blocks, block_tokens, width)
-  t = jnp.pad(t, (0, pad)).reshape(blocks, block_tokens)
-  w = jnp.pad(w, (0, pad)).reshape(blocks, block_tokens)
+  size = -(-y.shape[0] // blocks)  # <= block_tokens
+  pad = blocks * size - y.shape[0]  # < blocks
+  y = jnp.pad(y, ((0, pad), (0, 0))).reshape(blocks, size, width)
+  t = jnp.pad(t, (0, pad)).reshape(blocks, size)
+  w = jnp.pad(w, (0, pad)).reshape(blocks, size)
 
-  @jax.checkpoint
+  # prevent_cse=False: inside lax.scan the recomputation cannot be merged away (JAX's advice).
+  @functools.partial(jax.checkpoint, prevent_cse=False)
   def block(table: Array, bias: Array | None, y_b: Array, t_b: Array, w_b: Array):
     # y_b [C, D], t_b and w_b [C] -> the block's (loss sum, nll sum).
-    logits = layers.tied_logits(y_b[None].astype(dtype), table.astype(dtype))[0]  # [C, V] f32
+    logits = layers.tied_logits(y_b[None].astype(dtype), table)[0]  # [C, V] float32
     if bias is not None:
       logits = logits + bias
     loss, nll = _token_losses(logits, t_b, label_smoothing)

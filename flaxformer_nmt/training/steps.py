@@ -105,6 +105,11 @@ def _train_loss(
       logits, micro["targets"], weights, label_smoothing
     )
     return loss_sum, nll_sum
+  if not model.cfg.share_embeddings:  # config.checks refuses it; a hand-built config too
+    raise ValueError(
+      f"loss_block_tokens={block} computes the tied output layer in blocks, but this model's "
+      "output layer is its own (share_embeddings=False)."
+    )
   features = _forward(model, params, micro, train=True, rngs=rngs, lora=lora, logits=False)
   loss_sum, nll_sum, _ = losses.blocked_output_loss(
     features,

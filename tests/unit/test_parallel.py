@@ -6,6 +6,7 @@ import jax
 import model_params
 import numpy as np
 import optax
+import pytest
 
 from flaxformer_nmt.config import builders as config_lib
 from flaxformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -185,10 +186,12 @@ def test_distributed_start_up_follows_the_cluster(monkeypatch):
     parallel.maybe_initialize_distributed("yes")
 
 
-def test_the_blocked_output_loss_trains_as_the_whole_one(monkeypatch):
+@pytest.mark.parametrize("block, accumulate_steps", [(40, 1), (1000, 2)])
+def test_the_blocked_output_loss_trains_as_the_whole_one(monkeypatch, block, accumulate_steps):
   """model.loss_block_tokens=N: the train step computes the output layer and the loss in blocks
-  of N positions (losses.blocked_output_loss) and gives the whole-batch step's loss and update,
-  on 2 devices with uneven shards (96 positions each: blocks of 40, the last one padded)."""
+  of at most N positions (losses.blocked_output_loss) and gives the whole-batch step's loss and
+  update, on 2 devices with uneven shards: 96 positions each in 3 blocks of 32, or 2 micro-batches
+  of 48 positions each in one block (N larger than a micro-batch)."""
   from flaxformer_nmt.model import losses  # pylint: disable=g-import-not-at-top
 
   calls = []
@@ -199,18 +202,18 @@ def test_the_blocked_output_loss_trains_as_the_whole_one(monkeypatch):
   c = helpers.narrow(config_lib.base_config("tiny"))
   c.model.dropout_rate = 0.0
   whole = Transformer(TransformerConfig.from_config(c.model, 64))
-  c.model.loss_block_tokens = 40
+  c.model.loss_block_tokens = block
   blocked = Transformer(TransformerConfig.from_config(c.model, 64))
-  assert blocked.cfg.loss_block_tokens == 40
+  assert blocked.cfg.loss_block_tokens == block
   params = model_params.random_params(whole.cfg)
   tx = optax.sgd(1.0)  # the update is the gradient
   state = steps.create_train_state(params, tx, jax.random.PRNGKey(1))
   devices = jax.local_devices()[:2]
   batches = [_packed_batch(16, 12, 64)]
-  s_whole, m_whole = _run_steps(state, batches, tx, whole, devices, accumulate_steps=1)
+  s_whole, m_whole = _run_steps(state, batches, tx, whole, devices, accumulate_steps)
   assert not calls
-  s_blocked, m_blocked = _run_steps(state, batches, tx, blocked, devices, accumulate_steps=1)
-  assert calls == [40]  # traced once, with the config's block
+  s_blocked, m_blocked = _run_steps(state, batches, tx, blocked, devices, accumulate_steps)
+  assert calls == [block]  # traced once (in the micro-batches' scan too), with the config's block
   np.testing.assert_allclose(m_blocked["loss_sum"], m_whole["loss_sum"], rtol=1e-5)
   np.testing.assert_allclose(m_blocked["nll_sum"], m_whole["nll_sum"], rtol=1e-5)
   np.testing.assert_allclose(m_blocked["grad_norm"], m_whole["grad_norm"], rtol=1e-5)
@@ -219,3 +222,13 @@ def test_the_blocked_output_loss_trains_as_the_whole_one(monkeypatch):
     s_blocked.params,
     s_whole.params,
   )
+
+
+def test_a_blocked_loss_on_an_untied_output_layer_is_refused():
+  """config.checks refuses it for a run; a config built by hand is refused by the step itself,
+  which would otherwise read the source embedding as the output layer."""
+  import pytest
+
+  cfg = TransformerConfig(vocab_size=8, share_embeddings=False, loss_block_tokens=4)
+  with pytest.raises(ValueError, match=r"share_embeddings=False"):
+    steps._train_loss(Transformer(cfg), {}, {}, None, 0.1, {}, None)
