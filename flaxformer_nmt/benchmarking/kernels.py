@@ -213,7 +213,8 @@ def summarize(
         "hlo": instr.name if instr else "",
         "fusion_kind": instr.fusion_kind if instr else "",
         "op_name": instr.op_name if instr else "",
-        "by_name": {},
+        "by_name": {},  # kernel name: microseconds (popped below)
+        "instr": instr,  # popped below
       },
     )
     k["us"] += us
@@ -223,6 +224,7 @@ def summarize(
     # An instruction's kernels include a library's helpers (cuBLAS and cuDNN calls come with a
     # "Memset" on the H200): it is named by its costliest kernel, not by whichever ran first.
     k["kernel"] = max(k.pop("by_name").items(), key=lambda item: item[1])[0]
+    k["kind"] = kind_of(k["kernel"], k.pop("instr"))
   ranked = sorted(per_kernel.values(), key=lambda k: -k["us"])
   return {
     "kernel_ms_per_step": round(total / steps / 1e3, 3),

@@ -162,6 +162,7 @@ def test_an_instruction_is_named_by_its_costliest_kernel_not_its_first():
     "custom-call.5",
     0.301,
   )
+  assert top["kind"] == "matmul"
   assert top["calls_per_step"] == 2.0  # kernels launched, the helpers counted
 
 
