@@ -94,9 +94,10 @@ run() {  # run <limit_s> <name> <script> <flags...>: one benchmark, its record $
 # Each variant is an XLA option or a config choice that may speed the step up; an option this XLA lacks is
 # reported in the record as that variant's error and the others still run.
 # The baseline is the package's default: model.attention=auto (cuDNN's on the GPU) and
-# runtime/xla_flags.py's GPU options (Triton GEMMs and command buffers off), kept by the A/Bs of
-# 2026-11-28 (benchmarks/results/ab_step_h200_base_cudnn.json). Triton's block-level norm fusion
-# (0.87x) and cuDNN layer norm (1.00x) were measured there and dropped.
+# runtime/xla_flags.py's GPU option (Triton GEMMs off), kept by the A/Bs of 2026-11-28
+# (benchmarks/results/ab_step_h200_base_cudnn.json; command buffers off was dropped on 2026-11-29:
+# it halved decoding). Triton's block-level norm fusion (0.87x) and cuDNN layer norm (1.00x) were
+# measured there and dropped.
 # Compiled in this order while they fit (ab_step.py --deadline_s): the noise, then what may be
 # faster (the output layer and loss in blocks of positions, never holding the whole float32
 # logits: 21% of the step on the H200, docs/performance.md; rbg's masks), then the choices the
