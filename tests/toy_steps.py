@@ -3,6 +3,10 @@ for the search tests (tests/unit/test_decode.py, test_search_research.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -54,3 +58,14 @@ def _masked_log_softmax(logits: np.ndarray) -> np.ndarray:
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   logp[..., PAD_ID] = -np.inf
   return logp
+
+
+def jitted(
+  search: Callable[..., Any], step: search_lib.StepFn, *arrays: Any, **options: Any
+) -> Any:
+  """`search(step, *arrays, **options)` as one compiled program, as decoding runs a search (it
+  jits the whole search: decoding/decode.py). Run op by op, a search compiles every operation
+  outside its loop as a program of its own: hundreds of tiny programs per test file, each traced,
+  lowered and looked up in the compilation cache again on every test run. `options` (sizes,
+  styles, rules) are the search's static arguments; errors they cause still raise here."""
+  return jax.jit(lambda *a: search(step, *a, **options))(*arrays)

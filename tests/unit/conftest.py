@@ -16,8 +16,6 @@ import subprocess
 
 import pytest
 
-import helpers
-
 
 class TierError(AssertionError):
   """A unit test did what only an end-to-end test may."""
@@ -55,6 +53,8 @@ def saved_run(tmp_path) -> tuple:
   """(config, workdir): a copy of the committed small trained workdir (one layer, 12 steps, an
   EMA, best/ and an average of its last two checkpoints) and the config it was trained with."""
   from flaxformer_nmt import api  # pylint: disable=g-import-not-at-top
+
+  import helpers  # pylint: disable=g-import-not-at-top  (JAX: not in pytest's own start-up)
 
   work = tmp_path / "saved_run"
   shutil.copytree(helpers.SAVED_RUN, work)

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import sacrebleu
-from sacremoses import MosesTokenizer
 
 from flaxformer_nmt.decoding import bleu
 
@@ -65,6 +64,8 @@ def test_compound_split_matches_t2t_perl_by_hand():
 
 
 def test_tokenized_bleu_equals_sacremoses_then_sacrebleu_none():
+  from sacremoses import MosesTokenizer  # pylint: disable=g-import-not-at-top  (slow import)
+
   moses = MosesTokenizer(lang="de")
 
   def paper_tok(s: str) -> str:
@@ -100,6 +101,8 @@ def test_compound_split_only_for_german_targets_unless_asked():
     bleu.splits_compounds("yes", "de")
   hyps = ["C'est un porte-monnaie bien rempli.", "Le week-end est là."]
   refs = ["C'est un porte-clés bien rempli.", "Le week-end arrive."]
+  from sacremoses import MosesTokenizer  # pylint: disable=g-import-not-at-top  (slow import)
+
   moses = MosesTokenizer(lang="fr")
   plain = sacrebleu.corpus_bleu(
     [moses.tokenize(h, return_str=True, escape=True) for h in hyps],

@@ -132,7 +132,14 @@ def test_fingerprint_changes_with_content(tmp_path: pathlib.Path) -> None:
 
 # --------------------------------------------------------------------------------------- TFDS
 
-tfds = pytest.importorskip("tensorflow_datasets")
+
+@pytest.fixture
+def tfds():
+  """tensorflow_datasets, imported by the tests that mock it (not at collection: a few tenths of
+  a second in every xdist worker)."""
+  import tensorflow_datasets  # pylint: disable=g-import-not-at-top
+
+  return tensorflow_datasets
 
 
 def _tfds_config(**overrides) -> ml_collections.ConfigDict:
@@ -142,7 +149,7 @@ def _tfds_config(**overrides) -> ml_collections.ConfigDict:
   return c
 
 
-def test_tfds_mock_random_examples() -> None:
+def test_tfds_mock_random_examples(tfds) -> None:
   source = sources.make_source(_tfds_config())
   source.check()
   with tfds.testing.mock_data(num_examples=7):
@@ -154,7 +161,7 @@ def test_tfds_mock_random_examples() -> None:
 @pytest.mark.parametrize(
   "name,src,tgt", [("wmt14_translate/de-en", "en", "de"), ("wmt14_translate/fr-en", "en", "fr")]
 )
-def test_tfds_direction_follows_src_tgt_lang(name: str, src: str, tgt: str) -> None:
+def test_tfds_direction_follows_src_tgt_lang(tfds, name: str, src: str, tgt: str) -> None:
   other = "de" if tgt == "de" else "fr"
   examples = [{"en": f"english {i}".encode(), other: f"foreign {i}"} for i in range(3)]
   seen_splits = []

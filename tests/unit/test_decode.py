@@ -29,6 +29,7 @@ from toy_steps import (  # noqa: E402
   _masked_log_softmax,
   _trigram_cache,
   _trigram_step,
+  jitted,
 )
 
 
@@ -95,11 +96,17 @@ def test_outputs_stop_at_each_sentences_max_length(beam):
   for allow_eos, table in ((False, no_eos), (True, uniform)):
     step = _bigram_step(table)
     if beam == 1:
-      result = token_loop.greedy_search(
-        step, {"index": jnp.array(0)}, max_lengths, max_decode_len=6, alpha=0.6
+      result = jitted(
+        token_loop.greedy_search,
+        step,
+        {"index": jnp.array(0)},
+        max_lengths,
+        max_decode_len=6,
+        alpha=0.6,
       )
     else:
-      result = beam_search.beam_search(
+      result = jitted(
+        beam_search.beam_search,
         step,
         {"index": jnp.array(0)},
         max_lengths,
@@ -127,8 +134,14 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
   probs[:, PAD_ID] = 0.0
   step = _bigram_step(np.log(probs + 1e-30))
   max_lengths = jnp.array([40, 50], jnp.int32)
-  result = beam_search.beam_search(
-    step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=50
+  result = jitted(
+    beam_search.beam_search,
+    step,
+    {"index": jnp.array(0)},
+    max_lengths,
+    beam_size=4,
+    alpha=0.6,
+    max_decode_len=50,
   )
   assert int(result.num_steps) == 1
   np.testing.assert_array_equal(result.tokens[:, :2], [[EOS_ID, PAD_ID]] * 2)
@@ -142,11 +155,22 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
 def test_beam_finds_what_greedy_misses():
   step = _bigram_step(_known_bigram())
   max_lengths = jnp.array([10], jnp.int32)
-  greedy = token_loop.greedy_search(
-    step, {"index": jnp.array(0)}, max_lengths, max_decode_len=10, alpha=0.6
+  greedy = jitted(
+    token_loop.greedy_search,
+    step,
+    {"index": jnp.array(0)},
+    max_lengths,
+    max_decode_len=10,
+    alpha=0.6,
   )
-  beam = beam_search.beam_search(
-    step, {"index": jnp.array(0)}, max_lengths, beam_size=4, alpha=0.6, max_decode_len=10
+  beam = jitted(
+    beam_search.beam_search,
+    step,
+    {"index": jnp.array(0)},
+    max_lengths,
+    beam_size=4,
+    alpha=0.6,
+    max_decode_len=10,
   )
   np.testing.assert_array_equal(greedy.tokens[0, :4], [A, C, EOS_ID, PAD_ID])
   np.testing.assert_array_equal(beam.tokens[0, :3], [B, EOS_ID, PAD_ID])
@@ -170,7 +194,8 @@ def test_wide_beam_equals_brute_force(alpha, style):
   bias = rng.normal(scale=1.0, size=(3, V))
   max_lengths = np.array([3, 4, 2])
   beam = 4**3  # prefixes of content tokens alive after 3 steps
-  result = beam_search.beam_search(
+  result = jitted(
+    beam_search.beam_search,
     _trigram_step(log_table),
     _trigram_cache(bias, beam),
     jnp.asarray(max_lengths),
@@ -194,10 +219,16 @@ def test_beam_one_is_greedy_on_a_trigram_chain():
   log_table = rng.normal(scale=1.5, size=(V, V, V))
   bias = rng.normal(size=(5, V))
   max_lengths = jnp.array([6, 8, 3, 8, 1], jnp.int32)
-  greedy = token_loop.greedy_search(
-    _trigram_step(log_table), _trigram_cache(bias, 1), max_lengths, max_decode_len=8, alpha=0.6
+  greedy = jitted(
+    token_loop.greedy_search,
+    _trigram_step(log_table),
+    _trigram_cache(bias, 1),
+    max_lengths,
+    max_decode_len=8,
+    alpha=0.6,
   )
-  beam = beam_search.beam_search(
+  beam = jitted(
+    beam_search.beam_search,
     _trigram_step(log_table),
     _trigram_cache(bias, 1),
     max_lengths,
@@ -221,7 +252,8 @@ def _chain(rows: dict[int, dict[int, float]]) -> np.ndarray:
 
 
 def _final_state(log_table: np.ndarray, style: str, beam: int, alpha: float, max_len: int = 10):
-  return beam_search.run_beam_search(
+  return jitted(
+    beam_search.run_beam_search,
     _bigram_step(log_table),
     {"index": jnp.array(0)},
     jnp.array([max_len], jnp.int32),
@@ -266,7 +298,8 @@ def test_t2t_returns_the_best_finished_by_normalised_score():
   )
   for style, want, prob in (("t2t", [B, C, D, EOS_ID], 0.25), ("shrinking", [EOS_ID], 0.35)):
     final = _final_state(table, style, beam=2, alpha=1.0)
-    result = beam_search.beam_search(
+    result = jitted(
+      beam_search.beam_search,
       _bigram_step(table),
       {"index": jnp.array(0)},
       jnp.array([10], jnp.int32),

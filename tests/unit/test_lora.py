@@ -4,6 +4,7 @@ gradients, and adapter dropout (the trained runs are tests/e2e/test_lora.py's)."
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,26 +93,44 @@ def test_the_merged_kernels_gradient_is_loras_gradient():
 
 def _dropout_run(lora_dropout: float):
   """A narrow one-layer model (no other dropout) with random non-zero adapters on every target:
-  (its config with `lora_dropout`, W0, the LoRA state, a copy-task batch)."""
+  (its config with `lora_dropout`, W0, the LoRA state, a copy-task batch). The parameters and
+  the adapters are drawn on the host (tests/model_params.py) and the state made in one program:
+  an initializer, and draws leaf by leaf run op by op, would each be programs to compile."""
   c = helpers.narrow(builders.base_config("tiny"))
   c.model.dropout_rate = 0.0
   cfg = TransformerConfig.from_config(c.model, 64)
-  params = init_params(cfg, jax.random.PRNGKey(0))
-  state = lora.init(params, 2, list(lora.TARGETS), jax.random.PRNGKey(1))
-  leaves, tree = jax.tree.flatten(state.adapters)
-  keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
-  noisy = [0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
-  state = state.replace(adapters=jax.tree.unflatten(tree, noisy))
+  params = model_params.random_params(cfg)
+  state = jax.jit(lambda p, k: lora.init(p, 2, list(lora.TARGETS), k))(
+    params, jax.random.PRNGKey(1)
+  )
+  rng = np.random.default_rng(2)
+  noisy = jax.tree.map(
+    lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32), state.adapters
+  )
+  state = state.replace(adapters=noisy)
   tokens = np.random.default_rng(0).integers(3, 64, (2, 7)).astype(np.int32)
   return dataclasses.replace(cfg, lora_dropout=lora_dropout), params, state, tokens
 
 
+_LOGITS: dict[tuple, Any] = {}
+_merged = jax.jit(lora.merged, static_argnums=2)  # W0 + s A B as one program, not one per leaf
+
+
 def _logits(cfg, params, tokens, adapters=None, train=True, seed=0):
-  variables = {"params": params}
-  if adapters is not None:
-    variables[LORA_COLLECTION] = adapters
-  rngs = {"dropout": jax.random.PRNGKey(seed)}
-  return Transformer(cfg).apply(variables, tokens, tokens, train=train, rngs=rngs)
+  """The model's logits, each (config, mode, adapters or not, dropout mask function) compiled
+  once as a whole program: run op by op, every layer's operations are programs of their own.
+  The mask function is in the key because the tests swap it (monkeypatch) between calls."""
+  key = (cfg, train, adapters is None, layers.dropout_keep_mask)
+  if key not in _LOGITS:
+
+    def apply(params, adapters, tokens, rng):
+      variables = {"params": params}
+      if adapters is not None:
+        variables[LORA_COLLECTION] = adapters
+      return Transformer(cfg).apply(variables, tokens, tokens, train=train, rngs={"dropout": rng})
+
+    _LOGITS[key] = jax.jit(apply)
+  return np.asarray(_LOGITS[key](params, adapters, tokens, jax.random.PRNGKey(seed)))
 
 
 def test_adapter_dropout_drops_the_adapters_inputs_only(monkeypatch):
@@ -123,7 +142,7 @@ def test_adapter_dropout_drops_the_adapters_inputs_only(monkeypatch):
   cfg, w0, state, tokens = _dropout_run(p)
   plain = dataclasses.replace(cfg, lora_dropout=0.0)
   adapters = lora.dropout_inputs(state.adapters, s)
-  merged = lora.merged(w0, state, s)
+  merged = _merged(w0, state, s)
   dropped = _logits(cfg, merged, tokens, adapters)
   assert not np.allclose(dropped, _logits(cfg, merged, tokens, adapters, seed=1))
   assert not np.allclose(dropped, _logits(plain, merged, tokens))
@@ -134,7 +153,7 @@ def test_adapter_dropout_drops_the_adapters_inputs_only(monkeypatch):
   monkeypatch.setattr(layers, "dropout_keep_mask", keep_all)
   np.testing.assert_allclose(
     _logits(cfg, merged, tokens, adapters),
-    _logits(plain, lora.merged(w0, state, s / (1 - p)), tokens),
+    _logits(plain, _merged(w0, state, s / (1 - p)), tokens),
     rtol=1e-5,
     atol=1e-5,
   )
@@ -149,8 +168,9 @@ def _one_step(cfg, w0, state, tokens, s: float):
   adapters move by minus their gradient: (the merged params it starts from, its new state,
   the adapters' gradient, its metrics)."""
   tx = optax.sgd(1.0)
-  merged = lora.merged(w0, state, s)
-  start = steps.create_train_state(merged, tx, jax.random.PRNGKey(3), None, state)
+  merged = _merged(w0, state, s)
+  make = lambda m, rng, lora_state: steps.create_train_state(m, tx, rng, None, lora_state)  # noqa: E731
+  start = jax.jit(make)(merged, jax.random.PRNGKey(3), state)  # one program, not one per leaf
   step = helpers.pmapped_train_step(Transformer(cfg), tx, lambda count: 1.0, lora_scale=s)
   batch = {"inputs": tokens[None], "targets": tokens[None]}
   after, metrics = jax.device_get(step(jax.tree.map(lambda x: np.asarray(x)[None], start), batch))

@@ -19,7 +19,7 @@ from flaxformer_nmt.decoding import beam_search, decode, sampling, token_loop
 from flaxformer_nmt.decoding import search as search_lib
 from flaxformer_nmt.model.tokens import EOS_ID, PAD_ID
 
-from toy_steps import V, _bigram_step, _masked_log_softmax, _trigram_cache, _trigram_step
+from toy_steps import V, _bigram_step, _masked_log_softmax, _trigram_cache, _trigram_step, jitted
 
 CONTENT = (2, 3, 4, 5)
 
@@ -49,7 +49,8 @@ def test_nbest_ranks_equal_brute_force(alpha, style):
   bias = rng.normal(scale=1.0, size=(3, V))
   max_lengths = np.array([3, 4, 2])
   beam, n = 4**3, 5
-  result = beam_search.beam_search(
+  result = jitted(
+    beam_search.beam_search,
     _trigram_step(log_table),
     _trigram_cache(bias, beam),
     jnp.asarray(max_lengths),
@@ -77,8 +78,10 @@ def test_nbest_of_a_narrow_beam_is_sorted_and_its_first_is_the_one_best(style):
   max_lengths = jnp.asarray([6, 5, 6, 4])
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_len=6, style=style)
   step = _trigram_step(log_table)
-  one = beam_search.beam_search(step, _trigram_cache(bias, 3), max_lengths, **kwargs)
-  three = beam_search.beam_search(step, _trigram_cache(bias, 3), max_lengths, nbest=3, **kwargs)
+  one = jitted(beam_search.beam_search, step, _trigram_cache(bias, 3), max_lengths, **kwargs)
+  three = jitted(
+    beam_search.beam_search, step, _trigram_cache(bias, 3), max_lengths, nbest=3, **kwargs
+  )
   scores = np.asarray(three.normalized_scores)
   assert np.all(np.isfinite(scores)) and np.all(np.diff(scores, axis=1) <= 0)
   np.testing.assert_allclose(three.normalized_scores[:, 0], one.normalized_scores, rtol=1e-5)
@@ -86,7 +89,7 @@ def test_nbest_of_a_narrow_beam_is_sorted_and_its_first_is_the_one_best(style):
   for b in range(4):  # three different hypotheses per sentence
     assert len({tuple(np.asarray(t).tolist()) for t in three.tokens[b]}) == 3
   with pytest.raises(ValueError, match="beam size"):
-    beam_search.beam_search(step, _trigram_cache(bias, 3), max_lengths, nbest=4, **kwargs)
+    jitted(beam_search.beam_search, step, _trigram_cache(bias, 3), max_lengths, nbest=4, **kwargs)
 
 
 @pytest.mark.parametrize("style", choices.BEAM_STYLES)
@@ -101,8 +104,8 @@ def test_nbest_keeps_searching_after_a_sure_winner(style):
   step = _bigram_step(np.log(probs / probs.sum(-1, keepdims=True)))
   kwargs = dict(beam_size=3, alpha=0.0, max_decode_len=5, style=style)
   cache = {"index": jnp.array(0, jnp.int32)}
-  one = beam_search.beam_search(step, cache, jnp.asarray([5]), **kwargs)
-  three = beam_search.beam_search(step, cache, jnp.asarray([5]), nbest=3, **kwargs)
+  one = jitted(beam_search.beam_search, step, cache, jnp.asarray([5]), **kwargs)
+  three = jitted(beam_search.beam_search, step, cache, jnp.asarray([5]), nbest=3, **kwargs)
   assert int(one.num_steps) == 1 and int(one.tokens[0, 0]) == EOS_ID
   got = [
     np.asarray(t)[: int(n)].tolist() for t, n in zip(three.tokens[0], three.lengths[0], strict=True)
@@ -112,7 +115,8 @@ def test_nbest_keeps_searching_after_a_sure_winner(style):
 
 
 def _sample(log_table, bias, max_lengths, rule, keys, max_decode_len):
-  return sampling.sample_search(
+  return jitted(
+    sampling.sample_search,
     _trigram_step(log_table),
     _trigram_cache(bias, 1),
     jnp.asarray(max_lengths),
@@ -141,7 +145,8 @@ def test_sampling_without_freedom_is_greedy(rule):
   log_table = rng.normal(scale=2.0, size=(V, V, V))
   bias = rng.normal(scale=1.0, size=(16, V))
   max_lengths = rng.integers(1, 8, size=16)
-  greedy = token_loop.greedy_search(
+  greedy = jitted(
+    token_loop.greedy_search,
     _trigram_step(log_table),
     _trigram_cache(bias, 1),
     jnp.asarray(max_lengths),
@@ -228,8 +233,8 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model():
   cache = _trigram_cache(bias, 3)
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_len=6)
   max_lengths = jnp.asarray([6, 5, 6, 4])
-  one = beam_search.beam_search(step, cache, max_lengths, **kwargs)
-  two = beam_search.beam_search(pair, (cache, cache), max_lengths, **kwargs)
+  one = jitted(beam_search.beam_search, step, cache, max_lengths, **kwargs)
+  two = jitted(beam_search.beam_search, pair, (cache, cache), max_lengths, **kwargs)
   np.testing.assert_array_equal(two.tokens, one.tokens)
   np.testing.assert_allclose(two.scores, one.scores, rtol=1e-5)
 

@@ -4,7 +4,6 @@ refusals. tests/e2e/test_wmt14.py runs main.py on the mock WMT14."""
 from __future__ import annotations
 
 import pytest
-import tensorflow_datasets as tfds
 
 from flaxformer_nmt import errors
 from flaxformer_nmt.data import demo, prepare, sources
@@ -32,6 +31,8 @@ def test_prepare_builds_array_record_then_checks_the_splits(tmp_path, monkeypatc
   c.data.tfds_data_dir = str(tmp_path / "tfds")
   c.data.vocab_size = 100
   monkeypatch.setattr(prepare, "require_tensorflow", lambda dataset: None)
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (not at collection)
+
   with tfds.testing.mock_data(as_data_source_fn=as_data_source):
     builder_cls = sources.import_tfds().builder_cls("wmt14_translate")
     monkeypatch.setattr(builder_cls, "is_prepared", lambda self: False)
