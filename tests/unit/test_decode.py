@@ -33,6 +33,11 @@ from toy_steps import (  # noqa: E402
 )
 
 
+def _bigram_search(search, step, max_lengths, **options):
+  """`search` over a first-order chain (its cache counts the steps), as one program."""
+  return jitted(search, step, {"index": jnp.array(0)}, max_lengths, **options)
+
+
 def _brute_force(log_table, bias_row, max_len, alpha):
   """Best (normalised score, tokens, model score) over every sequence of <= max_len tokens."""
   best = (-np.inf, None, None)
@@ -96,23 +101,12 @@ def test_outputs_stop_at_each_sentences_max_length(beam):
   for allow_eos, table in ((False, no_eos), (True, uniform)):
     step = _bigram_step(table)
     if beam == 1:
-      result = jitted(
-        token_loop.greedy_search,
-        step,
-        {"index": jnp.array(0)},
-        max_lengths,
-        max_decode_len=6,
-        alpha=0.6,
+      result = _bigram_search(
+        token_loop.greedy_search, step, max_lengths, max_decode_len=6, alpha=0.6
       )
     else:
-      result = jitted(
-        beam_search.beam_search,
-        step,
-        {"index": jnp.array(0)},
-        max_lengths,
-        beam_size=beam,
-        alpha=0.6,
-        max_decode_len=6,
+      result = _bigram_search(
+        beam_search.beam_search, step, max_lengths, beam_size=beam, alpha=0.6, max_decode_len=6
       )
     tokens = np.asarray(result.tokens)
     lengths = np.asarray(result.lengths)
@@ -134,14 +128,8 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
   probs[:, PAD_ID] = 0.0
   step = _bigram_step(np.log(probs + 1e-30))
   max_lengths = jnp.array([40, 50], jnp.int32)
-  result = jitted(
-    beam_search.beam_search,
-    step,
-    {"index": jnp.array(0)},
-    max_lengths,
-    beam_size=4,
-    alpha=0.6,
-    max_decode_len=50,
+  result = _bigram_search(
+    beam_search.beam_search, step, max_lengths, beam_size=4, alpha=0.6, max_decode_len=50
   )
   assert int(result.num_steps) == 1
   np.testing.assert_array_equal(result.tokens[:, :2], [[EOS_ID, PAD_ID]] * 2)
@@ -155,22 +143,9 @@ def test_early_stopping_when_no_live_hypothesis_can_win():
 def test_beam_finds_what_greedy_misses():
   step = _bigram_step(_known_bigram())
   max_lengths = jnp.array([10], jnp.int32)
-  greedy = jitted(
-    token_loop.greedy_search,
-    step,
-    {"index": jnp.array(0)},
-    max_lengths,
-    max_decode_len=10,
-    alpha=0.6,
-  )
-  beam = jitted(
-    beam_search.beam_search,
-    step,
-    {"index": jnp.array(0)},
-    max_lengths,
-    beam_size=4,
-    alpha=0.6,
-    max_decode_len=10,
+  greedy = _bigram_search(token_loop.greedy_search, step, max_lengths, max_decode_len=10, alpha=0.6)
+  beam = _bigram_search(
+    beam_search.beam_search, step, max_lengths, beam_size=4, alpha=0.6, max_decode_len=10
   )
   np.testing.assert_array_equal(greedy.tokens[0, :4], [A, C, EOS_ID, PAD_ID])
   np.testing.assert_array_equal(beam.tokens[0, :3], [B, EOS_ID, PAD_ID])
@@ -219,23 +194,10 @@ def test_beam_one_is_greedy_on_a_trigram_chain():
   log_table = rng.normal(scale=1.5, size=(V, V, V))
   bias = rng.normal(size=(5, V))
   max_lengths = jnp.array([6, 8, 3, 8, 1], jnp.int32)
-  greedy = jitted(
-    token_loop.greedy_search,
-    _trigram_step(log_table),
-    _trigram_cache(bias, 1),
-    max_lengths,
-    max_decode_len=8,
-    alpha=0.6,
-  )
-  beam = jitted(
-    beam_search.beam_search,
-    _trigram_step(log_table),
-    _trigram_cache(bias, 1),
-    max_lengths,
-    beam_size=1,
-    alpha=0.6,
-    max_decode_len=8,
-  )
+  step, cache = _trigram_step(log_table), _trigram_cache(bias, 1)
+  options = dict(alpha=0.6, max_decode_len=8)
+  greedy = jitted(token_loop.greedy_search, step, cache, max_lengths, **options)
+  beam = jitted(beam_search.beam_search, step, cache, max_lengths, beam_size=1, **options)
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
   np.testing.assert_array_equal(beam.lengths, greedy.lengths)
   np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
@@ -252,10 +214,9 @@ def _chain(rows: dict[int, dict[int, float]]) -> np.ndarray:
 
 
 def _final_state(log_table: np.ndarray, style: str, beam: int, alpha: float, max_len: int = 10):
-  return jitted(
+  return _bigram_search(
     beam_search.run_beam_search,
     _bigram_step(log_table),
-    {"index": jnp.array(0)},
     jnp.array([max_len], jnp.int32),
     beam_size=beam,
     alpha=alpha,
@@ -298,10 +259,9 @@ def test_t2t_returns_the_best_finished_by_normalised_score():
   )
   for style, want, prob in (("t2t", [B, C, D, EOS_ID], 0.25), ("shrinking", [EOS_ID], 0.35)):
     final = _final_state(table, style, beam=2, alpha=1.0)
-    result = jitted(
+    result = _bigram_search(
       beam_search.beam_search,
       _bigram_step(table),
-      {"index": jnp.array(0)},
       jnp.array([10], jnp.int32),
       beam_size=2,
       alpha=1.0,
