@@ -202,7 +202,11 @@ def test_the_train_steps_adapter_dropout_gradient_is_loras(monkeypatch):
   _, _, wide, wide_metrics = _one_step(plain, w0, state, tokens, s / (1 - p))
   np.testing.assert_allclose(kept_metrics["loss_sum"], wide_metrics["loss_sum"], rtol=1e-6)
   largest = max(float(np.abs(g).max()) for g in jax.tree.leaves(wide))
-  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * largest)
+  # The two forms round differently (W0 + s' A B is rounded before the product, the side path
+  # after it), and through attention's softmax and the layer norms that moves an entry by up to
+  # a few hundred float32 ulps of the largest gradient (1.6e-5 of it under jax 0.7.2), where a
+  # wrong scale (s for s / (1 - p)) would halve the adapters' share of the product.
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * largest)
   jax.tree.map(close, kept, wide)
   differs = [not np.allclose(a, b, atol=1e-3 * largest) for a, b in zip(
     jax.tree.leaves(grads), jax.tree.leaves(kept), strict=True)]  # fmt: skip
