@@ -34,10 +34,11 @@ def _jaxlib_before(major: int, minor: int) -> bool:
 
 # The unit tier compiles many small programs and runs each a few times, so XLA:CPU's compile
 # time is most of it. Two flags make that cheaper: LLVM -O0 (a quarter off the tier when
-# written: 184 -> 140 s on 2 cores), and the loop emitters XLA:CPU had before its fusion emitters
-# (a third off what remained: 185 -> 118 s cold at 94de1a1 on jax 0.10.2, warm runs unchanged;
-# docs/developing.md). jaxlib 0.12 no longer knows the second flag (an unknown flag is fatal), so
-# only the jaxlibs that have it get it (Colab's 0.7.2 to 0.10.x: checked). A run of both tiers
+# written: 184 -> 140 s on 2 cores), and the loop emitters XLA:CPU had before its fusion
+# emitters (a third off what remained: 185.1 -> 121.9 s cold on jax 0.10.2, one run each, about
+# 4 s of it another change's; `-m "not slow"` warm 42.4 s without, 44.7 s with;
+# docs/developing.md). jaxlib 0.12 no longer knows the second flag (an unknown flag is fatal):
+# only jaxlibs before 0.11 get it (checked on Colab's 0.7.2 and on 0.10.2). A run of both tiers
 # (the README's, CI's) keeps XLA's defaults, so every unit test passes with and without them.
 _UNIT_TIER_XLA_FLAGS = " --xla_backend_optimization_level=0" + (
   " --xla_cpu_use_fusion_emitters=false" if _jaxlib_before(0, 11) else ""

@@ -67,5 +67,6 @@ def jitted(
   jits the whole search: decoding/decode.py). Run op by op, a search compiles every operation
   outside its loop as a program of its own: hundreds of tiny programs per test file, each traced,
   lowered and looked up in the compilation cache again on every test run. `options` (sizes,
-  styles, rules) are the search's static arguments; errors they cause still raise here."""
+  styles, rules) are closed over, as the search's static arguments are; an error they cause is
+  raised while tracing, here, as it would be op by op."""
   return jax.jit(lambda *a: search(step, *a, **options))(*arrays)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 
 from flaxformer_nmt.decoding import attention_pictures as attention
@@ -9,7 +11,7 @@ from flaxformer_nmt.decoding import attention_pictures as attention
 TEXT = "We need three hundred and forty-two chairs."
 
 
-def _read_png(path) -> np.ndarray:
+def _read_png(path: pathlib.Path) -> np.ndarray:
   """The picture's pixels; matplotlib imported here, not at collection (a few tenths of a second
   in every xdist worker)."""
   import matplotlib.image  # pylint: disable=g-import-not-at-top

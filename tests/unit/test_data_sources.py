@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import pathlib
+import types
 
 import ml_collections
 import pytest
@@ -134,7 +135,7 @@ def test_fingerprint_changes_with_content(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.fixture
-def tfds():
+def tfds() -> types.ModuleType:
   """tensorflow_datasets, imported by the tests that mock it (not at collection: a few tenths of
   a second in every xdist worker)."""
   import tensorflow_datasets  # pylint: disable=g-import-not-at-top

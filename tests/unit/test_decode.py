@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,7 +36,9 @@ from toy_steps import (  # noqa: E402
 )
 
 
-def _bigram_search(search, step, max_lengths, **options):
+def _bigram_search(
+  search: Callable[..., Any], step: search_lib.StepFn, max_lengths: jax.Array, **options: Any
+) -> Any:
   """`search` over a first-order chain (its cache counts the steps), as one program."""
   return jitted(search, step, {"index": jnp.array(0)}, max_lengths, **options)
 
