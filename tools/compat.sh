@@ -42,6 +42,15 @@ version() { "$1" -c "import sys; print(sys.version_info[:2])" 2>/dev/null; }
 # What the venv was made from: a kept venv made from another pyproject.toml (or constraints) is
 # made anew, so a dependency the project no longer declares cannot linger in it unseen.
 stamp=$(cat pyproject.toml tools/constraints-colab.txt | sha256sum | cut -c1-16)
+# COMPAT_PREPARE=1 (.ci/run, in the background while its main leg runs): the venv and the project's
+# requirements only (tools/requirements.py), then exit; the leg run later finds them installed and
+# adds the project itself, whose editable build writes into the checkout.
+prepare=${COMPAT_PREPARE:-0}
+if [ "$prepare" = 1 ]; then
+  mapfile -t wanted < <("$python" tools/requirements.py test)
+else
+  wanted=(-e ".[test]")
+fi
 install_venv() {
   if [ "$(version "$venv/bin/python")" != "$(version "$python")" ] \
     || [ "$(cat "$venv/.made_from" 2>/dev/null)" != "$stack $stamp" ]; then
@@ -50,13 +59,17 @@ install_venv() {
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # ${a[@]+"${a[@]}"}: an empty array under `set -u` on bash < 4.4 too.
-  "$venv/bin/python" -m pip install -q ${upgrade[@]+"${upgrade[@]}"} -e ".[test]" \
+  "$venv/bin/python" -m pip install -q ${upgrade[@]+"${upgrade[@]}"} "${wanted[@]}" \
     ${constraints[@]+"${constraints[@]}"} && echo "$stack $stamp" > "$venv/.made_from"
 }
 if ! install_venv; then
   echo "compat[$stack]: the install in $venv failed; making the venv anew."
   rm -rf "$venv"
   install_venv
+fi
+if [ "$prepare" = 1 ]; then
+  echo "compat[$stack]: requirements installed in $venv (the project is added when the leg runs)"
+  exit 0
 fi
 . "$venv/bin/activate"
 python - "$stack" <<'PY'

@@ -10,13 +10,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${HF_VENV:-$(mktemp -d)/venv}
 stamp=$(sha256sum pyproject.toml | cut -c1-16)
+# HF_PREPARE=1 (.ci/run, in the background while its main leg runs): the venv and the requirements
+# of the test and hf extras only (tools/requirements.py), then exit; the leg run later adds the
+# project itself, whose editable build writes into the checkout.
+prepare=${HF_PREPARE:-0}
 install_venv() {
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   fi
   if [ "$(cat "$venv/.made_from" 2>/dev/null)" != "hf $stamp" ]; then
-    "$venv/bin/python" -m pip install -q -e ".[test,hf]" && echo "hf $stamp" > "$venv/.made_from"
+    if [ "$prepare" = 1 ]; then
+      mapfile -t wanted < <(python3 tools/requirements.py test hf)
+    else
+      wanted=(-e ".[test,hf]")
+    fi
+    "$venv/bin/python" -m pip install -q "${wanted[@]}" && echo "hf $stamp" > "$venv/.made_from"
+  fi
+  if [ "$prepare" = 1 ]; then
+    return 0
   fi
   # This checkout, whichever folder it is in (CI's clone moves): the package itself, no deps.
   "$venv/bin/python" -m pip install -q --no-deps -e .
@@ -25,6 +37,10 @@ if ! install_venv; then
   echo "hf: the install in $venv failed; making the venv anew."
   rm -rf "$venv"
   install_venv
+fi
+if [ "$prepare" = 1 ]; then
+  echo "hf: requirements installed in $venv (the project is added when the leg runs)"
+  exit 0
 fi
 . "$venv/bin/activate"
 python - <<'PY'
