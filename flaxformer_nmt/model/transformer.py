@@ -379,5 +379,12 @@ def init_params(cfg: TransformerConfig, rng: Array, src_len: int = 8, tgt_len: i
   return model.init(rng, dummy_src, dummy_tgt)["params"]
 
 
+def tied_output_layer(params: Any) -> tuple[Array, Array | None]:
+  """(table [V, D], bias [V] or None): the output layer `Transformer._logits` applies with
+  share_embeddings, read from `params` by those that compute it outside the module (the blocked
+  training loss), so the parameters' names stay this module's."""
+  return params["embedding"]["embedding"], params.get("logits_bias")
+
+
 def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))

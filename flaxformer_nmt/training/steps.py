@@ -17,7 +17,7 @@ import optax
 
 from flaxformer_nmt.model import losses
 from flaxformer_nmt.model.layers import LORA_COLLECTION
-from flaxformer_nmt.model.transformer import Transformer
+from flaxformer_nmt.model.transformer import Transformer, tied_output_layer
 from flaxformer_nmt.training import lora as lora_lib
 from flaxformer_nmt.training import loss_scale as loss_scale_lib
 
@@ -111,10 +111,11 @@ def _train_loss(
       "output layer is its own (share_embeddings=False)."
     )
   features = _forward(model, params, micro, train=True, rngs=rngs, lora=lora, logits=False)
+  table, bias = tied_output_layer(params)
   loss_sum, nll_sum, _ = losses.blocked_output_loss(
     features,
-    params["embedding"]["embedding"],
-    params.get("logits_bias"),
+    table,
+    bias,
     micro["targets"],
     weights,
     label_smoothing,
