@@ -47,7 +47,8 @@ stamp=$(cat pyproject.toml tools/constraints-colab.txt | sha256sum | cut -c1-16)
 # adds the project itself, whose editable build writes into the checkout.
 prepare=${COMPAT_PREPARE:-0}
 if [ "$prepare" = 1 ]; then
-  mapfile -t wanted < <("$python" tools/requirements.py test)
+  listed=$("$python" tools/requirements.py test)  # fails the script if it fails
+  mapfile -t wanted <<<"$listed"
 else
   wanted=(-e ".[test]")
 fi
@@ -58,6 +59,9 @@ install_venv() {
     "$python" -m venv "$venv"
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  # Unstamped while pip changes it: an install cut short (a failed .ci/run ends the preparation)
+  # leaves a venv the next run makes anew rather than trusts.
+  rm -f "$venv/.made_from"
   # ${a[@]+"${a[@]}"}: an empty array under `set -u` on bash < 4.4 too.
   "$venv/bin/python" -m pip install -q ${upgrade[@]+"${upgrade[@]}"} "${wanted[@]}" \
     ${constraints[@]+"${constraints[@]}"} && echo "$stack $stamp" > "$venv/.made_from"

@@ -21,11 +21,13 @@ install_venv() {
   fi
   if [ "$(cat "$venv/.made_from" 2>/dev/null)" != "hf $stamp" ]; then
     if [ "$prepare" = 1 ]; then
-      mapfile -t wanted < <(python3 tools/requirements.py test hf)
+      listed=$(python3 tools/requirements.py test hf) || return
+      mapfile -t wanted <<<"$listed"
     else
       wanted=(-e ".[test,hf]")
     fi
-    "$venv/bin/python" -m pip install -q "${wanted[@]}" && echo "hf $stamp" > "$venv/.made_from"
+    "$venv/bin/python" -m pip install -q "${wanted[@]}" || return
+    echo "hf $stamp" > "$venv/.made_from"
   fi
   if [ "$prepare" = 1 ]; then
     return 0
