@@ -31,12 +31,25 @@ def _refuse(what: str):
   return refuse
 
 
+_POPEN_INIT = subprocess.Popen.__init__
+
+
+def _popen_refused(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
+  """Refuses every process but matplotlib's `fc-list`: the first figure drawn on a machine lists
+  its fonts once to build matplotlib's font cache (~/.cache/matplotlib), which is the machine's
+  set-up, not the test's work; without it a fresh machine's first run fails every plotting test."""
+  if isinstance(args, (list, tuple)) and args and args[0] == "fc-list":
+    _POPEN_INIT(self, args, *rest, **kwargs)
+    return
+  _refuse("it started a process (subprocess)")()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
   from flaxformer_nmt.training import trainer  # pylint: disable=g-import-not-at-top
 
   patch = pytest.MonkeyPatch()
-  patch.setattr(subprocess.Popen, "__init__", _refuse("it started a process (subprocess)"))
+  patch.setattr(subprocess.Popen, "__init__", _popen_refused)
   patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("it started a process"))
   for name in ("system", "fork", "posix_spawn", "posix_spawnp"):
     if hasattr(os, name):
