@@ -44,6 +44,7 @@ PACKAGES = (
   "optax",
   "orbax-checkpoint",
   "numpy",
+  "ml_dtypes",  # 0.7.0's import costs every process about 1 s (pyproject.toml)
   "sentencepiece",
   "sacrebleu",
   "ctranslate2",

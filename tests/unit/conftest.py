@@ -35,9 +35,9 @@ _POPEN_INIT = subprocess.Popen.__init__
 
 
 def _popen_refused(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
-  """Refuses every process but matplotlib's `fc-list`: the first figure drawn on a machine lists
-  its fonts once to build matplotlib's font cache (~/.cache/matplotlib), which is the machine's
-  set-up, not the test's work; without it a fresh machine's first run fails every plotting test."""
+  """Refuses every process but matplotlib's `fc-list`: importing matplotlib.font_manager on a
+  machine without matplotlib's font cache (~/.cache/matplotlib) lists the fonts to build it, which
+  is the machine's set-up, not the test's work; refused, every plotting test failed there."""
   if isinstance(args, (list, tuple)) and args and args[0] == "fc-list":
     _POPEN_INIT(self, args, *rest, **kwargs)
     return

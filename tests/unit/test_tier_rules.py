@@ -20,6 +20,8 @@ def test_matplotlibs_font_listing_is_let_through(monkeypatch):
   started = []
   monkeypatch.setattr(conftest, "_POPEN_INIT", lambda self, args, *a, **k: started.append(args))
   subprocess.Popen(["fc-list", "--help"], stdout=subprocess.PIPE)
-  assert started == [["fc-list", "--help"]]
-  with pytest.raises(conftest.TierError):
-    subprocess.Popen(["fc-list-but-not-quite"])
+  subprocess.Popen(args=["fc-list", "--format=%{file}\\n"])
+  assert started == [["fc-list", "--help"], ["fc-list", "--format=%{file}\\n"]]
+  for refused in (["fc-list-but-not-quite"], "fc-list", ["sh", "-c", "fc-list"]):
+    with pytest.raises(conftest.TierError):
+      subprocess.Popen(refused)
