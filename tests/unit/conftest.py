@@ -32,6 +32,7 @@ def _refuse(what: str):
 
 
 _POPEN_INIT = subprocess.Popen.__init__
+_REFUSE_POPEN = _refuse("it started a process (subprocess)")
 
 
 def _popen_refused(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
@@ -41,7 +42,7 @@ def _popen_refused(self: subprocess.Popen, args: object, *rest: object, **kwargs
   if isinstance(args, (list, tuple)) and args and args[0] == "fc-list":
     _POPEN_INIT(self, args, *rest, **kwargs)
     return
-  _refuse("it started a process (subprocess)")()
+  _REFUSE_POPEN()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,5 +1,5 @@
 """The unit tier's own rule (tests/unit/conftest.py): a test that starts a process fails, saying
-where it belongs, except for matplotlib's one-off font listing on a machine's first figure."""
+where it belongs, except for matplotlib's `fc-list`, run once a machine to build its font cache."""
 
 from __future__ import annotations
 
